@@ -1,0 +1,58 @@
+// TernGrad (Wen et al., NeurIPS 2017): stochastic, unbiased ternary gradients with a per-tensor scale.
+//
+//   statistics:  mean, sigma over float64 in 8 interleaved lanes; maxabs = max|g|
+//   clipping:    t = float32(c * sigma) (c = 0 or sigma = 0: t = +inf); g_c = clamp(g, -t, t)
+//   scale:       s = min(maxabs, t)   (with a shared scale: the max of every rank's s)
+//   ternarize:   b_k = [u_k < |g_c,k| / s] with u_k from Philox under (seed, step, tensor, rank, k);
+//                g~_k = s * sign(g_k) * b_k, so E[g~] = g_c and Var[g~_k] = s|g_c,k| - g_c,k^2
+//   payload:     float32 scale (little-endian) + codes {0: 0, 1: +1, 2: -1} packed 4 per byte ("2bit") or
+//                5 per byte in base 3 ("base3", 1.6 bits per element)
+//   decode:      out_k = float32(sum_r v_r,k) * s / divisor when all ranks sent the same s, else the float32 sum
+//                of s_r * v_r,k in rank order, divided by divisor
+//
+// The definition, to the bit, is python/hvdext_reference/terngrad.py. A gradient that holds NaN or Inf gets the
+// scale +inf, which every decoder reports.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "hvdext/common.h"
+
+namespace hvdext {
+
+enum class Packing : int { kTwoBit = 0, kBase3 = 1 };
+
+constexpr int64_t kTernaryHeaderBytes = 4;  // the float32 scale
+
+struct GradientStats {
+  double sum = 0.0;
+  double sumsq = 0.0;
+  float maxabs = 0.0f;
+  bool finite = true;
+};
+
+struct TernaryScale {
+  float threshold;  // clip threshold t (+inf when clipping is off)
+  float scale;      // s = min(maxabs, t); +inf flags a NaN/Inf gradient
+};
+
+GradientStats gradient_stats(const float* g, int64_t n);
+
+// clip <= 0 turns clipping off.
+TernaryScale ternary_local_scale(const float* g, int64_t n, double clip);
+
+int64_t ternary_packed_bytes(int64_t n, Packing packing);
+inline int64_t ternary_payload_bytes(int64_t n, Packing packing) {
+  return kTernaryHeaderBytes + ternary_packed_bytes(n, packing);
+}
+
+// Writes ternary_payload_bytes(n, packing) bytes: the scale, then the packed codes, in one pass over g.
+void ternary_encode(const float* g, int64_t n, float threshold, float scale, const RandomKey& key, Packing packing,
+                    uint8_t* payload);
+
+// gathered: nranks payloads of ternary_payload_bytes(n, packing) bytes each, back to back (an allgather's output).
+// Writes the decoded average into out[0..n). Returns -1, or the first rank whose scale is not finite (then out is
+// left untouched).
+int ternary_decode_average(const uint8_t* gathered, int nranks, int64_t n, Packing packing, float divisor, float* out);
+
+}  // namespace hvdext

@@ -1,0 +1,191 @@
+// CPU kernels of TernGrad; see include/hvdext/ternary.h for the math and python/hvdext_reference/terngrad.py for
+// the definition these match bit for bit. Built with -ffp-contract=off: a fused multiply-add would change bits.
+#include "hvdext/ternary.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+
+#include "hvdext/philox.h"
+
+namespace hvdext {
+namespace {
+
+constexpr int kLanes = 8;
+// Elements per chunk: a multiple of 20 so that chunks start on a Philox block (4) and on a packed byte (4 or 5).
+constexpr int64_t kChunk = 4000;
+
+int codes_per_byte(Packing packing) { return packing == Packing::kTwoBit ? 4 : 5; }
+
+void check_packing(Packing packing) {
+  if (packing != Packing::kTwoBit && packing != Packing::kBase3) {
+    throw std::invalid_argument("packing must be 0 (\"2bit\") or 1 (\"base3\")");
+  }
+}
+
+// value of each code in a packed byte: kDecode2[b][j] for "2bit", kDecode3[b][j] for "base3".
+struct DecodeTables {
+  int8_t two_bit[256][4];
+  int8_t base3[256][5];
+  DecodeTables() {
+    const int8_t value[4] = {0, 1, -1, 0};  // code 3 never occurs
+    for (int b = 0; b < 256; ++b) {
+      for (int j = 0; j < 4; ++j) two_bit[b][j] = value[(b >> (2 * j)) & 3];
+      int rest = b < 243 ? b : 0;  // bytes above 242 never occur
+      for (int j = 0; j < 5; ++j) {
+        base3[b][j] = value[rest % 3];
+        rest /= 3;
+      }
+    }
+  }
+};
+const DecodeTables kTables;
+
+}  // namespace
+
+GradientStats gradient_stats(const float* g, int64_t n) {
+  double sum[kLanes] = {0}, sq[kLanes] = {0};
+  float mx[kLanes] = {0};
+  const int64_t full = n / kLanes * kLanes;
+  for (int64_t i = 0; i < full; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const double x = g[i + j];
+      sum[j] += x;
+      sq[j] += x * x;
+      mx[j] = std::max(mx[j], std::fabs(g[i + j]));
+    }
+  }
+  for (int64_t i = full; i < n; ++i) {
+    const int j = static_cast<int>(i - full);
+    const double x = g[i];
+    sum[j] += x;
+    sq[j] += x * x;
+    mx[j] = std::max(mx[j], std::fabs(g[i]));
+  }
+  GradientStats st;
+  st.sum = ((sum[0] + sum[1]) + (sum[2] + sum[3])) + ((sum[4] + sum[5]) + (sum[6] + sum[7]));
+  st.sumsq = ((sq[0] + sq[1]) + (sq[2] + sq[3])) + ((sq[4] + sq[5]) + (sq[6] + sq[7]));
+  st.finite = std::isfinite(st.sum) && std::isfinite(st.sumsq);
+  float m = 0.0f;
+  for (int j = 0; j < kLanes; ++j) m = std::max(m, mx[j]);
+  st.maxabs = st.finite ? m : 0.0f;
+  return st;
+}
+
+TernaryScale ternary_local_scale(const float* g, int64_t n, double clip) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const GradientStats st = gradient_stats(g, n);
+  if (!st.finite) return {inf, inf};
+  float threshold = inf;
+  if (clip > 0.0 && n > 0) {
+    const double mean = st.sum / static_cast<double>(n);
+    const double var = std::max(st.sumsq / static_cast<double>(n) - mean * mean, 0.0);
+    const double sigma = std::sqrt(var);
+    if (sigma > 0.0) threshold = static_cast<float>(clip * sigma);
+  }
+  return {threshold, std::min(st.maxabs, threshold)};
+}
+
+int64_t ternary_packed_bytes(int64_t n, Packing packing) {
+  check_packing(packing);
+  const int per = codes_per_byte(packing);
+  return (n + per - 1) / per;
+}
+
+void ternary_encode(const float* g, int64_t n, float threshold, float scale, const RandomKey& key, Packing packing,
+                    uint8_t* payload) {
+  check_packing(packing);
+  std::memcpy(payload, &scale, sizeof(float));  // little-endian hosts only (x86-64, aarch64)
+  uint8_t* out = payload + kTernaryHeaderBytes;
+  const int64_t nbytes = ternary_packed_bytes(n, packing);
+  if (!(scale > 0.0f) || !std::isfinite(scale)) {
+    std::memset(out, 0, static_cast<size_t>(nbytes));
+    return;
+  }
+  alignas(64) float u[kChunk];
+  alignas(64) uint8_t codes[kChunk + 8];
+  for (int64_t start = 0; start < n; start += kChunk) {
+    const int64_t m = std::min(kChunk, n - start);
+    const uint32_t first_block = static_cast<uint32_t>(start / 4);
+    const int64_t blocks = (m + 3) / 4;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const Philox4 r = philox_block(key, first_block + static_cast<uint32_t>(b));
+      for (int j = 0; j < 4; ++j) u[4 * b + j] = philox_uniform(r.v[j]);
+    }
+    const float* x = g + start;
+    for (int64_t k = 0; k < m; ++k) {
+      const float xc = std::min(std::max(x[k], -threshold), threshold);
+      const float p = std::fabs(xc) / scale;
+      const uint8_t keep = u[k] < p;
+      codes[k] = keep * (x[k] > 0.0f ? 1 : (x[k] < 0.0f ? 2 : 0));
+    }
+    std::memset(codes + m, 0, 8);
+    uint8_t* o = out + start / codes_per_byte(packing);
+    if (packing == Packing::kTwoBit) {
+      const int64_t bytes = (m + 3) / 4;
+      for (int64_t i = 0; i < bytes; ++i) {
+        const uint8_t* c = codes + 4 * i;
+        o[i] = static_cast<uint8_t>(c[0] | (c[1] << 2) | (c[2] << 4) | (c[3] << 6));
+      }
+    } else {
+      const int64_t bytes = (m + 4) / 5;
+      for (int64_t i = 0; i < bytes; ++i) {
+        const uint8_t* c = codes + 5 * i;
+        o[i] = static_cast<uint8_t>(c[0] + 3 * c[1] + 9 * c[2] + 27 * c[3] + 81 * c[4]);
+      }
+    }
+  }
+}
+
+int ternary_decode_average(const uint8_t* gathered, int nranks, int64_t n, Packing packing, float divisor,
+                           float* out) {
+  check_packing(packing);
+  if (nranks <= 0) throw std::invalid_argument("nranks must be >= 1");
+  const int64_t stride = ternary_payload_bytes(n, packing);
+  float first_scale;
+  std::memcpy(&first_scale, gathered, sizeof(float));
+  bool shared = true;
+  for (int r = 0; r < nranks; ++r) {
+    float s;
+    std::memcpy(&s, gathered + r * stride, sizeof(float));
+    if (!std::isfinite(s)) return r;
+    shared = shared && (s == first_scale);
+  }
+  const int per = codes_per_byte(packing);
+  alignas(64) float acc[kChunk + 8];
+  alignas(64) int32_t count[kChunk + 8];
+  for (int64_t start = 0; start < n; start += kChunk) {
+    const int64_t m = std::min(kChunk, n - start);
+    const int64_t bytes = (m + per - 1) / per;
+    if (shared) {
+      std::fill(count, count + kChunk + 8, 0);
+    } else {
+      std::fill(acc, acc + kChunk + 8, 0.0f);
+    }
+    for (int r = 0; r < nranks; ++r) {
+      const uint8_t* base = gathered + r * stride;
+      const uint8_t* codes = base + kTernaryHeaderBytes + start / per;
+      float s;
+      std::memcpy(&s, base, sizeof(float));
+      for (int64_t i = 0; i < bytes; ++i) {
+        const int8_t* v = packing == Packing::kTwoBit ? kTables.two_bit[codes[i]] : kTables.base3[codes[i]];
+        if (shared) {
+          for (int j = 0; j < per; ++j) count[per * i + j] += v[j];
+        } else {
+          for (int j = 0; j < per; ++j) acc[per * i + j] += s * static_cast<float>(v[j]);
+        }
+      }
+    }
+    float* o = out + start;
+    if (shared) {
+      for (int64_t k = 0; k < m; ++k) o[k] = (static_cast<float>(count[k]) * first_scale) / divisor;
+    } else {
+      for (int64_t k = 0; k < m; ++k) o[k] = acc[k] / divisor;
+    }
+  }
+  return -1;
+}
+
+}  // namespace hvdext

@@ -1,0 +1,138 @@
+"""Compressor specifications: the name, the arguments and their checks, one class per method.
+
+A spec is what a user passes as ``compression=``. It is usable bare (``Compression.ternary``, the defaults) or
+called with arguments (``Compression.ternary(clip=3.0)`` returns a new spec); specs are immutable and hashable.
+Framework adapters turn a spec into a stateful codec (see horovod_ext/torch/ternary.py).
+"""
+import math
+import numbers
+
+PACKINGS = ("2bit", "base3")
+PACKING_IDS = {"2bit": 0, "base3": 1}  # the ids the C++ core takes (hvdext::Packing)
+SEED_LIMIT = 2 ** 64
+
+
+class CompressorSpec:
+    """Base of payload compressor specs: immutable settings, equality and hashing by (name, settings)."""
+
+    name = "compressor"
+
+    def __init__(self, **settings):
+        self._settings = dict(settings)
+
+    @property
+    def settings(self):
+        return dict(self._settings)
+
+    def __getattr__(self, item):
+        settings = self.__dict__.get("_settings", {})
+        if item in settings:
+            return settings[item]
+        raise AttributeError(f"{type(self).__name__!s} has no attribute {item!r}")
+
+    def __call__(self, *args, **kwargs):
+        return type(self)(*args, **kwargs)
+
+    def describe(self):
+        """A canonical string of the spec, compared across ranks (the seed excluded when it is left to rank 0)."""
+        args = ", ".join(f"{k}={v!r}" for k, v in sorted(self._settings.items()))
+        return f"{self.name}({args})"
+
+    def __repr__(self):
+        return f"Compression.{self.describe()}"
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self._settings == other._settings
+
+    def __hash__(self):
+        return hash((self.name, tuple(sorted(self._settings.items()))))
+
+    # Horovod's stock wrappers call compress()/decompress() and allreduce the result: a payload cannot survive that.
+    def compress(self, tensor, *args, **kwargs):
+        raise TypeError(
+            f"Compression.{self.name} sends a packed payload by allgather; Horovod's own DistributedOptimizer would "
+            f"allreduce it. Use horovod_ext's DistributedOptimizer (import horovod_ext.torch as hvd)."
+        )
+
+    decompress = compress
+
+
+def check_choice(argument, value, allowed):
+    if value not in allowed:
+        raise ValueError(f"{argument} must be one of {allowed}, got {value!r}")
+    return value
+
+
+def check_real(argument, value, low=None, low_open=True, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        allowed = "a finite number" + (" or None" if allow_none else "")
+        raise ValueError(f"{argument} must be {allowed}, got {value!r}")
+    value = float(value)
+    if low is not None and (value <= low if low_open else value < low):
+        raise ValueError(f"{argument} must be {'>' if low_open else '>='} {low}, got {value!r}")
+    return value
+
+
+def check_int(argument, value, low=None, high=None, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{argument} must be an integer{' or None' if allow_none else ''}, got {value!r}")
+    value = int(value)
+    if (low is not None and value < low) or (high is not None and value >= high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high})"
+        raise ValueError(f"{argument} must be {bounds}, got {value!r}")
+    return value
+
+
+def check_bool(argument, value):
+    if not isinstance(value, bool):
+        raise ValueError(f"{argument} must be True or False, got {value!r}")
+    return value
+
+
+class Ternary(CompressorSpec):
+    """TernGrad (Wen et al., NeurIPS 2017): stochastic, unbiased ternarization with a per-tensor scale.
+
+    Each gradient g is clipped to +-clip*sigma(g), scaled by s = max|clipped g| (with ``shared_scale=True`` the max
+    over ranks, one batched allreduce(Max) per step), and every element becomes s*sign(g_k) with probability
+    |g_k|/s, else 0: unbiased, E[g~] = g. Codes travel packed, 4 per byte ("2bit") or 5 per byte ("base3",
+    1.6 bits per element), plus the 4-byte scale, by allgather; every rank decodes and averages all payloads.
+
+    Args:
+        clip: clip gradients to clip * std(g) before ternarizing (paper: 2.5); None disables clipping.
+        shared_scale: use the max of every rank's scale (TernGrad's "scaler sharing").
+        packing: "base3" (1.6 bits per element) or "2bit" (2 bits, simpler to decode).
+        min_size: tensors with fewer elements travel dense by allreduce (biases, norms); 0 compresses all.
+        seed: key of the counter-based generator (with step, tensor, rank, element); None lets rank 0 draw one.
+    """
+
+    name = "ternary"
+    payload = True
+
+    def __init__(self, clip=2.5, shared_scale=False, packing="base3", min_size=1024, seed=None):
+        super().__init__(
+            clip=check_real("ternary clip", clip, low=0.0, allow_none=True),
+            shared_scale=check_bool("ternary shared_scale", shared_scale),
+            packing=check_choice("ternary packing", packing, PACKINGS),
+            min_size=check_int("ternary min_size", min_size, low=0),
+            seed=check_int("ternary seed", seed, low=0, high=SEED_LIMIT, allow_none=True),
+        )
+
+    @property
+    def packing_id(self):
+        return PACKING_IDS[self.packing]
+
+    def describe(self, include_seed=True):
+        settings = dict(self._settings)
+        if not include_seed:
+            settings.pop("seed")
+        args = ", ".join(f"{k}={v!r}" for k, v in sorted(settings.items()))
+        return f"{self.name}({args})"
+
+
+def is_payload_compressor(compression):
+    """True for compressors whose output cannot be summed (travels by allgather); False for Horovod's linear ones."""
+    return isinstance(compression, CompressorSpec)

@@ -1,0 +1,54 @@
+"""Compression statistics, accumulated per step and since the start (framework-free).
+
+Per step a transport records, for each tensor, the bytes this rank contributed (payload), the bytes Horovod's
+dense allreduce would have sent of it, the bytes on the wire by the formulas in wire.py, and the seconds spent
+compressing, decompressing and waiting on communication.
+"""
+import copy
+
+FIELDS = ("payload_bytes", "dense_bytes", "wire_bytes", "dense_wire_bytes", "elements", "compressed_elements",
+          "compress_seconds", "decompress_seconds", "comm_seconds")
+
+
+def _zero():
+    return {f: 0 for f in FIELDS}
+
+
+class CompressionStats:
+    def __init__(self, compression_name):
+        self.compression = compression_name
+        self.steps = 0
+        self.total = _zero()
+        self.current = _zero()
+        self.last = _zero()
+        self.extra = {}
+
+    def add(self, **amounts):
+        for key, value in amounts.items():
+            self.current[key] += value
+
+    def end_step(self):
+        self.last = self.current
+        for key in FIELDS:
+            self.total[key] += self.current[key]
+        self.current = _zero()
+        self.steps += 1
+
+    @staticmethod
+    def _summary(d):
+        out = dict(d)
+        out["bits_per_element"] = 8.0 * d["payload_bytes"] / d["elements"] if d["elements"] else 0.0
+        out["ratio"] = d["dense_bytes"] / d["payload_bytes"] if d["payload_bytes"] else 0.0
+        out["wire_ratio"] = d["dense_wire_bytes"] / d["wire_bytes"] if d["wire_bytes"] else 0.0
+        return out
+
+    def as_dict(self):
+        return {"compression": self.compression, "steps": self.steps, **self.extra,
+                "total": self._summary(self.total), "last_step": self._summary(self.last)}
+
+    def state(self):
+        return {"steps": self.steps, "total": copy.deepcopy(self.total)}
+
+    def load_state(self, state):
+        self.steps = int(state["steps"])
+        self.total.update(state["total"])

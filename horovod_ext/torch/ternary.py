@@ -1,0 +1,55 @@
+"""PyTorch codec of Compression.ternary: converts tensors and calls the native ops (cpp/, via _torch_ops).
+
+The math is in cpp/include/hvdext/ternary.h and, as a definition, python/hvdext_reference/terngrad.py.
+"""
+import torch
+
+from horovod_ext import _torch_ops as ops
+from horovod_ext.compression.wire import tensor_key
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+ALLOWED = "float16, bfloat16, float32, float64"
+
+
+def check_gradient(name, tensor, what="ternary compression"):
+    """A clear error for gradients ternary compression cannot take (deterministic: every rank raises it)."""
+    if tensor.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{what}: tensor {name!r} has dtype {tensor.dtype}; allowed dtypes are {ALLOWED}")
+    if tensor.numel() == 0:
+        raise ValueError(f"{what}: tensor {name!r} is empty (shape {tuple(tensor.shape)}); "
+                         f"compressed tensors must hold at least 1 element")
+    if tensor.numel() >= 2 ** 34:
+        raise ValueError(f"{what}: tensor {name!r} has {tensor.numel()} elements; at most 2**34 are supported")
+
+
+class TernaryCodec:
+    """Stateless per step: encode(name, gradient, step) and decode(gathered). The seed is fixed at first use."""
+
+    def __init__(self, spec, rank, seed):
+        self.spec = spec
+        self.rank = rank
+        self.seed = seed
+        self.clip = 0.0 if spec.clip is None else float(spec.clip)
+        self.packing = spec.packing_id
+
+    @staticmethod
+    def as_float32(tensor):
+        flat = tensor.detach().reshape(-1)
+        if flat.dtype != torch.float32:
+            flat = flat.float()
+        return flat.contiguous()
+
+    def payload_bytes(self, numel):
+        return ops.ternary_payload_bytes(numel, self.packing)
+
+    def local_scale(self, flat):
+        """(threshold, scale) of this rank's gradient; scale = inf flags NaN/Inf."""
+        return ops.ternary_local_scale(flat, self.clip)
+
+    def encode(self, name, flat, step, threshold, scale):
+        return ops.ternary_encode(flat, threshold, scale, self.seed, step & 0xFFFFFFFF, tensor_key(name),
+                                  self.rank, self.packing)
+
+    def decode_average(self, gathered, nranks, numel, divisor, out):
+        """Decode into out (float32, contiguous); returns -1 or the first rank that sent NaN/Inf."""
+        return ops.ternary_decode_average(gathered, nranks, numel, self.packing, float(divisor), out)

@@ -1,0 +1,152 @@
+"""How each gradient crosses the wire, for horovod_ext's DistributedOptimizer.
+
+- AllreduceTransport: linear compressors (Horovod's Compression.none / fp16): compress, Horovod allreduce,
+  decompress, exactly as horovod.torch does.
+- TernaryTransport: packed ternary payloads (a sum of packed codes means nothing) go through Horovod's allgather;
+  every rank decodes the N payloads and averages them in one native pass. Tensors below min_size travel dense.
+  With shared_scale, one allreduce(Max) of all tensors' scales precedes the encoding, so the step's allgathers
+  start only once every gradient is ready.
+
+Transports record payload, dense and wire bytes and seconds in a CompressionStats (horovod_ext.compression.stats).
+"""
+import time
+
+import horovod.torch as hvd
+import torch
+
+from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes
+from .ternary import TernaryCodec
+
+
+class Pending:
+    """One tensor's communication in flight (or, with a shared scale, waiting for the scale allreduce)."""
+
+    __slots__ = ("name", "param", "kind", "handle", "ctx", "flat", "threshold", "scale")
+
+    def __init__(self, name, param, kind, handle=None, ctx=None):
+        self.name, self.param, self.kind, self.handle, self.ctx = name, param, kind, handle, ctx
+        self.flat = self.threshold = self.scale = None
+
+
+def wait(handle, stats):
+    start = time.perf_counter()
+    output = hvd.synchronize(handle)
+    stats.add(comm_seconds=time.perf_counter() - start)
+    return output
+
+
+class AllreduceTransport:
+    def __init__(self, compression, op, gradient_predivide_factor, process_set, stats):
+        self.compression = compression
+        self.process_set = process_set
+        self.stats = stats
+        self.nranks = process_set.size()
+        if op == hvd.Average and gradient_predivide_factor != 1.0:
+            # Same mean, summed at a smaller magnitude (Horovod's fp16 overflow guard).
+            self.op, self.prescale, self.postscale = hvd.Sum, 1.0 / gradient_predivide_factor, \
+                gradient_predivide_factor / self.nranks
+        else:
+            self.op, self.prescale, self.postscale = op, 1.0, 1.0
+
+    def launch(self, name, param, step):
+        grad = param.grad
+        start = time.perf_counter()
+        compressed, ctx = self.compression.compress(grad)
+        self.stats.add(compress_seconds=time.perf_counter() - start)
+        handle = hvd.allreduce_async_(compressed, name=name, op=self.op, prescale_factor=self.prescale,
+                                      postscale_factor=self.postscale, process_set=self.process_set)
+        nbytes = compressed.numel() * compressed.element_size()
+        dense = grad.numel() * grad.element_size()
+        self.stats.add(payload_bytes=nbytes, dense_bytes=dense, elements=grad.numel(),
+                       wire_bytes=allreduce_wire_bytes(nbytes, self.nranks),
+                       dense_wire_bytes=allreduce_wire_bytes(dense, self.nranks))
+        return Pending(name, param, "allreduce", handle, ctx)
+
+    def finish(self, pendings, step):
+        for item in pendings:
+            output = wait(item.handle, self.stats)
+            start = time.perf_counter()
+            item.param.grad.set_(self.compression.decompress(output, item.ctx))
+            self.stats.add(decompress_seconds=time.perf_counter() - start)
+        return []
+
+
+class TernaryTransport:
+    def __init__(self, spec, op, process_set, stats, dense, seed):
+        if op not in (hvd.Average, hvd.Sum):
+            raise ValueError(f"op must be hvd.Average or hvd.Sum with Compression.{spec.name}, got {op!r}")
+        self.spec = spec
+        self.process_set = process_set
+        self.stats = stats
+        self.dense = dense
+        self.nranks = process_set.size()
+        self.divisor = float(self.nranks) if op == hvd.Average else 1.0
+        self.codec = TernaryCodec(spec, process_set.rank(), seed)
+        self.scale_round = 0
+
+    def is_compressed(self, param):
+        return param.numel() >= self.spec.min_size
+
+    def launch(self, name, param, step):
+        if not self.is_compressed(param):
+            return self.dense.launch(name, param, step)
+        item = Pending(name, param, "ternary")
+        start = time.perf_counter()
+        item.flat = self.codec.as_float32(param.grad)
+        item.threshold, item.scale = self.codec.local_scale(item.flat)
+        if not self.spec.shared_scale:
+            self._encode_and_gather(item, step)
+        self.stats.add(compress_seconds=time.perf_counter() - start)
+        return item
+
+    def _encode_and_gather(self, item, step):
+        payload = self.codec.encode(item.name, item.flat, step, item.threshold, item.scale)
+        item.flat = None
+        item.handle = hvd.allgather_async(payload, name=f"ternary.{item.name}", process_set=self.process_set)
+        numel, nbytes = item.param.numel(), payload.numel()
+        dense = numel * item.param.grad.element_size()
+        self.stats.add(payload_bytes=nbytes, dense_bytes=dense, elements=numel, compressed_elements=numel,
+                       wire_bytes=allgather_wire_bytes(nbytes, self.nranks),
+                       dense_wire_bytes=allreduce_wire_bytes(dense, self.nranks))
+
+    def _share_scales(self, items, step):
+        """TernGrad's scaler sharing: one allreduce(Max) of every compressed tensor's scale, then encode."""
+        local = torch.tensor([float(item.scale) for item in items], dtype=torch.float32)
+        self.scale_round += 1
+        handle = hvd.allreduce_async(local, name=f"ternary.shared_scales.{self.scale_round}", op=hvd.Max,
+                                     process_set=self.process_set)
+        agreed = wait(handle, self.stats)
+        self.stats.add(payload_bytes=4 * len(items), wire_bytes=allreduce_wire_bytes(4 * len(items), self.nranks))
+        bad = [item.name for item, s in zip(items, agreed.tolist()) if s == float("inf")]
+        if bad:
+            return bad
+        start = time.perf_counter()
+        for item, s in zip(items, agreed.tolist()):
+            item.scale = s
+            self._encode_and_gather(item, step)
+        self.stats.add(compress_seconds=time.perf_counter() - start)
+        return []
+
+    def finish(self, pendings, step):
+        """Wait for every tensor, write the averaged gradients, and return the names whose gradient held NaN/Inf."""
+        compressed = [p for p in pendings if p.kind == "ternary"]
+        errors = []
+        if self.spec.shared_scale and compressed:
+            bad = self._share_scales(compressed, step)
+            if bad:
+                errors += [f"{name!r} (on at least one rank)" for name in bad]
+                compressed = []
+        self.dense.finish([p for p in pendings if p.kind == "allreduce"], step)
+        gathered = [(item, wait(item.handle, self.stats)) for item in compressed]
+        for item, payloads in gathered:
+            start = time.perf_counter()
+            grad = item.param.grad
+            out = grad.view(-1) if (grad.dtype == torch.float32 and grad.is_contiguous()) else \
+                torch.empty(grad.numel(), dtype=torch.float32)
+            bad_rank = self.codec.decode_average(payloads, self.nranks, grad.numel(), self.divisor, out)
+            if bad_rank >= 0:
+                errors.append(f"{item.name!r} (on rank {bad_rank})")
+            elif out.data_ptr() != grad.data_ptr():
+                grad.copy_(out.view_as(grad))
+            self.stats.add(decompress_seconds=time.perf_counter() - start)
+        return errors
