@@ -136,7 +136,10 @@ class TernaryTransport:
             if bad:
                 errors += [f"{name!r} (on at least one rank)" for name in bad]
                 compressed = []
-        self.dense.finish([p for p in pendings if p.kind == "allreduce"], step)
+        dense = [p for p in pendings if p.kind == "allreduce"]
+        self.dense.finish(dense, step)
+        # Small tensors travel dense: their average is the same on every rank, so every rank sees a NaN/Inf in it.
+        errors += [f"{p.name!r} (after averaging)" for p in dense if not torch.isfinite(p.param.grad).all()]
         gathered = [(item, wait(item.handle, self.stats)) for item in compressed]
         for item, payloads in gathered:
             start = time.perf_counter()

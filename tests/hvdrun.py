@@ -1,0 +1,45 @@
+"""Launch a script under horovodrun for real, bounded by a timeout, and collect each rank's JSON result."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOSTS = {2: "localhost:2", 4: "localhost:2,127.0.0.1:2"}  # 4 ranks as two "nodes" of 2
+
+
+def horovodrun(np_, script, *args, timeout=240, hosts=None, env=None):
+    """Run `horovodrun -np N --gloo python script args`, results in a temp dir passed as HVDEXT_TEST_OUT.
+
+    Returns (list of per-rank result dicts, combined output). A hang becomes a failure after `timeout` seconds:
+    the whole process group (horovodrun and every rank) is killed.
+    """
+    out_dir = tempfile.mkdtemp(prefix="hvdext-test-")
+    cmd = ["horovodrun", "-np", str(np_), "-H", hosts or HOSTS[np_], "--gloo", sys.executable, script, *map(str, args)]
+    run_env = dict(os.environ, HVDEXT_TEST_OUT=out_dir, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1",
+                   OMP_NUM_THREADS="1", **(env or {}))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise AssertionError(f"horovodrun timed out after {timeout}s (a rank hung):\n{output[-6000:]}")
+    if proc.returncode != 0:
+        raise AssertionError(f"horovodrun exited {proc.returncode}:\n{output[-6000:]}")
+    results = []
+    for rank in range(np_):
+        path = os.path.join(out_dir, f"rank{rank}.json")
+        assert os.path.exists(path), f"rank {rank} wrote no result:\n{output[-6000:]}"
+        with open(path) as f:
+            results.append(json.load(f))
+    return results, output
+
+
+def write_result(rank, result):
+    """Called by a worker: store this rank's result for the launching test."""
+    with open(os.path.join(os.environ["HVDEXT_TEST_OUT"], f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)

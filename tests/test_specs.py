@@ -1,0 +1,60 @@
+"""Compressor specs and argument checks (framework-free), and the torch gradient checks."""
+import pytest
+import torch
+
+from horovod_ext.compression import Ternary, settings_mismatch_message
+from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes, tensor_key
+from horovod_ext.torch.ternary import check_gradient
+
+
+def test_bare_and_configured():
+    bare = Ternary()
+    assert (bare.clip, bare.shared_scale, bare.packing, bare.min_size, bare.seed) == (2.5, False, "base3", 1024, None)
+    configured = bare(clip=None, packing="2bit", seed=3)
+    assert configured.clip is None and configured.packing == "2bit" and configured.seed == 3
+    assert bare == Ternary() and hash(bare) == hash(Ternary()) and bare != configured
+    assert "clip=None" in repr(configured)
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(clip=0), "clip must be > 0.0"), (dict(clip=-1), "clip must be > 0.0"),
+    (dict(clip=float("nan")), "clip must be a finite number or None"), (dict(clip="2"), "clip"),
+    (dict(packing="3bit"), "one of ('2bit', 'base3')"), (dict(min_size=-1), "min_size must be >= 0"),
+    (dict(min_size=1.5), "min_size must be an integer"), (dict(shared_scale=1), "shared_scale must be True or False"),
+    (dict(seed=-1), "seed must be in [0, 18446744073709551616)"), (dict(seed=2 ** 64), "seed"),
+])
+def test_invalid_arguments_name_the_argument(kwargs, fragment):
+    with pytest.raises(ValueError) as err:
+        Ternary(**kwargs)
+    assert fragment in str(err.value)
+
+
+def test_stock_horovod_wrappers_get_a_clear_error():
+    with pytest.raises(TypeError, match="horovod_ext's DistributedOptimizer"):
+        Ternary().compress(torch.zeros(3))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64])
+def test_gradient_dtype_errors(dtype):
+    with pytest.raises(TypeError, match="'w' has dtype .* allowed dtypes are float16, bfloat16, float32, float64"):
+        check_gradient("w", torch.zeros(4, dtype=dtype))
+
+
+def test_empty_and_huge_gradients():
+    with pytest.raises(ValueError, match="'w' is empty"):
+        check_gradient("w", torch.zeros(0, 3))
+    with pytest.raises(ValueError, match="at most 2\\*\\*34"):
+        check_gradient("w", torch.empty(2 ** 34, device="meta"))
+    check_gradient("w", torch.zeros(3, dtype=torch.bfloat16))
+
+
+def test_settings_message_lists_each_rank():
+    assert settings_mismatch_message([{"a": 1}, {"a": 1}]) is None
+    msg = settings_mismatch_message([{"a": 1, "b": 2}, {"a": 1, "b": 3}])
+    assert "b: rank 0: 2; rank 1: 3" in msg and "a:" not in msg
+
+
+def test_wire_formulas():
+    assert allreduce_wire_bytes(1000, 4) == 1500 and allreduce_wire_bytes(1000, 1) == 0
+    assert allgather_wire_bytes(100, 4) == 300
+    assert tensor_key("fc.weight") == tensor_key("fc.weight") != tensor_key("fc.bias")

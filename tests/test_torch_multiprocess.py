@@ -1,0 +1,56 @@
+"""horovod_ext.torch under horovodrun for real: 2 ranks, and 4 ranks as two "nodes" of 2 (Gloo), each launch
+bounded by a timeout. The worker (tests/workers/ternary_worker.py) records what each rank saw."""
+import pytest
+
+from hvdrun import horovodrun
+
+WORKER = "tests/workers/ternary_worker.py"
+EXPECTED_ERRORS = {
+    "nan": ("FloatingPointError", ["'0.weight'", "NaN or Inf"]),
+    "inf": ("FloatingPointError", ["'2.weight'", "NaN or Inf"]),
+    "nan_shared": ("FloatingPointError", ["'0.weight'", "on at least one rank"]),
+    "mismatch_clip": ("SettingsMismatchError", ["clip=2.5", "clip=3.0", "rank 0", "rank 1"]),
+    "mismatch_compressor": ("SettingsMismatchError", ["ternary(", "FP16Compressor"]),
+    "mismatch_shared": ("SettingsMismatchError", ["shared_scale=False", "shared_scale=True"]),
+    "complex": ("TypeError", ["'extra'", "complex64", "float16, bfloat16, float32, float64"]),
+    "empty": ("ValueError", ["'extra'", "empty"]),
+    "clip": ("ValueError", ["clip", "> 0.0"]),
+    "packing": ("ValueError", ["packing", "'2bit', 'base3'", "'3bit'"]),
+    "min_size": ("ValueError", ["min_size", ">= 0"]),
+}
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["np2", "np4-two-nodes"])
+def results(request):
+    res, _ = horovodrun(request.param, WORKER, timeout=300)
+    assert [r["rank"] for r in res] == list(range(request.param))
+    return res
+
+
+def test_applied_gradient_is_mean_of_decoded_payloads(results):
+    for r in results:
+        keys = [k for k in r if k.startswith("mean_")]
+        assert len(keys) == 5
+        for key in keys:
+            assert r[key]["mismatches"] == [], (r["rank"], key)
+            assert r[key]["steps"] == 3
+        assert 1.6 < r["mean_base3_local"]["bits_per_element"] < 1.7
+        assert 2.0 < r["mean_2bit_local"]["bits_per_element"] < 2.1
+
+
+def test_ranks_hold_identical_parameters_after_training(results):
+    for r in results:
+        for key in ("identical_ternary", "identical_shared", "identical_fp16"):
+            assert r[key]["identical"], (r["rank"], key)
+            assert r[key]["moved"] > 1e-3  # training happened
+
+
+def test_bad_inputs_raise_on_every_rank_without_hang(results):
+    for r in results:
+        cases = {c["case"]: c for c in r["bad_inputs"]["cases"]}
+        assert set(cases) == set(EXPECTED_ERRORS)
+        for case, (etype, fragments) in EXPECTED_ERRORS.items():
+            assert cases[case]["type"] == etype, (r["rank"], case, cases[case])
+            for fragment in fragments:
+                assert fragment in cases[case]["message"], (r["rank"], case, fragment, cases[case]["message"])
+        assert r["bad_inputs"]["after"]["identical"]
