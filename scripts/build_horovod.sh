@@ -35,5 +35,8 @@ if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then
   $PY -m pip wheel -q --no-build-isolation --no-deps "$SRC" -w "$WHEELS"
 fi
 $PY -m pip install -q --no-deps --force-reinstall "$WHEELS"/horovod-*.whl
-horovodrun --check-build
-horovodrun --check-build | grep -q "\[X\] Gloo"
+report=$(TF_CPP_MIN_LOG_LEVEL=3 horovodrun --check-build 2>/dev/null)
+echo "$report"
+for need in "[X] PyTorch" "[X] TensorFlow" "[X] Gloo"; do
+  [[ "$report" == *"$need"* ]] || { echo "horovodrun --check-build lacks $need" >&2; exit 1; }
+done

@@ -23,7 +23,11 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
   . .venv/bin/activate
 fi
 PY=python
-export PIP_DISABLE_PIP_VERSION_CHECK=1
+export PIP_DISABLE_PIP_VERSION_CHECK=1 TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-3}
+# pip older than 23.3 installs editable packages through "setup.py develop", which loses --no-build-isolation.
+if ! $PY -c "import sys, pip; sys.exit(int(pip.__version__.split('.')[0]) < 24)" 2>/dev/null; then
+  $PY -m pip install -q --upgrade "pip>=24"
+fi
 
 if ! $PY - <<'PY' 2>/dev/null
 import importlib.metadata as md, sys
@@ -38,8 +42,7 @@ then
   $PY -m pip install -q -r requirements.txt
 fi
 
-if ! $PY -c "import horovod.torch, horovod.tensorflow" 2>/dev/null \
-   || ! horovodrun --check-build 2>/dev/null | grep -q "\[X\] Gloo"; then
+if ! $PY -c "import horovod.torch as t, horovod.tensorflow as f; assert t.gloo_built() and f.gloo_built()" 2>/dev/null; then
   log "building Horovod 0.28.1 (first time on this machine: several minutes)"
   bash scripts/build_horovod.sh
 fi

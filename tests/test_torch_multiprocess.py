@@ -1,5 +1,7 @@
 """horovod_ext.torch under horovodrun for real: 2 ranks, and 4 ranks as two "nodes" of 2 (Gloo), each launch
 bounded by a timeout. The worker (tests/workers/ternary_worker.py) records what each rank saw."""
+import json
+
 import pytest
 
 from hvdrun import horovodrun
@@ -54,3 +56,15 @@ def test_bad_inputs_raise_on_every_rank_without_hang(results):
             for fragment in fragments:
                 assert fragment in cases[case]["message"], (r["rank"], case, fragment, cases[case]["message"])
         assert r["bad_inputs"]["after"]["identical"]
+
+
+def test_ternary_accuracy_on_digits_within_two_points_of_dense(tmp_path):
+    """The main job's example: same model, data order and epochs; ternary must land within 2 points of dense."""
+    out = tmp_path / "digits.json"
+    horovodrun(2, "examples/pytorch_digits.py", "--compression", "none,ternary", "--epochs", "30",
+               "--json", out, timeout=400, collect=False)
+    results = {r["compression"]: r for r in json.loads(out.read_text())["results"]}
+    dense, ternary = results["none"]["test_accuracy"], results["ternary"]["test_accuracy"]
+    assert dense > 0.93
+    assert abs(dense - ternary) <= 0.02, (dense, ternary)
+    assert results["ternary"]["dense_bytes_per_step"] / results["ternary"]["bytes_per_step"] > 14

@@ -45,7 +45,7 @@ const DecodeTables kTables;
 
 }  // namespace
 
-GradientStats gradient_stats(const float* g, int64_t n) {
+HVDEXT_VECTOR_CLONES GradientStats gradient_stats(const float* g, int64_t n) {
   double sum[kLanes] = {0}, sq[kLanes] = {0};
   float mx[kLanes] = {0};
   const int64_t full = n / kLanes * kLanes;
@@ -94,6 +94,52 @@ int64_t ternary_packed_bytes(int64_t n, Packing packing) {
   return (n + per - 1) / per;
 }
 
+namespace {
+
+// Uniforms of blocks [first, first + blocks) into u (4 per block). A loop without calls or branches, so that the
+// compiler vectorizes Philox across blocks.
+HVDEXT_VECTOR_CLONES void fill_uniforms(const RandomKey& key, uint32_t first, int64_t blocks, float* u) {
+  const uint32_t k0 = static_cast<uint32_t>(key.seed), k1 = static_cast<uint32_t>(key.seed >> 32);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const Philox4 r = philox4x32_10(first + static_cast<uint32_t>(b), key.step, key.tensor, key.rank, k0, k1);
+    u[4 * b + 0] = philox_uniform(r.v[0]);
+    u[4 * b + 1] = philox_uniform(r.v[1]);
+    u[4 * b + 2] = philox_uniform(r.v[2]);
+    u[4 * b + 3] = philox_uniform(r.v[3]);
+  }
+}
+
+// Codes {0, 1 (+), 2 (-)} of m elements: keep = u < |clamp(x, -t, t)| / s; a kept element is never 0, so its
+// code is 1 + (x < 0).
+HVDEXT_VECTOR_CLONES void ternary_codes(const float* x, const float* u, int64_t m, float threshold, float scale,
+                                        uint8_t* codes) {
+  for (int64_t k = 0; k < m; ++k) {
+    const float xc = std::min(std::max(x[k], -threshold), threshold);
+    const float p = std::fabs(xc) / scale;
+    const uint8_t keep = u[k] < p;
+    const uint8_t negative = x[k] < 0.0f;
+    codes[k] = static_cast<uint8_t>(keep + (keep & negative));
+  }
+}
+
+HVDEXT_VECTOR_CLONES void pack_codes(const uint8_t* codes, int64_t m, Packing packing, uint8_t* o) {
+  if (packing == Packing::kTwoBit) {
+    const int64_t bytes = (m + 3) / 4;
+    for (int64_t i = 0; i < bytes; ++i) {
+      const uint8_t* c = codes + 4 * i;
+      o[i] = static_cast<uint8_t>(c[0] | (c[1] << 2) | (c[2] << 4) | (c[3] << 6));
+    }
+  } else {
+    const int64_t bytes = (m + 4) / 5;
+    for (int64_t i = 0; i < bytes; ++i) {
+      const uint8_t* c = codes + 5 * i;
+      o[i] = static_cast<uint8_t>(c[0] + 3 * c[1] + 9 * c[2] + 27 * c[3] + 81 * c[4]);
+    }
+  }
+}
+
+}  // namespace
+
 void ternary_encode(const float* g, int64_t n, float threshold, float scale, const RandomKey& key, Packing packing,
                     uint8_t* payload) {
   check_packing(packing);
@@ -108,34 +154,10 @@ void ternary_encode(const float* g, int64_t n, float threshold, float scale, con
   alignas(64) uint8_t codes[kChunk + 8];
   for (int64_t start = 0; start < n; start += kChunk) {
     const int64_t m = std::min(kChunk, n - start);
-    const uint32_t first_block = static_cast<uint32_t>(start / 4);
-    const int64_t blocks = (m + 3) / 4;
-    for (int64_t b = 0; b < blocks; ++b) {
-      const Philox4 r = philox_block(key, first_block + static_cast<uint32_t>(b));
-      for (int j = 0; j < 4; ++j) u[4 * b + j] = philox_uniform(r.v[j]);
-    }
-    const float* x = g + start;
-    for (int64_t k = 0; k < m; ++k) {
-      const float xc = std::min(std::max(x[k], -threshold), threshold);
-      const float p = std::fabs(xc) / scale;
-      const uint8_t keep = u[k] < p;
-      codes[k] = keep * (x[k] > 0.0f ? 1 : (x[k] < 0.0f ? 2 : 0));
-    }
+    fill_uniforms(key, static_cast<uint32_t>(start / 4), (m + 3) / 4, u);
+    ternary_codes(g + start, u, m, threshold, scale, codes);
     std::memset(codes + m, 0, 8);
-    uint8_t* o = out + start / codes_per_byte(packing);
-    if (packing == Packing::kTwoBit) {
-      const int64_t bytes = (m + 3) / 4;
-      for (int64_t i = 0; i < bytes; ++i) {
-        const uint8_t* c = codes + 4 * i;
-        o[i] = static_cast<uint8_t>(c[0] | (c[1] << 2) | (c[2] << 4) | (c[3] << 6));
-      }
-    } else {
-      const int64_t bytes = (m + 4) / 5;
-      for (int64_t i = 0; i < bytes; ++i) {
-        const uint8_t* c = codes + 5 * i;
-        o[i] = static_cast<uint8_t>(c[0] + 3 * c[1] + 9 * c[2] + 27 * c[3] + 81 * c[4]);
-      }
-    }
+    pack_codes(codes, m, packing, out + start / codes_per_byte(packing));
   }
 }
 

@@ -1,0 +1,81 @@
+"""Link benchmark: step time, communication time and bytes per step of dense, fp16 and ternary on loopback shaped
+to a given bandwidth in a network namespace (created here and always removed), at 2 and 4 ranks.
+
+Needs root (ip netns). Where namespaces cannot be made it says why and exits 0 without numbers.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from common import machine, markdown_table, write_outputs
+from netns import NamespaceUnavailable, shaped_namespace
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_config(prefix, ranks, rate, args):
+    out = tempfile.mktemp(suffix=".json")
+    cmd = prefix + ["horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", sys.executable,
+                    os.path.join(HERE, "link_worker.py"), "--compression", args.compression,
+                    "--params-m", str(args.params_m), "--steps", str(args.steps), "--json", out]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode != 0 or not os.path.exists(out):
+        raise RuntimeError(f"link run failed ({ranks} ranks, {rate} Mbit):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    with open(out) as f:
+        rows = json.load(f)
+    os.unlink(out)
+    for row in rows:
+        row["link_mbit"] = rate
+    return rows
+
+
+def table(rows):
+    out = []
+    for r in rows:
+        dense = next(x for x in rows if x["compression"] == "none" and x["ranks"] == r["ranks"]
+                     and x["link_mbit"] == r["link_mbit"])
+        out.append([r["link_mbit"], r["ranks"], r["compression"], f"{r['parameters'] / 1e6:.1f}M",
+                    f"{r['payload_bytes'] / 1e6:.2f}", f"{r['wire_bytes'] / 1e6:.2f}", f"{r['step_seconds']:.3f}",
+                    f"{r['comm_seconds']:.3f}", f"{dense['comm_seconds'] / max(r['comm_seconds'], 1e-9):.1f}x",
+                    f"{dense['step_seconds'] / r['step_seconds']:.1f}x"])
+    return markdown_table(["Mbit/s", "ranks", "compression", "params", "payload MB/step", "wire MB/step (per rank)",
+                           "step s", "comm s", "comm vs dense", "step vs dense"], out)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="2 ranks, 100 Mbit, a 2.6M-parameter model, 2 steps")
+    parser.add_argument("--ranks", default="2,4")
+    parser.add_argument("--mbit", default="100")
+    parser.add_argument("--compression", default="none,fp16,ternary")
+    parser.add_argument("--params-m", type=float, default=10.5)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--timeout", type=int, default=900)
+    args = parser.parse_args()
+    if args.quick:
+        args.ranks, args.mbit, args.params_m, args.steps = "2", "100", 2.6, 2
+    rows = []
+    try:
+        for rate in [int(x) for x in args.mbit.split(",")]:
+            with shaped_namespace(rate) as prefix:
+                for ranks in [int(x) for x in args.ranks.split(",")]:
+                    print(f"[link] {ranks} ranks, {rate} Mbit/s: {args.compression}", flush=True)
+                    rows += run_config(prefix, ranks, rate, args)
+    except NamespaceUnavailable as exc:
+        print(f"[link] skipped: {exc}")
+        return 0
+    md = ("Step time and communication on loopback shaped by tbf in a network namespace (all ranks share the link). "
+          "comm s = seconds blocked waiting for the step's collectives after backward (median of the steps). "
+          "wire MB = bytes each rank sends by Horovod's ring algorithms.\n\n" + table(rows))
+    path = write_outputs("link", {"machine": machine(), "args": vars(args), "rows": rows}, md)
+    print(md)
+    print(f"\nwritten: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

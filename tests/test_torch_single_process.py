@@ -1,0 +1,144 @@
+"""horovod_ext.torch in one process (Horovod of size 1): dtypes, gradient accumulation, checkpoints, stats and
+misuse errors. Multi-rank behaviour is in test_torch_multiprocess.py."""
+import numpy as np
+import pytest
+import torch
+
+import horovod.torch as horovod_torch
+import horovod_ext.torch as hvd
+from horovod_ext.compression.wire import tensor_key
+from hvdext_reference import terngrad as ref
+
+
+@pytest.fixture(scope="module", autouse=True)
+def horovod():
+    hvd.init()
+    yield
+
+
+def model(dtype=torch.float32):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(40, 30), torch.nn.Tanh(), torch.nn.Linear(30, 5)).to(dtype)
+
+
+def loss_of(m, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    dtype = next(m.parameters()).dtype
+    return m(torch.randn(8, 40, generator=gen).to(dtype)).square().mean()
+
+
+def test_superset_of_horovod_torch():
+    for name in ("init", "rank", "size", "allreduce", "allgather", "broadcast_parameters", "ProcessSet", "Average"):
+        assert getattr(hvd, name) is getattr(horovod_torch, name)
+    assert hvd.Compression.none is horovod_torch.Compression.none
+    assert hvd.Compression.ternary.name == "ternary"
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+def test_non_float32_parameters(dtype):
+    m = model(dtype)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters(),
+                                   compression=hvd.Compression.ternary(min_size=0, seed=5))
+    loss_of(m).backward()
+    raw = {n: p.grad.detach().float().clone() for n, p in m.named_parameters()}
+    opt.synchronize()
+    for name, p in m.named_parameters():
+        assert p.grad.dtype == dtype
+        payload = ref.encode(raw[name].numpy().reshape(-1), seed=5, step=0, tensor=tensor_key(name), rank=0)
+        want = ref.decode_average([payload], p.numel(), "base3", 1)
+        np.testing.assert_array_equal(p.grad.float().reshape(-1).numpy(), torch.from_numpy(want).to(dtype).float())
+    with opt.skip_synchronize():
+        opt.step()
+
+
+def test_backward_passes_per_step_accumulates_before_sending():
+    m = model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters(),
+                                   compression=hvd.Compression.ternary(min_size=0, clip=None, seed=1),
+                                   backward_passes_per_step=2)
+    loss_of(m, 0).backward()
+    assert opt._hx_pending == {}  # nothing sent after the first pass
+    loss_of(m, 1).backward()
+    assert len(opt._hx_pending) == 4
+    opt.step()
+    assert opt.compression_stats()["steps"] == 1
+
+
+def test_stats_fields_and_ratios():
+    m = model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters(),
+                                   compression=hvd.Compression.ternary(min_size=100))
+    for step in range(3):
+        opt.zero_grad()
+        loss_of(m, step).backward()
+        opt.step()
+    stats = opt.compression_stats()
+    assert stats["steps"] == 3 and stats["compression"] == "ternary" and stats["ranks"] == 1
+    last, total = stats["last_step"], stats["total"]
+    for key in ("payload_bytes", "dense_bytes", "wire_bytes", "dense_wire_bytes", "bits_per_element",
+                "compress_seconds", "decompress_seconds", "comm_seconds"):
+        assert key in last and key in total
+    dense = sum(p.numel() * 4 for p in m.parameters())
+    assert last["dense_bytes"] == dense and total["dense_bytes"] == 3 * dense
+    compressed = 40 * 30 + 30 * 5
+    payload = (4 + (40 * 30 + 4) // 5) + (4 + (30 * 5 + 4) // 5) + 4 * (30 + 5)
+    assert last["payload_bytes"] == payload and last["compressed_elements"] == compressed
+    assert last["compress_seconds"] > 0
+
+
+def train(steps, compression, resume_from=None, first_batch=0):
+    m = model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=m.named_parameters(), compression=compression)
+    if resume_from is not None:
+        m.load_state_dict(resume_from["model"])
+        opt.load_state_dict(resume_from["opt"])
+    for step in range(steps):
+        opt.zero_grad()
+        loss_of(m, first_batch + step).backward()
+        opt.step()
+    return m, opt
+
+
+def flat(m):
+    return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+
+
+def test_resume_from_checkpoint_continues_bit_identically():
+    compression = hvd.Compression.ternary(min_size=0, seed=11)
+    m_full, _ = train(4, compression)
+    m_half, opt_half = train(2, compression)
+    checkpoint = {"model": {k: v.clone() for k, v in m_half.state_dict().items()}, "opt": opt_half.state_dict()}
+    assert checkpoint["opt"]["horovod_ext"]["step"] == 2
+    m_resumed, opt_resumed = train(2, compression, resume_from=checkpoint, first_batch=2)
+    assert opt_resumed.compression_stats()["steps"] == 4
+    assert not torch.equal(flat(m_full), flat(model()))
+    assert torch.equal(flat(m_full), flat(m_resumed))
+
+
+def test_resume_keeps_the_seed_rank_0_drew():
+    m_half, opt_half = train(2, hvd.Compression.ternary(min_size=0))
+    checkpoint = {"model": m_half.state_dict(), "opt": opt_half.state_dict()}
+    assert checkpoint["opt"]["horovod_ext"]["seed"] == opt_half._hx_seed is not None
+    _, opt_resumed = train(1, hvd.Compression.ternary(min_size=0), resume_from=checkpoint, first_batch=2)
+    assert opt_resumed._hx_seed == opt_half._hx_seed
+
+
+def test_misuse_errors():
+    m = model()
+    with pytest.raises(ValueError, match="op=hvd.Adasum cannot be combined with Compression.ternary"):
+        hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters(),
+                                 compression=hvd.Compression.ternary, op=hvd.Adasum)
+    with pytest.raises(TypeError, match="compression must be one of"):
+        hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), compression="ternary")
+    with pytest.raises(ValueError, match="backward_passes_per_step must be an integer >= 1"):
+        hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), backward_passes_per_step=0)
+    with pytest.raises(ValueError, match="duplicate names"):
+        hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                 named_parameters=[("w", p) for p in m.parameters()])
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters())
+    m.zero_grad()
+    loss_of(m).backward()
+    with pytest.raises(AssertionError, match="before optimizer.step"):
+        opt.zero_grad()
+    opt.step()
