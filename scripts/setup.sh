@@ -47,7 +47,9 @@ if ! $PY -c "import horovod.torch as t, horovod.tensorflow as f; assert t.gloo_b
   bash scripts/build_horovod.sh
 fi
 
-if ! $PY -c "import horovod_ext, sys; sys.exit(0 if horovod_ext.__file__.startswith('$HVDEXT_ROOT') else 1)" 2>/dev/null; then
+# Checked from / so that the repo root on sys.path cannot stand in for the installed package.
+if ! (cd / && $PY -c "import horovod_ext, hvdext_reference, sys
+sys.exit(0 if horovod_ext.__file__.startswith('$HVDEXT_ROOT/') else 1)") 2>/dev/null; then
   log "installing horovod_ext (editable)"
   $PY -m pip install -q --no-build-isolation --no-deps -e .
 fi
