@@ -12,7 +12,8 @@ import horovod_ext.torch as hvd
 
 COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compression.fp16,
                 "ternary": lambda: hvd.Compression.ternary,
-                "ternary-shared": lambda: hvd.Compression.ternary(shared_scale=True)}
+                "ternary-shared": lambda: hvd.Compression.ternary(shared_scale=True, transport="allgather"),
+                "ternary-2phase": lambda: hvd.Compression.ternary(shared_scale=True, transport="two_phase")}
 
 
 def model_of(params_m):
@@ -44,6 +45,7 @@ def measure(name, params_m, steps, batch):
     return {"compression": name, "ranks": hvd.size(), "parameters": sum(p.numel() for p in model.parameters()),
             "step_seconds": statistics.median(times), "comm_seconds": statistics.median(comm),
             "payload_bytes": last["payload_bytes"], "wire_bytes": last["wire_bytes"],
+            "transport": opt.compression_stats().get("transport", "allreduce"),
             "dense_bytes": last["dense_bytes"], "dense_wire_bytes": last["dense_wire_bytes"]}
 
 

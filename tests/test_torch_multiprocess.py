@@ -68,3 +68,18 @@ def test_ternary_accuracy_on_digits_within_two_points_of_dense(tmp_path):
     assert dense > 0.93
     assert abs(dense - ternary) <= 0.02, (dense, ternary)
     assert results["ternary"]["dense_bytes_per_step"] / results["ternary"]["bytes_per_step"] > 14
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_two_phase_equals_allgather_bit_for_bit(ranks):
+    """Unequal chunks at 3 ranks, tensors smaller than N, both packings; the counted bytes follow the plan."""
+    hosts = {2: "localhost:2", 3: "localhost:3", 4: "localhost:2,127.0.0.1:2"}[ranks]
+    res, _ = horovodrun(ranks, "tests/workers/two_phase_worker.py", timeout=300, hosts=hosts)
+    for r in res:
+        for packing in ("base3", "2bit"):
+            check = r[packing]
+            assert check["transports"] == ["allgather", "two_phase"]
+            assert check["equal"] and check["nonzero"], (r["rank"], packing)
+            # counted from the tensors handed to alltoall/allgather; the formula rounds each chunk's bytes only
+            assert check["wire_bytes"] == check["plan_wire_bytes"]
+            assert abs(check["wire_bytes"] - check["formula_wire_bytes"]) <= 2 * ranks

@@ -25,7 +25,9 @@ void check_packing(Packing packing) {
   }
 }
 
-// value of each code in a packed byte: kDecode2[b][j] for "2bit", kDecode3[b][j] for "base3".
+}  // namespace
+
+// value of each code in a packed byte: two_bit[b][j] for "2bit", base3[b][j] for "base3".
 struct DecodeTables {
   int8_t two_bit[256][4];
   int8_t base3[256][5];
@@ -43,7 +45,10 @@ struct DecodeTables {
 };
 const DecodeTables kTables;
 
-}  // namespace
+const int8_t* ternary_byte_values(uint8_t byte, Packing packing) {
+  return packing == Packing::kTwoBit ? kTables.two_bit[byte] : kTables.base3[byte];
+}
+
 
 HVDEXT_VECTOR_CLONES GradientStats gradient_stats(const float* g, int64_t n) {
   double sum[kLanes] = {0}, sq[kLanes] = {0};
@@ -122,7 +127,9 @@ HVDEXT_VECTOR_CLONES void ternary_codes(const float* x, const float* u, int64_t 
   }
 }
 
-HVDEXT_VECTOR_CLONES void pack_codes(const uint8_t* codes, int64_t m, Packing packing, uint8_t* o) {
+}  // namespace
+
+HVDEXT_VECTOR_CLONES void ternary_pack_codes(const uint8_t* codes, int64_t m, Packing packing, uint8_t* o) {
   if (packing == Packing::kTwoBit) {
     const int64_t bytes = (m + 3) / 4;
     for (int64_t i = 0; i < bytes; ++i) {
@@ -138,18 +145,11 @@ HVDEXT_VECTOR_CLONES void pack_codes(const uint8_t* codes, int64_t m, Packing pa
   }
 }
 
-}  // namespace
+namespace {
 
-void ternary_encode(const float* g, int64_t n, float threshold, float scale, const RandomKey& key, Packing packing,
-                    uint8_t* payload) {
-  check_packing(packing);
-  std::memcpy(payload, &scale, sizeof(float));  // little-endian hosts only (x86-64, aarch64)
-  uint8_t* out = payload + kTernaryHeaderBytes;
-  const int64_t nbytes = ternary_packed_bytes(n, packing);
-  if (!(scale > 0.0f) || !std::isfinite(scale)) {
-    std::memset(out, 0, static_cast<size_t>(nbytes));
-    return;
-  }
+// Runs `emit(start, m, codes)` for each chunk of codes of g; codes has 8 zero bytes of slack after m.
+template <typename Emit>
+void for_each_code_chunk(const float* g, int64_t n, float threshold, float scale, const RandomKey& key, Emit emit) {
   alignas(64) float u[kChunk];
   alignas(64) uint8_t codes[kChunk + 8];
   for (int64_t start = 0; start < n; start += kChunk) {
@@ -157,8 +157,38 @@ void ternary_encode(const float* g, int64_t n, float threshold, float scale, con
     fill_uniforms(key, static_cast<uint32_t>(start / 4), (m + 3) / 4, u);
     ternary_codes(g + start, u, m, threshold, scale, codes);
     std::memset(codes + m, 0, 8);
-    pack_codes(codes, m, packing, out + start / codes_per_byte(packing));
+    emit(start, m, codes);
   }
+}
+
+bool encodes_zeros(float scale) { return !(scale > 0.0f) || !std::isfinite(scale); }
+
+}  // namespace
+
+void ternary_encode(const float* g, int64_t n, float threshold, float scale, const RandomKey& key, Packing packing,
+                    uint8_t* payload) {
+  check_packing(packing);
+  std::memcpy(payload, &scale, sizeof(float));  // little-endian hosts only (x86-64, aarch64)
+  uint8_t* out = payload + kTernaryHeaderBytes;
+  if (encodes_zeros(scale)) {
+    std::memset(out, 0, static_cast<size_t>(ternary_packed_bytes(n, packing)));
+    return;
+  }
+  const int per = codes_per_byte(packing);
+  for_each_code_chunk(g, n, threshold, scale, key, [&](int64_t start, int64_t m, const uint8_t* codes) {
+    ternary_pack_codes(codes, m, packing, out + start / per);
+  });
+}
+
+void ternary_encode_codes(const float* g, int64_t n, float threshold, float scale, const RandomKey& key,
+                          uint8_t* codes) {
+  if (encodes_zeros(scale)) {
+    std::memset(codes, 0, static_cast<size_t>(n));
+    return;
+  }
+  for_each_code_chunk(g, n, threshold, scale, key, [&](int64_t start, int64_t m, const uint8_t* c) {
+    std::memcpy(codes + start, c, static_cast<size_t>(m));
+  });
 }
 
 int ternary_decode_average(const uint8_t* gathered, int nranks, int64_t n, Packing packing, float divisor,

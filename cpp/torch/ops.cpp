@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "hvdext/ternary.h"
+#include "hvdext/two_phase.h"
 
 namespace {
 
@@ -73,6 +74,63 @@ int64_t ternary_decode_average(const torch::Tensor& gathered, int64_t nranks, in
   return bad;
 }
 
+uint8_t* cpu_bytes(const torch::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kUInt8 && t.is_contiguous(), what,
+              " must be a contiguous CPU uint8 tensor");
+  return t.data_ptr<uint8_t>();
+}
+
+void ternary_encode_codes(const torch::Tensor& g, double threshold, double scale, uint64_t seed, uint32_t step,
+                          uint32_t tensor, uint32_t rank, torch::Tensor& codes) {
+  const float* data = cpu_float_data(g, "gradient");
+  TORCH_CHECK(codes.numel() == g.numel(), "codes holds ", codes.numel(), " bytes, expected ", g.numel());
+  uint8_t* out = cpu_bytes(codes, "codes");
+  const hvdext::RandomKey key{seed, step, tensor, rank};
+  pybind11::gil_scoped_release release;
+  hvdext::ternary_encode_codes(data, g.numel(), static_cast<float>(threshold), static_cast<float>(scale), key, out);
+}
+
+void ternary_pack_codes(const torch::Tensor& codes, int64_t packing, torch::Tensor& out) {
+  const hvdext::Packing p = to_packing(packing);
+  TORCH_CHECK(out.numel() == hvdext::ternary_packed_bytes(codes.numel(), p), "out holds ", out.numel(), " bytes");
+  // the packer reads up to 8 bytes past the codes' end: pad a copy where the codes are not followed by slack
+  auto padded = torch::zeros({codes.numel() + 8}, torch::kUInt8);
+  padded.narrow(0, 0, codes.numel()).copy_(codes);
+  const uint8_t* in = padded.data_ptr<uint8_t>();
+  uint8_t* o = cpu_bytes(out, "out");
+  pybind11::gil_scoped_release release;
+  hvdext::ternary_pack_codes(in, codes.numel(), p, o);
+}
+
+torch::Tensor ternary_sum_reencode(const torch::Tensor& received, int64_t nranks, int64_t count, int64_t packing,
+                                   int64_t bits) {
+  const hvdext::Packing p = to_packing(packing);
+  TORCH_CHECK(received.numel() == nranks * hvdext::ternary_packed_bytes(count, p), "received holds ",
+              received.numel(), " bytes, expected ", nranks, " x ", hvdext::ternary_packed_bytes(count, p));
+  const uint8_t* in = cpu_bytes(received, "received");
+  auto stream = torch::empty({hvdext::two_phase_stream_bytes(count, static_cast<int>(bits))}, torch::kUInt8);
+  uint8_t* o = stream.data_ptr<uint8_t>();
+  {
+    pybind11::gil_scoped_release release;
+    hvdext::ternary_sum_reencode(in, static_cast<int>(nranks), count, p, static_cast<int>(bits), o);
+  }
+  return stream;
+}
+
+void two_phase_decode(const torch::Tensor& stream, int64_t first, int64_t count, int64_t nranks, int64_t bits,
+                      double scale, double divisor, torch::Tensor& out) {
+  const uint8_t* in = cpu_bytes(stream, "stream");
+  TORCH_CHECK(stream.numel() >= hvdext::two_phase_stream_bytes(first + count, static_cast<int>(bits)),
+              "stream holds ", stream.numel(), " bytes, too few for elements up to ", first + count);
+  TORCH_CHECK(out.numel() == count, "out holds ", out.numel(), " elements, expected ", count);
+  float* o = const_cast<float*>(cpu_float_data(out, "out"));
+  pybind11::gil_scoped_release release;
+  hvdext::two_phase_decode(in, first, count, static_cast<int>(nranks), static_cast<int>(bits),
+                           static_cast<float>(scale), static_cast<float>(divisor), o);
+}
+
+int64_t two_phase_level_bits(int64_t nranks) { return hvdext::two_phase_level_bits(static_cast<int>(nranks)); }
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -83,4 +141,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ternary_encode", &ternary_encode, "clip + ternarize + pack into a uint8 payload");
   m.def("ternary_decode_average", &ternary_decode_average,
         "decode N gathered payloads and average them into out; returns -1 or the first rank with a NaN/Inf gradient");
+  m.def("ternary_encode_codes", &ternary_encode_codes, "the unpacked codes of a gradient (same draws as encode)");
+  m.def("ternary_pack_codes", &ternary_pack_codes, "pack codes into out");
+  m.def("ternary_sum_reencode", &ternary_sum_reencode, "sum N packed code streams exactly, re-encode at b bits");
+  m.def("two_phase_decode", &two_phase_decode, "decode elements of a level stream, scaled, into out");
+  m.def("two_phase_level_bits", &two_phase_level_bits, "fewest bits for the 2N+1 levels of N ranks");
 }

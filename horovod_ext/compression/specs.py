@@ -8,6 +8,7 @@ import math
 import numbers
 
 PACKINGS = ("2bit", "base3")
+TRANSPORTS = ("auto", "allgather", "two_phase")
 PACKING_IDS = {"2bit": 0, "base3": 1}  # the ids the C++ core takes (hvdext::Packing)
 SEED_LIMIT = 2 ** 64
 
@@ -107,18 +108,26 @@ class Ternary(CompressorSpec):
         packing: "base3" (1.6 bits per element) or "2bit" (2 bits, simpler to decode).
         min_size: tensors with fewer elements travel dense by allreduce (biases, norms); 0 compresses all.
         seed: key of the counter-based generator (with step, tensor, rank, element); None lets rank 0 draw one.
+        transport: "allgather" (every rank receives every payload: bytes per rank grow with N), "two_phase" (needs
+            shared_scale: an alltoall of code chunks, exact integer sums re-encoded at ceil(log2(2N+1)) bits, and an
+            allgather of those: bytes per rank grow with log N), or "auto" (two_phase where it sends fewer bytes).
     """
 
     name = "ternary"
     payload = True
 
-    def __init__(self, clip=2.5, shared_scale=False, packing="base3", min_size=1024, seed=None):
+    def __init__(self, clip=2.5, shared_scale=False, packing="base3", min_size=1024, seed=None, transport="auto"):
+        check_choice("ternary transport", transport, TRANSPORTS)
+        if transport == "two_phase" and shared_scale is not True:
+            raise ValueError("ternary transport='two_phase' needs shared_scale=True: it sums the codes of all ranks "
+                             "as integers, which is exact only when every rank uses the same scale")
         super().__init__(
             clip=check_real("ternary clip", clip, low=0.0, allow_none=True),
             shared_scale=check_bool("ternary shared_scale", shared_scale),
             packing=check_choice("ternary packing", packing, PACKINGS),
             min_size=check_int("ternary min_size", min_size, low=0),
             seed=check_int("ternary seed", seed, low=0, high=SEED_LIMIT, allow_none=True),
+            transport=transport,
         )
 
     @property

@@ -127,7 +127,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if is_payload_compressor(comp):
             dense = AllreduceTransport(hvd.Compression.none, self._hx_op, self._hx_predivide, ps, stats)
             stats.extra["seed"] = self._hx_seed
-            return TernaryTransport(comp, self._hx_op, ps, stats, dense, self._hx_seed)
+            sizes = [p.numel() for p in self._hx_params if p.numel() >= comp.min_size]
+            return TernaryTransport(comp, self._hx_op, ps, stats, dense, self._hx_seed, sizes)
         return AllreduceTransport(comp, self._hx_op, self._hx_predivide, ps, stats)
 
     # -------------------------------------------------------------------------------------------- communication

@@ -50,6 +50,21 @@ class TernaryCodec:
         return ops.ternary_encode(flat, threshold, scale, self.seed, step & 0xFFFFFFFF, tensor_key(name),
                                   self.rank, self.packing)
 
+    def encode_codes(self, name, flat, step, threshold, scale, codes):
+        """The unpacked codes of one tensor into `codes` (a uint8 view), with the same draws as encode()."""
+        ops.ternary_encode_codes(flat, threshold, scale, self.seed, step & 0xFFFFFFFF, tensor_key(name), self.rank,
+                                 codes)
+
+    def pack(self, codes, out):
+        ops.ternary_pack_codes(codes, self.packing, out)
+
+    def sum_reencode(self, received, nranks, count, bits):
+        return ops.ternary_sum_reencode(received, nranks, count, self.packing, bits)
+
+    def decode_levels(self, stream, first, count, nranks, bits, scale, divisor, out):
+        """Elements [first, first + count) of a two-phase level stream, as float32(k) * scale / divisor."""
+        ops.two_phase_decode(stream, first, count, nranks, bits, scale, divisor, out)
+
     def decode_average(self, gathered, nranks, numel, divisor, out):
         """Decode into out (float32, contiguous); returns -1 or the first rank that sent NaN/Inf."""
         return ops.ternary_decode_average(gathered, nranks, numel, self.packing, float(divisor), out)

@@ -5,7 +5,9 @@
 - TernaryTransport: packed ternary payloads (a sum of packed codes means nothing) go through Horovod's allgather;
   every rank decodes the N payloads and averages them in one native pass. Tensors below min_size travel dense.
   With shared_scale, one allreduce(Max) of all tensors' scales precedes the encoding, so the step's allgathers
-  start only once every gradient is ready.
+  start only once every gradient is ready. With transport="two_phase" (shared scale), all compressed tensors go
+  as one flat code stream: an alltoall of packed chunks, an exact integer sum per chunk re-encoded at
+  ceil(log2(2N+1)) bits, and an allgather of those (horovod_ext/compression/two_phase.py has the plan).
 
 Transports record payload, dense and wire bytes and seconds in a CompressionStats (horovod_ext.compression.stats).
 """
@@ -14,6 +16,7 @@ import time
 import horovod.torch as hvd
 import torch
 
+from horovod_ext.compression.two_phase import TwoPhasePlan, choose_transport, scale_sharing_bytes
 from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes
 from .ternary import TernaryCodec
 
@@ -72,7 +75,7 @@ class AllreduceTransport:
 
 
 class TernaryTransport:
-    def __init__(self, spec, op, process_set, stats, dense, seed):
+    def __init__(self, spec, op, process_set, stats, dense, seed, compressed_sizes):
         if op not in (hvd.Average, hvd.Sum):
             raise ValueError(f"op must be hvd.Average or hvd.Sum with Compression.{spec.name}, got {op!r}")
         self.spec = spec
@@ -81,8 +84,13 @@ class TernaryTransport:
         self.dense = dense
         self.nranks = process_set.size()
         self.divisor = float(self.nranks) if op == hvd.Average else 1.0
-        self.codec = TernaryCodec(spec, process_set.rank(), seed)
-        self.scale_round = 0
+        self.rank = process_set.rank()
+        self.codec = TernaryCodec(spec, self.rank, seed)
+        self.round = 0
+        self.transport = choose_transport(spec.transport, spec.shared_scale, compressed_sizes, self.nranks,
+                                          spec.packing)
+        stats.extra["transport"] = self.transport
+        self.plan = None
 
     def is_compressed(self, param):
         return param.numel() >= self.spec.min_size
@@ -109,32 +117,93 @@ class TernaryTransport:
                        wire_bytes=allgather_wire_bytes(nbytes, self.nranks),
                        dense_wire_bytes=allreduce_wire_bytes(dense, self.nranks))
 
-    def _share_scales(self, items, step):
-        """TernGrad's scaler sharing: one allreduce(Max) of every compressed tensor's scale, then encode."""
+    def _share_scales(self, items):
+        """TernGrad's scaler sharing: one allreduce(Max) of every compressed tensor's scale. Returns the names of
+        tensors whose gradient held NaN/Inf on some rank (their agreed scale is +inf), else sets the scales."""
         local = torch.tensor([float(item.scale) for item in items], dtype=torch.float32)
-        self.scale_round += 1
-        handle = hvd.allreduce_async(local, name=f"ternary.shared_scales.{self.scale_round}", op=hvd.Max,
+        handle = hvd.allreduce_async(local, name=f"ternary.shared_scales.{self.round}", op=hvd.Max,
                                      process_set=self.process_set)
-        agreed = wait(handle, self.stats)
-        self.stats.add(payload_bytes=4 * len(items), wire_bytes=allreduce_wire_bytes(4 * len(items), self.nranks))
-        bad = [item.name for item, s in zip(items, agreed.tolist()) if s == float("inf")]
-        if bad:
-            return bad
+        agreed = wait(handle, self.stats).tolist()
+        self.stats.add(payload_bytes=4 * len(items), wire_bytes=scale_sharing_bytes(len(items), self.nranks))
+        bad = [item.name for item, s in zip(items, agreed) if s == float("inf")]
+        if not bad:
+            for item, s in zip(items, agreed):
+                item.scale = s
+        return bad
+
+    def _output_of(self, grad):
+        """Where to decode: the gradient itself when it is contiguous float32, else a float32 buffer."""
+        if grad.dtype == torch.float32 and grad.is_contiguous():
+            return grad.view(-1)
+        return torch.empty(grad.numel(), dtype=torch.float32)
+
+    def _two_phase(self, items, step):
+        """Phase 1 alltoall of packed code chunks, exact sums re-encoded, phase 2 allgather, decode."""
+        sizes = [item.param.numel() for item in items]
+        if self.plan is None or self.plan.sizes != sizes:
+            self.plan = TwoPhasePlan(sizes, self.nranks, self.spec.packing)
+        plan, packing = self.plan, self.codec.packing
         start = time.perf_counter()
-        for item, s in zip(items, agreed.tolist()):
-            item.scale = s
-            self._encode_and_gather(item, step)
+        codes = torch.empty(plan.total, dtype=torch.uint8)
+        for item, offset, n in zip(items, plan.offsets, sizes):
+            self.codec.encode_codes(item.name, item.flat, step, item.threshold, item.scale, codes[offset:offset + n])
+            item.flat = None
+        send = torch.empty(sum(plan.send_splits), dtype=torch.uint8)
+        position = 0
+        for j, split in enumerate(plan.send_splits):
+            self.codec.pack(codes[plan.bounds[j]:plan.bounds[j + 1]], send[position:position + split])
+            position += split
         self.stats.add(compress_seconds=time.perf_counter() - start)
-        return []
+
+        begin = time.perf_counter()
+        received, _ = hvd.alltoall(send, splits=torch.tensor(plan.send_splits, dtype=torch.int32),
+                                   name=f"ternary.two_phase.alltoall.{self.round}", process_set=self.process_set)
+        self.stats.add(comm_seconds=time.perf_counter() - begin)
+        start = time.perf_counter()
+        own = plan.counts[self.rank]
+        stream = self.codec.sum_reencode(received, self.nranks, own, plan.bits)
+        self.stats.add(compress_seconds=time.perf_counter() - start)
+        begin = time.perf_counter()
+        gathered = hvd.allgather(stream, name=f"ternary.two_phase.allgather.{self.round}",
+                                 process_set=self.process_set)
+        self.stats.add(comm_seconds=time.perf_counter() - begin)
+
+        start = time.perf_counter()
+        outputs = [self._output_of(item.param.grad) for item in items]
+        position = 0
+        for j, size in enumerate(plan.stream_sizes):
+            chunk = gathered[position:position + size]
+            position += size
+            for t, first, count, into in plan.pieces(j):
+                self.codec.decode_levels(chunk, first, count, self.nranks, plan.bits, items[t].scale, self.divisor,
+                                         outputs[t][into:into + count])
+        for item, out in zip(items, outputs):
+            if out.data_ptr() != item.param.grad.data_ptr():
+                item.param.grad.copy_(out.view_as(item.param.grad))
+        dense = sum(n * item.param.grad.element_size() for n, item in zip(sizes, items))
+        sent_alltoall = send.numel() - plan.send_splits[self.rank]  # what leaves this rank in phase 1
+        self.stats.add(decompress_seconds=time.perf_counter() - start, payload_bytes=send.numel() + stream.numel(),
+                       wire_bytes=sent_alltoall + allgather_wire_bytes(stream.numel(), self.nranks),
+                       dense_bytes=dense, elements=plan.total,
+                       compressed_elements=plan.total, dense_wire_bytes=allreduce_wire_bytes(dense, self.nranks))
 
     def finish(self, pendings, step):
         """Wait for every tensor, write the averaged gradients, and return the names whose gradient held NaN/Inf."""
+        self.round += 1
         compressed = [p for p in pendings if p.kind == "ternary"]
         errors = []
         if self.spec.shared_scale and compressed:
-            bad = self._share_scales(compressed, step)
+            bad = self._share_scales(compressed)
             if bad:
                 errors += [f"{name!r} (on at least one rank)" for name in bad]
+            elif self.transport == "two_phase":
+                self._two_phase(compressed, step)
+            else:
+                start = time.perf_counter()
+                for item in compressed:
+                    self._encode_and_gather(item, step)
+                self.stats.add(compress_seconds=time.perf_counter() - start)
+            if bad or self.transport == "two_phase":
                 compressed = []
         dense = [p for p in pendings if p.kind == "allreduce"]
         self.dense.finish(dense, step)
@@ -144,8 +213,7 @@ class TernaryTransport:
         for item, payloads in gathered:
             start = time.perf_counter()
             grad = item.param.grad
-            out = grad.view(-1) if (grad.dtype == torch.float32 and grad.is_contiguous()) else \
-                torch.empty(grad.numel(), dtype=torch.float32)
+            out = self._output_of(grad)
             bad_rank = self.codec.decode_average(payloads, self.nranks, grad.numel(), self.divisor, out)
             if bad_rank >= 0:
                 errors.append(f"{item.name!r} (on rank {bad_rank})")

@@ -50,6 +50,17 @@ inline int64_t ternary_payload_bytes(int64_t n, Packing packing) {
 void ternary_encode(const float* g, int64_t n, float threshold, float scale, const RandomKey& key, Packing packing,
                     uint8_t* payload);
 
+// The codes {0: 0, 1: +1, 2: -1} of g, one byte per element, unpacked (the two-phase transport packs them per
+// chunk); the same draws as ternary_encode.
+void ternary_encode_codes(const float* g, int64_t n, float threshold, float scale, const RandomKey& key,
+                          uint8_t* codes);
+
+// Packs m codes (with at least 8 readable bytes after them) into ternary_packed_bytes(m, packing) bytes.
+void ternary_pack_codes(const uint8_t* codes, int64_t m, Packing packing, uint8_t* out);
+
+// The values {-1, 0, +1} of the 4 ("2bit") or 5 ("base3") codes in one packed byte.
+const int8_t* ternary_byte_values(uint8_t byte, Packing packing);
+
 // gathered: nranks payloads of ternary_payload_bytes(n, packing) bytes each, back to back (an allgather's output).
 // Writes the decoded average into out[0..n). Returns -1, or the first rank whose scale is not finite (then out is
 // left untouched).

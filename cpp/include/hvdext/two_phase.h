@@ -1,0 +1,31 @@
+// Two-phase aggregation of ternary codes under a shared scale (TernGrad's scaler sharing makes codes summable):
+// phase 1 alltoall of packed code chunks, an exact integer sum per chunk re-encoded at b = ceil(log2(2N+1)) bits,
+// phase 2 allgather of the re-encoded chunks, decoded as out = float32(k) * s / divisor.
+// The definition, to the bit, is python/hvdext_reference/two_phase.py.
+#pragma once
+#include <cstdint>
+
+#include "hvdext/ternary.h"
+
+namespace hvdext {
+
+// Fewest bits that hold the 2N + 1 levels of a sum of N ternary codes.
+int two_phase_level_bits(int nranks);
+
+// Bytes of a stream of `count` levels at `bits` bits each.
+inline int64_t two_phase_stream_bytes(int64_t count, int bits) { return (count * bits + 7) / 8; }
+
+// Chunks (rank j owns flat elements [floor(j*T/N), floor((j+1)*T/N))) are planned in Python, by
+// horovod_ext/compression/two_phase.py, and passed here as counts and offsets.
+
+// received: nranks packed code streams of the same `count` elements (ternary_packed_bytes(count, packing) bytes
+// each, back to back: what one rank receives in phase 1). Writes the levels k + N of their exact sums as a
+// little-endian bit stream of two_phase_stream_bytes(count, bits) bytes.
+void ternary_sum_reencode(const uint8_t* received, int nranks, int64_t count, Packing packing, int bits,
+                          uint8_t* stream);
+
+// Elements [first, first + count) of a level stream: out[i] = float32(level - nranks) * scale / divisor.
+void two_phase_decode(const uint8_t* stream, int64_t first, int64_t count, int nranks, int bits, float scale,
+                      float divisor, float* out);
+
+}  // namespace hvdext

@@ -1,0 +1,89 @@
+"""The plan of the two-phase ternary transport (framework-free): chunks, splits, byte counts, and the choice of
+transport. The math is defined in python/hvdext_reference/two_phase.py; the kernels are in cpp/.
+
+The step's compressed tensors, in parameter order, form one flat stream of T codes. Rank j owns the chunk
+[bounds[j], bounds[j+1]), bounds[j] = floor(j*T/N). Phase 1 is one alltoall of packed code chunks, phase 2 one
+allgather of each rank's chunk sums re-encoded at b = ceil(log2(2N+1)) bits.
+"""
+import math
+
+from .wire import allgather_wire_bytes, allreduce_wire_bytes
+
+HEADER_BYTES = 4  # the float32 scale of an allgather payload
+CODES_PER_BYTE = {"2bit": 4, "base3": 5}
+
+
+def packed_bytes(count, packing):
+    per = CODES_PER_BYTE[packing]
+    return (count + per - 1) // per
+
+
+def level_bits(nranks):
+    return max(1, math.ceil(math.log2(2 * nranks + 1)))
+
+
+def stream_bytes(count, bits):
+    return (count * bits + 7) // 8
+
+
+class TwoPhasePlan:
+    """Chunks of the flat code stream of tensors with `sizes` elements over `nranks` ranks."""
+
+    def __init__(self, sizes, nranks, packing):
+        self.sizes = [int(n) for n in sizes]
+        self.nranks = nranks
+        self.packing = packing
+        self.total = sum(self.sizes)
+        self.bounds = [(j * self.total) // nranks for j in range(nranks + 1)]
+        self.counts = [self.bounds[j + 1] - self.bounds[j] for j in range(nranks)]
+        self.bits = level_bits(nranks)
+        self.offsets = [0]
+        for n in self.sizes:
+            self.offsets.append(self.offsets[-1] + n)
+        self.send_splits = [packed_bytes(c, packing) for c in self.counts]
+        self.stream_sizes = [stream_bytes(c, self.bits) for c in self.counts]
+
+    def pieces(self, chunk):
+        """(tensor index, first element in the chunk, count, first element in the tensor) covering chunk j."""
+        lo, hi = self.bounds[chunk], self.bounds[chunk + 1]
+        out = []
+        for t, (start, end) in enumerate(zip(self.offsets, self.offsets[1:])):
+            a, b = max(lo, start), min(hi, end)
+            if a < b:
+                out.append((t, a - lo, b - a, a - start))
+        return out
+
+    def wire_bytes(self, rank):
+        """Bytes this rank sends: the alltoall chunks that leave it, and (N-1) times its re-encoded chunk."""
+        alltoall = sum(s for j, s in enumerate(self.send_splits) if j != rank)
+        return alltoall + (self.nranks - 1) * self.stream_sizes[rank]
+
+    def payload_bytes(self, rank):
+        return sum(self.send_splits) + self.stream_sizes[rank]
+
+
+def formula_wire_bytes(total, nranks, packing):
+    """Closed form of what a rank sends by two-phase for T elements: (N-1)/N * T/codes_per_byte (alltoall) plus
+    (N-1) * T/N * b/8 (allgather). Counts differ from it only by the rounding of each chunk to whole bytes."""
+    return (nranks - 1) / nranks * total / CODES_PER_BYTE[packing] \
+        + (nranks - 1) * total / nranks * level_bits(nranks) / 8
+
+
+def allgather_transport_bytes(sizes, nranks, packing):
+    """Bytes a rank sends when every tensor's payload (scale + packed codes) goes by ring allgather."""
+    return allgather_wire_bytes(sum(HEADER_BYTES + packed_bytes(n, packing) for n in sizes), nranks)
+
+
+def choose_transport(requested, shared_scale, sizes, nranks, packing):
+    """"auto": two_phase where it sends fewer bytes per rank than allgather (it needs a shared scale)."""
+    if requested != "auto":
+        return requested
+    if not shared_scale or nranks < 2 or not sizes:
+        return "allgather"
+    two_phase = TwoPhasePlan(sizes, nranks, packing).wire_bytes(0)
+    return "two_phase" if two_phase < allgather_transport_bytes(sizes, nranks, packing) else "allgather"
+
+
+def scale_sharing_bytes(ntensors, nranks):
+    """The allreduce(Max) of every compressed tensor's float32 scale."""
+    return allreduce_wire_bytes(4 * ntensors, nranks)

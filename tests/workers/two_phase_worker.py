@@ -1,0 +1,63 @@
+"""Two-phase vs allgather transports of Compression.ternary(shared_scale=True) on the same gradients (horovodrun)."""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import horovod_ext.torch as hvd  # noqa: E402
+from horovod_ext.compression.two_phase import TwoPhasePlan, formula_wire_bytes, scale_sharing_bytes  # noqa: E402
+from hvdrun import write_result  # noqa: E402
+
+hvd.init()
+RANK, SIZE = hvd.rank(), hvd.size()
+torch.set_num_threads(1)
+
+
+class Odd(torch.nn.Module):
+    """Tensors of 1, 2 and N-1 elements (smaller than N) beside ordinary layers."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = torch.nn.Linear(30, 20)
+        self.fc2 = torch.nn.Linear(20, 3)
+        self.tiny = torch.nn.Parameter(torch.randn(1))
+        self.pair = torch.nn.Parameter(torch.randn(2))
+        self.small = torch.nn.Parameter(torch.randn(max(SIZE - 1, 1)))
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x))) * self.tiny + self.pair.sum() + self.small.sum()
+
+
+def grads_after(transport, steps, packing):
+    model = Odd()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters(),
+        compression=hvd.Compression.ternary(shared_scale=True, min_size=0, seed=3, transport=transport,
+                                            packing=packing))
+    history = []
+    for step in range(steps):
+        gen = torch.Generator().manual_seed(100 * step + RANK)
+        opt.zero_grad()
+        model(torch.randn(16, 30, generator=gen)).square().mean().backward()
+        opt.step()
+        history.append([p.grad.clone() for p in model.parameters()])
+    return history, opt.compression_stats(), [p.numel() for p in model.parameters()]
+
+
+if __name__ == "__main__":
+    result = {"rank": RANK, "size": SIZE}
+    for packing in ("base3", "2bit"):
+        a, stats_a, sizes = grads_after("allgather", 4, packing)
+        b, stats_b, _ = grads_after("two_phase", 4, packing)
+        result[packing] = {
+            "equal": all(torch.equal(x, y) for ga, gb in zip(a, b) for x, y in zip(ga, gb)),
+            "nonzero": any(bool(torch.count_nonzero(x)) for ga in a for x in ga),
+            "transports": [stats_a["transport"], stats_b["transport"]],
+            "wire_bytes": stats_b["last_step"]["wire_bytes"],
+            "plan_wire_bytes": TwoPhasePlan(sizes, SIZE, packing).wire_bytes(RANK)
+            + scale_sharing_bytes(len(sizes), SIZE),
+            "formula_wire_bytes": formula_wire_bytes(sum(sizes), SIZE, packing) + scale_sharing_bytes(len(sizes), SIZE),
+        }
+    write_result(RANK, result)
