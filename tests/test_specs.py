@@ -58,3 +58,12 @@ def test_wire_formulas():
     assert allreduce_wire_bytes(1000, 4) == 1500 and allreduce_wire_bytes(1000, 1) == 0
     assert allgather_wire_bytes(100, 4) == 300
     assert tensor_key("fc.weight") == tensor_key("fc.weight") != tensor_key("fc.bias")
+
+
+def test_transport_argument():
+    assert Ternary().transport == "auto"
+    assert Ternary(shared_scale=True, transport="two_phase").transport == "two_phase"
+    with pytest.raises(ValueError, match="transport='two_phase' needs shared_scale=True: it sums the codes"):
+        Ternary(transport="two_phase")
+    with pytest.raises(ValueError, match=r"transport must be one of \('auto', 'allgather', 'two_phase'\)"):
+        Ternary(transport="ring")
