@@ -2,7 +2,10 @@
 tensors, or the collectives of a step would not match (one rank allgathers what another allreduces, or decodes
 payloads of another packing). Adapters allgather each rank's settings string once, before the first collective
 of the first step, and raise this module's error on every rank if they differ."""
+import itertools
 import json
+import random
+import zlib
 
 
 class SettingsMismatchError(ValueError):
@@ -31,3 +34,28 @@ def settings_mismatch_message(per_rank_settings, what="horovod_ext DistributedOp
             lines.append(f"  {key}: " + "; ".join(f"rank {r}: {v}" for r, v in enumerate(values)))
     return (f"{what}: settings differ across ranks; every rank must pass the same compression and arguments.\n"
             + "\n".join(lines))
+
+
+def optimizer_settings(compression_description, op_name, tensors, process_set_size, version, **extra):
+    """The settings ranks must share: tensors is a list of (name, shape, dtype name), summarized by a crc32."""
+    layout = ";".join(f"{name}:{tuple(shape)}:{dtype}" for name, shape, dtype in tensors)
+    return {"compression": compression_description, "op": op_name,
+            "parameters": f"{len(tensors)} tensors, crc32 {zlib.crc32(layout.encode()):08x}",
+            "process_set_size": process_set_size, "horovod_ext": version, **extra}
+
+
+def agree(settings, allgather_blobs, what="horovod_ext DistributedOptimizer"):
+    """Exchange settings and a random seed proposal; raise SettingsMismatchError (every rank gets the same
+    message) or return rank 0's proposal. allgather_blobs(bytes) -> list of every rank's bytes, in rank order."""
+    proposal = {"seed": random.SystemRandom().getrandbits(63)}
+    per_rank = decode_all(allgather_blobs(encode_settings(settings, proposal)))
+    message = settings_mismatch_message([r["settings"] for r in per_rank], what)
+    if message:
+        raise SettingsMismatchError(message)
+    return per_rank[0]["proposal"]
+
+
+def split_blobs(gathered, sizes):
+    """Cut an allgather's concatenated bytes back into each rank's blob."""
+    offsets = [0] + list(itertools.accumulate(sizes))
+    return [gathered[a:b] for a, b in zip(offsets, offsets[1:])]

@@ -142,6 +142,31 @@ class Ternary(CompressorSpec):
         return f"{self.name}({args})"
 
 
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+MAX_ELEMENTS = 2 ** 34  # the random key counts 4-element blocks in 32 bits
+
+
+def check_tensor(what, name, dtype_name, numel, shape):
+    """The checks every framework applies to a tensor a payload compressor takes, with errors that name the
+    tensor and the allowed values (deterministic, so every rank raises the same one)."""
+    if dtype_name not in FLOAT_DTYPES:
+        raise TypeError(f"{what}: tensor {name!r} has dtype {dtype_name}; allowed dtypes are {', '.join(FLOAT_DTYPES)}")
+    if numel == 0:
+        raise ValueError(f"{what}: tensor {name!r} is empty (shape {tuple(shape)}); "
+                         f"compressed tensors must hold at least 1 element")
+    if numel >= MAX_ELEMENTS:
+        raise ValueError(f"{what}: tensor {name!r} has {numel} elements; at most 2**34 are supported")
+
+
+def describe_compression(compression):
+    """What ranks compare: a payload spec's settings (the seed only when given), or a Horovod compressor's name."""
+    if isinstance(compression, CompressorSpec):
+        seed = compression.settings.get("seed")
+        return compression.describe(include_seed=seed is not None) if hasattr(compression, "packing_id") \
+            else compression.describe()
+    return getattr(compression, "__name__", type(compression).__name__)
+
+
 def is_payload_compressor(compression):
     """True for compressors whose output cannot be summed (travels by allgather); False for Horovod's linear ones."""
     return isinstance(compression, CompressorSpec)

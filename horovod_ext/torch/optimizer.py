@@ -11,9 +11,7 @@ raises SettingsMismatchError. A NaN/Inf gradient raises FloatingPointError on ev
 """
 import contextlib
 import itertools
-import random
 import warnings
-import zlib
 
 import horovod.torch as hvd
 import torch
@@ -21,7 +19,8 @@ from horovod.common.process_sets import global_process_set
 
 from horovod_ext import __version__
 from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_payload_compressor
-from horovod_ext.compression.consistency import decode_all, encode_settings, settings_mismatch_message
+from horovod_ext.compression.consistency import agree, optimizer_settings, split_blobs
+from horovod_ext.compression.specs import describe_compression
 from .ternary import check_gradient
 from .transport import AllreduceTransport, TernaryTransport
 
@@ -85,18 +84,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_hooks = [p.register_post_accumulate_grad_hook(self._hx_hook) for p in self._hx_params]
 
     # ----------------------------------------------------------------------------------------------- agreement
-    def _hx_settings(self):
-        comp = self._hx_compression
-        if is_payload_compressor(comp):
-            desc = comp.describe(include_seed=comp.seed is not None)
-        else:
-            desc = getattr(comp, "__name__", type(comp).__name__)
-        shapes = ";".join(f"{self._hx_names[p]}:{tuple(p.shape)}:{p.dtype}" for p in self._hx_params)
-        return {"compression": desc, "op": _op_name(self._hx_op),
-                "backward_passes_per_step": self._hx_backward_passes,
-                "gradient_predivide_factor": self._hx_predivide,
-                "parameters": f"{len(self._hx_params)} tensors, crc32 {zlib.crc32(shapes.encode()):08x}",
-                "process_set_size": self._hx_process_set.size(), "horovod_ext": __version__}
+    def _hx_allgather_blobs(self, blob):
+        ps, tag = self._hx_process_set, f"horovod_ext.settings.{self._hx_id}"
+        data = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        sizes = hvd.allgather(torch.tensor([data.numel()], dtype=torch.int64), name=tag + ".sizes",
+                              process_set=ps).tolist()
+        return split_blobs(hvd.allgather(data, name=tag, process_set=ps).numpy().tobytes(), sizes)
 
     def _hx_agree(self):
         """Exchange settings once (two small allgathers); raise SettingsMismatchError on every rank if they differ."""
@@ -104,21 +97,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         if isinstance(self._hx_agreement, Exception):
             raise self._hx_agreement
-        blob = encode_settings(self._hx_settings(), {"seed": random.SystemRandom().getrandbits(63)})
-        data = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-        ps, tag = self._hx_process_set, f"horovod_ext.settings.{self._hx_id}"
-        sizes = hvd.allgather(torch.tensor([data.numel()], dtype=torch.int64), name=tag + ".sizes",
-                              process_set=ps).tolist()
-        gathered = hvd.allgather(data, name=tag, process_set=ps).numpy().tobytes()
-        offsets = [0] + list(itertools.accumulate(sizes))
-        per_rank = decode_all([gathered[a:b] for a, b in zip(offsets, offsets[1:])])
-        message = settings_mismatch_message([r["settings"] for r in per_rank])
-        if message:
-            self._hx_agreement = SettingsMismatchError(message)
-            raise self._hx_agreement
-        comp = self._hx_compression
-        self._hx_seed = self._hx_seed if self._hx_seed is not None else (
-            getattr(comp, "seed", None) if getattr(comp, "seed", None) is not None else per_rank[0]["proposal"]["seed"])
+        tensors = [(self._hx_names[p], tuple(p.shape), str(p.dtype)) for p in self._hx_params]
+        settings = optimizer_settings(describe_compression(self._hx_compression), _op_name(self._hx_op), tensors,
+                                      self._hx_process_set.size(), __version__,
+                                      backward_passes_per_step=self._hx_backward_passes,
+                                      gradient_predivide_factor=self._hx_predivide)
+        try:
+            proposal = agree(settings, self._hx_allgather_blobs)
+        except SettingsMismatchError as exc:
+            self._hx_agreement = exc
+            raise
+        seed = getattr(self._hx_compression, "seed", None)
+        if self._hx_seed is None:
+            self._hx_seed = seed if seed is not None else proposal["seed"]
         self._hx_transport = self._hx_make_transport()
         self._hx_agreement = True
 

@@ -5,21 +5,12 @@ The math is in cpp/include/hvdext/ternary.h and, as a definition, python/hvdext_
 import torch
 
 from horovod_ext import _torch_ops as ops
+from horovod_ext.compression.specs import check_tensor
 from horovod_ext.compression.wire import tensor_key
 
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-ALLOWED = "float16, bfloat16, float32, float64"
-
-
 def check_gradient(name, tensor, what="ternary compression"):
-    """A clear error for gradients ternary compression cannot take (deterministic: every rank raises it)."""
-    if tensor.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{what}: tensor {name!r} has dtype {tensor.dtype}; allowed dtypes are {ALLOWED}")
-    if tensor.numel() == 0:
-        raise ValueError(f"{what}: tensor {name!r} is empty (shape {tuple(tensor.shape)}); "
-                         f"compressed tensors must hold at least 1 element")
-    if tensor.numel() >= 2 ** 34:
-        raise ValueError(f"{what}: tensor {name!r} has {tensor.numel()} elements; at most 2**34 are supported")
+    """A clear error for gradients a payload compressor cannot take (every rank raises it)."""
+    check_tensor(what, name, str(tensor.dtype).replace("torch.", ""), tensor.numel(), tensor.shape)
 
 
 class TernaryCodec:
