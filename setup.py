@@ -1,11 +1,13 @@
 """horovod-ext: communication-efficient training for Horovod (PyTorch and TensorFlow).
 
 The native op library in cpp/ is framework-free; this file builds its PyTorch binding as the extension
-``horovod_ext._torch_ops``. The TensorFlow binding is a custom-op library compiled against the installed
-TensorFlow (its own build step, see scripts/).
+``horovod_ext._torch_ops`` and, where TensorFlow is installed, its TensorFlow binding as the custom-op library
+``horovod_ext/tensorflow/_tf_ops.so`` (compiled with TensorFlow's own flags, rebuilt only when a source changed).
 """
 import glob
 import os
+import subprocess
+import sys
 
 from setuptools import find_packages, setup
 
@@ -28,10 +30,41 @@ def torch_extension():
     )
 
 
+TF_OPS_SOURCES = CORE_SOURCES + ["cpp/tensorflow/ops.cc"]
+TF_OPS_LIBRARY = os.path.join("horovod_ext", "tensorflow", "_tf_ops.so")
+
+
+def build_tensorflow_ops():
+    """g++ the TF binding and the core against the installed TensorFlow; a no-op when the library is newer than
+    every source and header, or when TensorFlow is not installed."""
+    probe = "import tensorflow as tf; print(' '.join(tf.sysconfig.get_compile_flags())); " \
+            "print(' '.join(tf.sysconfig.get_link_flags()))"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        print("TensorFlow not installed: skipping the TensorFlow op library")
+        return
+    target = os.path.join(ROOT, TF_OPS_LIBRARY)
+    inputs = [os.path.join(ROOT, f) for f in TF_OPS_SOURCES + CORE_HEADERS]
+    if os.path.exists(target) and os.path.getmtime(target) >= max(os.path.getmtime(f) for f in inputs):
+        return
+    compile_flags, link_flags = result.stdout.strip().splitlines()[-2:]
+    cmd = (["g++", "-shared", "-fPIC", *CXX_FLAGS, "-I" + os.path.join(ROOT, "cpp", "include")]
+           + [os.path.join(ROOT, f) for f in TF_OPS_SOURCES] + compile_flags.split() + link_flags.split()
+           + ["-o", target])
+    print("building the TensorFlow op library:", TF_OPS_LIBRARY)
+    subprocess.check_call(cmd)
+
+
 def build_ext_class():
     from torch.utils.cpp_extension import BuildExtension
 
-    return BuildExtension.with_options(use_ninja=False)
+    class BuildBothBindings(BuildExtension.with_options(use_ninja=False)):
+        def run(self):
+            super().run()
+            build_tensorflow_ops()
+
+    return BuildBothBindings
 
 
 packages = find_packages(include=["horovod_ext", "horovod_ext.*"]) + ["hvdext_reference"]
@@ -45,5 +78,6 @@ setup(
     install_requires=["numpy", "torch", "horovod"],
     ext_modules=[torch_extension()],
     cmdclass={"build_ext": build_ext_class()},
+    package_data={"horovod_ext.tensorflow": ["_tf_ops.so"]},
     zip_safe=False,
 )

@@ -1,0 +1,149 @@
+"""Data-parallel Keras 3 training on scikit-learn's digits with horovod-ext, written like Horovod's Keras examples.
+
+    horovodrun -np 2 python examples/keras_digits.py --compression none,ternary
+
+Each rank fits on its shard; rank 0 prints test accuracy and bytes per step for every listed compression.
+--loop tape trains with a custom tf.function loop and DistributedGradientTape instead of model.fit.
+"""
+import argparse
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+from sklearn.model_selection import train_test_split  # noqa: E402
+
+import horovod_ext.tensorflow as hvd_tf  # noqa: E402
+import horovod_ext.tensorflow.keras as hvd  # noqa: E402
+
+COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compression.fp16,
+                "ternary": lambda: hvd.Compression.ternary,
+                "ternary-shared": lambda: hvd.Compression.ternary(shared_scale=True)}
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--compression", default="none,ternary", help=f"comma-separated: {', '.join(COMPRESSIONS)}")
+    parser.add_argument("--loop", choices=["fit", "tape"], default="fit")
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--check-identical", action="store_true", help="assert identical weights after every epoch")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    names = args.compression.split(",")
+    unknown = [n for n in names if n not in COMPRESSIONS]
+    if unknown:
+        parser.error(f"--compression: unknown {unknown}; allowed values are {', '.join(COMPRESSIONS)}")
+    args.compression = names
+    return args
+
+
+def load_data(seed):
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    x_train, x_test, y_train, y_test = train_test_split(x, digits.target, test_size=0.25, random_state=seed,
+                                                        stratify=digits.target)
+    shard = np.arange(hvd.rank(), len(x_train), hvd.size())
+    per_rank = len(x_train) // hvd.size()  # every rank takes the same number of steps
+    shard = shard[:per_rank]
+    return x_train[shard], y_train[shard], x_test, y_test
+
+
+def make_model(seed):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
+                             keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)])
+
+
+def weights_identical(model):
+    flat = tf.concat([tf.reshape(w, [-1]) for w in model.weights], axis=0)
+    everyone = hvd.allgather(tf.reshape(flat, [1, -1]))
+    return bool(tf.reduce_all(tf.equal(everyone, everyone[0])).numpy())
+
+
+class IdenticalWeights(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.per_epoch = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.per_epoch.append(weights_identical(self.model))
+
+
+def train_fit(args, name, data):
+    x_train, y_train, x_test, y_test = data
+    model = make_model(args.seed + hvd.rank())  # different starts: the broadcast callback makes them equal
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(args.lr, momentum=0.9), compression=COMPRESSIONS[name]())
+    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    identical = IdenticalWeights()
+    model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs, shuffle=True, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
+                         identical])
+    return model, opt.compression_stats(), identical.per_epoch
+
+
+def train_tape(args, name, data):
+    x_train, y_train, x_test, y_test = data
+    model = make_model(args.seed)
+    opt = keras.optimizers.SGD(args.lr, momentum=0.9)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    compression = COMPRESSIONS[name]()
+    stats = {}
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        tape = hvd_tf.DistributedGradientTape(tape, compression=compression)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        stats["tape"] = tape
+        return loss
+
+    per_epoch = []
+    rng = np.random.default_rng(args.seed + hvd.rank())
+    for _ in range(args.epochs):
+        order = rng.permutation(len(x_train))
+        for i in range(0, len(order) - args.batch_size + 1, args.batch_size):
+            idx = order[i:i + args.batch_size]
+            step(tf.constant(x_train[idx]), tf.constant(y_train[idx]))
+        per_epoch.append(weights_identical(model))
+    return model, stats["tape"].compression_stats(), per_epoch
+
+
+def main():
+    args = parse_args()
+    hvd.init()
+    data = load_data(args.seed)
+    results = []
+    for name in args.compression:
+        model, stats, identical = (train_fit if args.loop == "fit" else train_tape)(args, name, data)
+        accuracy = float(np.mean(np.argmax(model.predict(data[2], verbose=0), axis=1) == data[3]))
+        if args.check_identical:
+            assert all(identical), f"weights differ across ranks after epochs {[i for i, ok in enumerate(identical) if not ok]}"
+        last = stats["last_step"]
+        results.append({"compression": name, "test_accuracy": accuracy, "identical_every_epoch": all(identical),
+                        "epochs_checked": len(identical), "steps": stats["steps"],
+                        "bytes_per_step": last["payload_bytes"], "dense_bytes_per_step": last["dense_bytes"],
+                        "bits_per_element": last["bits_per_element"]})
+    if hvd.rank() == 0:
+        print(f"digits MLP (Keras 3, {args.loop}), {hvd.size()} ranks, {args.epochs} epochs")
+        print(f"{'compression':<15} {'test acc':>8} {'bytes/step':>11} {'dense bytes':>11} {'ratio':>6} {'bits/elem':>9}")
+        for r in results:
+            print(f"{r['compression']:<15} {100 * r['test_accuracy']:>7.2f}% {r['bytes_per_step']:>11.0f} "
+                  f"{r['dense_bytes_per_step']:>11.0f} {r['dense_bytes_per_step'] / r['bytes_per_step']:>5.1f}x "
+                  f"{r['bits_per_element']:>9.2f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"ranks": hvd.size(), "loop": args.loop, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""horovod_ext.tensorflow: one semantics with PyTorch and the NumPy reference, and real horovodrun launches of the
+tape, the Keras 3 optimizer and callbacks."""
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import torch
+
+from horovod_ext import _torch_ops as torch_ops
+from horovod_ext.tensorflow.ops import lib as tf_ops, seed_tensor
+from hvdext_reference import terngrad as ref, two_phase as ref2
+from hvdrun import horovodrun
+
+
+@pytest.mark.parametrize("packing", [0, 1])
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 4001, 1000003])
+def test_tf_op_torch_op_and_reference_give_identical_bytes(n, packing):
+    g = np.random.default_rng(n).standard_t(3, n).astype(np.float32)
+    seed, step, key, rank = 2 ** 63 + 12345, 7, 0xDEADBEEF, 3
+    threshold, scale = tf_ops.hvdext_ternary_local_scale(g, clip=2.5)
+    tf_payload = tf_ops.hvdext_ternary_encode(g, threshold, scale, seed_tensor(seed), tf.constant(step, tf.int64),
+                                              tensor_key=key, rank=rank, packing=packing).numpy()
+    t = torch.from_numpy(g)
+    thr, s = torch_ops.ternary_local_scale(t, 2.5)
+    torch_payload = torch_ops.ternary_encode(t, thr, s, seed, step, key, rank, packing).numpy()
+    want = ref.encode(g, clip=2.5, packing=("2bit", "base3")[packing], seed=seed, step=step, tensor=key, rank=rank)
+    np.testing.assert_array_equal(tf_payload, want)
+    np.testing.assert_array_equal(torch_payload, want)
+    gathered = np.concatenate([want, want])
+    avg, bad = tf_ops.hvdext_ternary_decode_average(gathered, nranks=2, count=n, packing=packing, divisor=2.0)
+    assert int(bad) == -1
+    np.testing.assert_array_equal(avg.numpy(), ref.decode_average([want, want], n, ("2bit", "base3")[packing], 2))
+
+
+def test_tf_two_phase_ops_match_reference():
+    nranks, count = 5, 1003
+    rng = np.random.default_rng(0)
+    packed = [ref.pack(rng.integers(0, 3, count).astype(np.uint8), "base3") for _ in range(nranks)]
+    bits = ref2.level_bits(nranks)
+    stream = tf_ops.hvdext_ternary_sum_reencode(np.concatenate(packed), nranks=nranks, count=count, packing=1,
+                                                bits=bits).numpy()
+    k = ref2.sum_codes(packed, count, "base3")
+    np.testing.assert_array_equal(stream, ref2.reencode(k, nranks, bits))
+    out = tf_ops.hvdext_two_phase_decode(stream, tf.constant(0.5), first=10, count=100, nranks=nranks, bits=bits,
+                                         divisor=5.0).numpy()
+    np.testing.assert_array_equal(out, (k[10:110].astype(np.float32) * np.float32(0.5)) / np.float32(5))
+
+
+@pytest.fixture(scope="module")
+def worker_results():
+    res, _ = horovodrun(2, "tests/workers/tf_worker.py", timeout=400)
+    return res
+
+
+def test_tf_averaged_gradient_is_mean_of_decoded_payloads(worker_results):
+    for r in worker_results:
+        for key in ("mean_eager", "mean_graph", "mean_shared", "mean_two_phase"):
+            assert r[key]["mismatches"] == [], (r["rank"], key)
+        assert r["mean_two_phase"]["transport"] == "two_phase"
+
+
+def test_keras_callbacks(worker_results):
+    for r in worker_results:
+        cb = r["callbacks"]
+        assert cb["identical"]  # broadcast from rank 0, then identical updates
+        assert cb["rank_metric"] == [0.5, 0.5, 0.5]  # (0 + 1) / 2 on every rank
+        lrs = cb["lrs"]  # 2 warmup epochs of 4 batches: 0.1/2 rising to 0.1, then 0.1
+        assert lrs[0] == pytest.approx(0.05) and lrs[4] == pytest.approx(0.075) and lrs[8:] == pytest.approx([0.1] * 4)
+
+
+TF_ERRORS = {
+    "nan": ("FloatingPointError", ["NaN or Inf in the gradient of", "(on rank 1)"]),
+    "nan_graph": ("InvalidArgumentError", ["NaN or Inf in the gradient of"]),
+    "inf_shared": ("FloatingPointError", ["NaN or Inf", "on at least one rank"]),
+    "mismatch": ("SettingsMismatchError", ["clip=2.5", "clip=3.0"]),
+    "complex": ("TypeError", ["'cplx'", "complex64", "float16, bfloat16, float32, float64"]),
+    "int": ("TypeError", ["'counter'", "int32"]),
+    "empty": ("ValueError", ["'nothing'", "empty"]),
+    "keras2_optimizer": ("TypeError", ["needs a Keras 3 optimizer", "GradientDescentOptimizer"]),
+    "packing": ("ValueError", ["'2bit', 'base3'"]),
+    "clip": ("ValueError", ["clip must be > 0.0"]),
+}
+
+
+def test_tf_bad_inputs_raise_on_every_rank(worker_results):
+    for r in worker_results:
+        cases = {c["case"]: c for c in r["bad_inputs"]["cases"]}
+        assert set(cases) == set(TF_ERRORS)
+        for case, (etype, fragments) in TF_ERRORS.items():
+            assert cases[case]["type"] == etype, (r["rank"], case, cases[case])
+            for fragment in fragments:
+                assert fragment in cases[case]["message"], (r["rank"], case, fragment, cases[case]["message"])
+        assert r["bad_inputs"]["after"] == []  # the ranks still agree afterwards
+
+
+@pytest.mark.parametrize("loop", ["fit", "tape"])
+def test_keras_digits_identical_weights_and_accuracy(tmp_path, loop):
+    out = tmp_path / "keras.json"
+    horovodrun(2, "examples/keras_digits.py", "--loop", loop, "--compression", "none,ternary", "--check-identical",
+               "--json", out, timeout=500, collect=False)
+    results = {r["compression"]: r for r in json.loads(out.read_text())["results"]}
+    for r in results.values():
+        assert r["identical_every_epoch"] and r["epochs_checked"] == 30
+    dense, ternary = results["none"]["test_accuracy"], results["ternary"]["test_accuracy"]
+    assert dense > 0.93 and abs(dense - ternary) <= 0.02, (dense, ternary)
+    assert results["ternary"]["dense_bytes_per_step"] / results["ternary"]["bytes_per_step"] > 14
