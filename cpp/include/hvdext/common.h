@@ -8,11 +8,11 @@
 #define HVDEXT_HD inline
 #endif
 
-// Hot CPU loops are compiled for several instruction sets and picked at load time (GCC function multi-versioning),
-// so one build uses AVX2 / AVX-512 where the CPU has them. The arithmetic is integer or IEEE without contraction
-// (-ffp-contract=off), so every clone gives the same bits.
+// Hot CPU loops are compiled for several instruction sets and picked at load time (GCC function multi-versioning):
+// one build uses AVX-512 (x86-64-v4: F, BW, DQ, VL) or AVX2 (x86-64-v3) where the CPU has them. The arithmetic is
+// integer or IEEE without contraction (-ffp-contract=off), so every clone gives the same bits.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
-#define HVDEXT_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define HVDEXT_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define HVDEXT_VECTOR_CLONES
 #endif
