@@ -21,7 +21,12 @@ import horovod_ext.torch as hvd
 COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compression.fp16,
                 "ternary": lambda: hvd.Compression.ternary,
                 "ternary-shared": lambda: hvd.Compression.ternary(shared_scale=True),
-                "ternary-2bit": lambda: hvd.Compression.ternary(packing="2bit")}
+                "ternary-2bit": lambda: hvd.Compression.ternary(packing="2bit"),
+                "topk": lambda: hvd.Compression.topk(ratio=0.1),
+                "topk-1000x": lambda: hvd.Compression.topk(ratio=0.001),
+                "adaptive_topk": lambda: hvd.Compression.adaptive_topk(**ADAPTIVE)}
+# GraVAC's defaults (epsilon 0.9, window 500) suit long runs; 30 epochs of digits are ~700 steps.
+ADAPTIVE = {}
 
 
 def parse_args():
@@ -35,12 +40,16 @@ def parse_args():
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--json", default=None, help="rank 0 writes the results here")
+    parser.add_argument("--adaptive", default="", help="adaptive_topk arguments, e.g. epsilon=0.5,window=50")
     args = parser.parse_args()
     names = args.compression.split(",")
     unknown = [n for n in names if n not in COMPRESSIONS]
     if unknown:
         parser.error(f"--compression: unknown {unknown}; allowed values are {', '.join(COMPRESSIONS)}")
     args.compression = names
+    for item in filter(None, args.adaptive.split(",")):
+        key, value = item.split("=")
+        ADAPTIVE[key] = value if key == "policy" else float(value) if "." in value else int(value)
     return args
 
 
@@ -89,7 +98,10 @@ def train(args, compression_name, data):
             "dense_bytes_per_step": total["dense_bytes"] / steps,
             "wire_bytes_per_step": total["wire_bytes"] / steps,
             "dense_wire_bytes_per_step": total["dense_wire_bytes"] / steps,
-            "bits_per_element": total["bits_per_element"], "comm_seconds": total["comm_seconds"]}
+            "bits_per_element": total["bits_per_element"], "comm_seconds": total["comm_seconds"],
+            "cf_log": [e["cf"] for e in stats.get("log", [])],
+            "paths": [e["path"] for e in stats.get("log", [])],
+            "gains": [(round(e["gain_min"], 3), round(e["gain_c"], 3)) for e in stats.get("log", [])][::50]}
 
 
 def main():

@@ -83,3 +83,19 @@ def test_two_phase_equals_allgather_bit_for_bit(ranks):
             # counted from the tensors handed to alltoall/allgather; the formula rounds each chunk's bytes only
             assert check["wire_bytes"] == check["plan_wire_bytes"]
             assert abs(check["wire_bytes"] - check["formula_wire_bytes"]) <= 2 * ranks
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_topk_and_adaptive_topk_on_digits(tmp_path, ranks):
+    """Static top-k (10x, with error feedback) and GraVAC within 1 point of dense in the same epochs.
+    GraVAC runs with epsilon 0.3 and window 50: on this small MLP top-10% keeps about 80% of the gradient's energy,
+    so the paper's epsilon 0.9 would send every step dense."""
+    out = tmp_path / "digits.json"
+    horovodrun(ranks, "examples/pytorch_digits.py", "--compression", "none,topk,adaptive_topk",
+               "--adaptive", "epsilon=0.3,window=50", "--json", out, timeout=600, collect=False)
+    results = {r["compression"]: r for r in json.loads(out.read_text())["results"]}
+    dense = results["none"]["test_accuracy"]
+    for name in ("topk", "adaptive_topk"):
+        assert abs(results[name]["test_accuracy"] - dense) <= 0.01, (name, results[name]["test_accuracy"], dense)
+    cfs = results["adaptive_topk"]["cf_log"]
+    assert len(cfs) == results["adaptive_topk"]["steps"] and sum(cfs) / len(cfs) > 10

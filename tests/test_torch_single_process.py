@@ -142,3 +142,21 @@ def test_misuse_errors():
     with pytest.raises(AssertionError, match="before optimizer.step"):
         opt.zero_grad()
     opt.step()
+
+
+@pytest.mark.parametrize("compression", [
+    hvd.Compression.topk(ratio=0.05),
+    hvd.Compression.topk(ratio=0.05, value_dtype="fp32"),
+    # omega=0: no decision depends on step timings, so two runs take the same path
+    hvd.Compression.adaptive_topk(min_cf=2, max_cf=50, epsilon=0.3, window=2, omega=0.0),
+], ids=["topk-fp16", "topk-fp32", "adaptive"])
+def test_topk_resume_from_checkpoint_is_bit_identical(compression):
+    m_full, opt_full = train(6, compression)
+    m_half, opt_half = train(3, compression)
+    checkpoint = {"model": {k: v.clone() for k, v in m_half.state_dict().items()}, "opt": opt_half.state_dict()}
+    assert checkpoint["opt"]["horovod_ext"]["transport"]["residuals"]
+    m_resumed, opt_resumed = train(3, compression, resume_from=checkpoint, first_batch=3)
+    assert torch.equal(flat(m_full), flat(m_resumed))
+    if compression.name == "adaptive_topk":
+        assert opt_resumed.compression_stats()["log"] == opt_full.compression_stats()["log"]
+        assert {e["path"] for e in opt_full.compression_stats()["log"]} != {"dense"}

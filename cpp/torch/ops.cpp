@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "hvdext/ternary.h"
+#include "hvdext/topk.h"
 #include "hvdext/two_phase.h"
 
 namespace {
@@ -131,6 +132,85 @@ void two_phase_decode(const torch::Tensor& stream, int64_t first, int64_t count,
 
 int64_t two_phase_level_bits(int64_t nranks) { return hvdext::two_phase_level_bits(static_cast<int>(nranks)); }
 
+hvdext::ValueType to_value_type(int64_t value_type) {
+  TORCH_CHECK(value_type == 0 || value_type == 1, "value_type must be 0 (fp16) or 1 (fp32), got ", value_type);
+  return static_cast<hvdext::ValueType>(value_type);
+}
+
+const int32_t* cpu_int32_data(const torch::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kInt32 && t.is_contiguous(), what,
+              " must be a contiguous CPU int32 tensor");
+  return t.data_ptr<int32_t>();
+}
+
+double ef_accumulate(const torch::Tensor& g, torch::Tensor& r) {
+  const float* gd = cpu_float_data(g, "gradient");
+  float* rd = const_cast<float*>(cpu_float_data(r, "residual"));
+  TORCH_CHECK(g.numel() == r.numel(), "residual holds ", r.numel(), " elements, the gradient ", g.numel());
+  pybind11::gil_scoped_release release;
+  return hvdext::ef_accumulate(gd, rd, g.numel());
+}
+
+torch::Tensor topk_select(const torch::Tensor& x, int64_t k) {
+  const float* xd = cpu_float_data(x, "tensor");
+  auto out = torch::empty({k}, torch::kInt32);
+  int32_t* o = out.data_ptr<int32_t>();
+  {
+    pybind11::gil_scoped_release release;
+    hvdext::topk_select(xd, x.numel(), k, o);
+  }
+  return out;
+}
+
+torch::Tensor topk_select_among(const torch::Tensor& x, const torch::Tensor& candidates, int64_t k) {
+  const float* xd = cpu_float_data(x, "tensor");
+  const int32_t* c = cpu_int32_data(candidates, "candidates");
+  auto out = torch::empty({k}, torch::kInt32);
+  int32_t* o = out.data_ptr<int32_t>();
+  {
+    pybind11::gil_scoped_release release;
+    hvdext::topk_select_among(xd, c, candidates.numel(), k, o);
+  }
+  return out;
+}
+
+double sum_squares_at(const torch::Tensor& x, const torch::Tensor& idx) {
+  return hvdext::sum_squares_at(cpu_float_data(x, "tensor"), cpu_int32_data(idx, "indices"), idx.numel());
+}
+
+torch::Tensor topk_extract(torch::Tensor& r, const torch::Tensor& idx, int64_t value_type) {
+  float* rd = const_cast<float*>(cpu_float_data(r, "residual"));
+  const int32_t* id = cpu_int32_data(idx, "indices");
+  const hvdext::ValueType t = to_value_type(value_type);
+  auto payload = torch::empty({hvdext::topk_payload_bytes(idx.numel(), t)}, torch::kUInt8);
+  uint8_t* p = payload.data_ptr<uint8_t>();
+  {
+    pybind11::gil_scoped_release release;
+    hvdext::topk_extract(rd, id, idx.numel(), t, p);
+  }
+  return payload;
+}
+
+int64_t topk_decode_average(const torch::Tensor& gathered, int64_t nranks, int64_t k, int64_t n, int64_t value_type,
+                            double divisor, torch::Tensor& out) {
+  const hvdext::ValueType t = to_value_type(value_type);
+  const uint8_t* g = cpu_bytes(gathered, "gathered payloads");
+  TORCH_CHECK(gathered.numel() == nranks * hvdext::topk_payload_bytes(k, t), "gathered payloads hold ",
+              gathered.numel(), " bytes, expected ", nranks, " x ", hvdext::topk_payload_bytes(k, t));
+  TORCH_CHECK(out.numel() == n, "out holds ", out.numel(), " elements, expected ", n);
+  float* o = const_cast<float*>(cpu_float_data(out, "out"));
+  pybind11::gil_scoped_release release;
+  return hvdext::topk_decode_average(g, static_cast<int>(nranks), k, n, t, static_cast<float>(divisor), o);
+}
+
+torch::Tensor half_bits(const torch::Tensor& x) {
+  const float* xd = cpu_float_data(x, "tensor");
+  auto out = torch::empty({x.numel()}, torch::kInt32);
+  int32_t* o = out.data_ptr<int32_t>();
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = hvdext::float_to_half(xd[i]);
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -146,4 +226,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ternary_sum_reencode", &ternary_sum_reencode, "sum N packed code streams exactly, re-encode at b bits");
   m.def("two_phase_decode", &two_phase_decode, "decode elements of a level stream, scaled, into out");
   m.def("two_phase_level_bits", &two_phase_level_bits, "fewest bits for the 2N+1 levels of N ranks");
+  m.def("ef_accumulate", &ef_accumulate, "r += g; returns sum(r^2)");
+  m.def("topk_select", &topk_select, "indices (ascending) of the k largest |x|, ties to the lower index");
+  m.def("topk_select_among", &topk_select_among, "the top k among candidate indices");
+  m.def("sum_squares_at", &sum_squares_at, "sum of x[idx]^2 in float64");
+  m.def("topk_extract", &topk_extract, "payload of the selected residual elements; leaves r = g_ef - sent there");
+  m.def("topk_decode_average", &topk_decode_average, "scatter-add N payloads / divisor; -1 or a rank with bad indices");
+  m.def("half_bits", &half_bits, "IEEE binary16 bits of each float (round to nearest even)");
 }

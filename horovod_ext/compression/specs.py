@@ -142,11 +142,81 @@ class Ternary(CompressorSpec):
         return f"{self.name}({args})"
 
 
+VALUE_DTYPES = ("fp16", "fp32")
+VALUE_DTYPE_IDS = {"fp16": 0, "fp32": 1}  # hvdext::ValueType
+POLICIES = ("exponential", "geometric")
+
+
+def check_fraction(argument, value):
+    value = check_real(argument, value, low=0.0)
+    if value > 1.0:
+        raise ValueError(f"{argument} must be in (0, 1], got {value!r}")
+    return value
+
+
+class TopK(CompressorSpec):
+    """Layer-wise top-k by magnitude with error feedback (Stich et al. 2018; Lin et al. 2018).
+
+    Each tensor keeps the k = max(1, ceil(ratio * n)) elements of largest |g + r| and carries the rest in its
+    residual r to the next step: g_ef = g + r; sent = top_k(g_ef); r = g_ef - sent (nothing is lost, only delayed).
+    The payload (int32 indices and fp16 or fp32 values, 6 or 8 bytes per kept element) travels by allgather and is
+    decoded with one scatter-add of all ranks' payloads. Residuals are in the optimizer's state_dict().
+
+    Args:
+        ratio: fraction of each tensor's elements sent, in (0, 1] (0.01: compression factor 100 / 1.5 for fp16).
+        error_feedback: keep the residual (recommended; without it top-k is biased).
+        value_dtype: "fp16" (6 bytes per element) or "fp32" (8).
+    """
+
+    name = "topk"
+    payload = True
+
+    def __init__(self, ratio=0.01, error_feedback=True, value_dtype="fp16"):
+        super().__init__(ratio=check_fraction("topk ratio", ratio),
+                         error_feedback=check_bool("topk error_feedback", error_feedback),
+                         value_dtype=check_choice("topk value_dtype", value_dtype, VALUE_DTYPES))
+
+
+class AdaptiveTopK(CompressorSpec):
+    """GraVAC (Tyagi & Swany, "GraVAC: Adaptive Compression for Communication-Efficient Distributed DL Training",
+    IEEE CLOUD 2023), Algorithm 1: top-k with error feedback whose compression factor CF (dense size / sent size)
+    moves during training, driven by the measured compression gain. See horovod_ext.compression.gravac for the
+    controller and its tuning guide.
+
+    Args:
+        min_cf, max_cf: the range of CF (>= 1, min_cf <= max_cf).
+        epsilon: the smallest compression gain, EWMA(|C(g_ef)|^2) / EWMA(|g_ef|^2), a CF may have; in (0, 1].
+        window: steps between CF moves (>= 1).
+        omega: relative tolerance: raise theta_min when gain_min and gain_candidate are within omega, and settle on
+            the lower of two CFs whose compression throughputs are within omega; in [0, 1).
+        policy: how the candidate's scale-up moves each window: "exponential" (theta_s squared: CF 10, 20, 40, 160,
+            1000 from min_cf 10) or "geometric" (doubled).
+    """
+
+    name = "adaptive_topk"
+    payload = True
+
+    def __init__(self, min_cf=10, max_cf=1000, epsilon=0.9, window=500, omega=0.01, policy="exponential"):
+        min_cf = check_real("adaptive_topk min_cf", min_cf, low=1.0, low_open=False)
+        max_cf = check_real("adaptive_topk max_cf", max_cf, low=1.0, low_open=False)
+        if min_cf > max_cf:
+            raise ValueError(f"adaptive_topk min_cf must be <= max_cf, got min_cf={min_cf!r} > max_cf={max_cf!r}")
+        omega = check_real("adaptive_topk omega", omega, low=0.0, low_open=False)
+        if omega >= 1.0:
+            raise ValueError(f"adaptive_topk omega must be in [0, 1), got {omega!r}")
+        super().__init__(min_cf=min_cf, max_cf=max_cf, epsilon=check_fraction("adaptive_topk epsilon", epsilon),
+                         window=check_int("adaptive_topk window", window, low=1), omega=omega,
+                         policy=check_choice("adaptive_topk policy", policy, POLICIES))
+
+    value_dtype = "fp16"
+    error_feedback = True
+
+
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 MAX_ELEMENTS = 2 ** 34  # the random key counts 4-element blocks in 32 bits
 
 
-def check_tensor(what, name, dtype_name, numel, shape):
+def check_tensor(what, name, dtype_name, numel, shape, max_elements=MAX_ELEMENTS):
     """The checks every framework applies to a tensor a payload compressor takes, with errors that name the
     tensor and the allowed values (deterministic, so every rank raises the same one)."""
     if dtype_name not in FLOAT_DTYPES:
@@ -154,8 +224,8 @@ def check_tensor(what, name, dtype_name, numel, shape):
     if numel == 0:
         raise ValueError(f"{what}: tensor {name!r} is empty (shape {tuple(shape)}); "
                          f"compressed tensors must hold at least 1 element")
-    if numel >= MAX_ELEMENTS:
-        raise ValueError(f"{what}: tensor {name!r} has {numel} elements; at most 2**34 are supported")
+    if numel >= max_elements:
+        raise ValueError(f"{what}: tensor {name!r} has {numel} elements; fewer than {max_elements} are supported")
 
 
 def describe_compression(compression):

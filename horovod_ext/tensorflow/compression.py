@@ -2,7 +2,7 @@
 (by allgather), with the same names and arguments as in PyTorch (the specs are framework-free)."""
 from horovod.tensorflow.compression import Compression as HorovodCompression
 
-from horovod_ext.compression.specs import Ternary
+from horovod_ext.compression.specs import AdaptiveTopK, Ternary, TopK
 
 
 class Compression(HorovodCompression):
@@ -11,3 +11,5 @@ class Compression(HorovodCompression):
     none = HorovodCompression.none
     fp16 = HorovodCompression.fp16
     ternary = Ternary()
+    topk = TopK()
+    adaptive_topk = AdaptiveTopK()

@@ -1,10 +1,11 @@
 """hvd.Compression for PyTorch: Horovod's none and fp16 (linear, by allreduce), plus horovod-ext's payload
 compressors (by allgather). Each is usable bare (defaults) or called with arguments:
 ``Compression.ternary`` or ``Compression.ternary(clip=2.5, shared_scale=False, packing="base3", min_size=1024,
-seed=None)``."""
+seed=None)``; ``Compression.topk(ratio=0.01, error_feedback=True, value_dtype="fp16")``;
+``Compression.adaptive_topk(min_cf=10, max_cf=1000, epsilon=0.9, window=500, omega=0.01, policy="exponential")``."""
 from horovod.torch.compression import Compression as HorovodCompression
 
-from horovod_ext.compression.specs import Ternary
+from horovod_ext.compression.specs import AdaptiveTopK, Ternary, TopK
 
 
 class Compression(HorovodCompression):
@@ -13,3 +14,5 @@ class Compression(HorovodCompression):
     none = HorovodCompression.none
     fp16 = HorovodCompression.fp16
     ternary = Ternary()
+    topk = TopK()
+    adaptive_topk = AdaptiveTopK()

@@ -22,7 +22,8 @@ from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_
 from horovod_ext.compression.consistency import agree, optimizer_settings, split_blobs
 from horovod_ext.compression.specs import describe_compression
 from .ternary import check_gradient
-from .transport import AllreduceTransport, TernaryTransport
+from .topk import MAX_ELEMENTS as TOPK_MAX_ELEMENTS
+from .transport import AllreduceTransport, TernaryTransport, TopKTransport
 
 _optimizer_ids = itertools.count()
 STATE_KEY = "horovod_ext"
@@ -66,8 +67,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_params = [p for p in all_params if p.requires_grad]
 
         if is_payload_compressor(compression):
+            limit = {} if compression.name == "ternary" else {"max_elements": TOPK_MAX_ELEMENTS}
             for p in self._hx_params:
-                check_gradient(self._hx_names[p], p, f"Compression.{compression.name}")
+                check_gradient(self._hx_names[p], p, f"Compression.{compression.name}", **limit)
         elif not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
             raise TypeError(f"compression must be one of hvd.Compression.none, fp16, ternary (or a Horovod "
                             f"Compressor), got {compression!r}")
@@ -77,6 +79,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_agreement = None  # None: not checked yet; True: agreed; an exception: re-raised
         self._hx_seed = None
         self._hx_step = 0
+        self._hx_transport_state = None  # restored before the transport exists
         self._hx_pending = {}
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
         self._hx_should_synchronize = True
@@ -115,6 +118,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _hx_make_transport(self):
         comp, ps, stats = self._hx_compression, self._hx_process_set, self._hx_stats
+        if is_payload_compressor(comp) and comp.name in ("topk", "adaptive_topk"):
+            transport = TopKTransport(comp, self._hx_op, ps, stats)
+            if self._hx_transport_state is not None:
+                transport.load_state(self._hx_transport_state)
+            return transport
         if is_payload_compressor(comp):
             dense = AllreduceTransport(hvd.Compression.none, self._hx_op, self._hx_predivide, ps, stats)
             stats.extra["seed"] = self._hx_seed
@@ -184,15 +192,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def compression_stats(self):
         """Bytes this rank sent vs dense, bits per element, bytes on the wire (ring formulas, see
         horovod_ext.compression.wire) and seconds compressing, decompressing and waiting on communication, for
-        the last step and since the start."""
+        the last step and since the start. With adaptive_topk also the CF, both gains and the path of the last
+        step, and "log": one entry per step (step, cf, path, gain_min, gain_c, theta_min, candidate_cf) to plot."""
         stats = self._hx_stats.as_dict()
         stats["ranks"] = self._hx_process_set.size()
+        controller = getattr(self._hx_transport, "controller", None)
+        if controller is not None:
+            stats["log"] = [dict(e) for e in controller.log]
         return stats
 
     # --------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self):
         state = super(self.__class__, self).state_dict()
-        state[STATE_KEY] = {"step": self._hx_step, "seed": self._hx_seed, "stats": self._hx_stats.state()}
+        transport = self._hx_transport.state() if hasattr(self._hx_transport, "state") else self._hx_transport_state
+        state[STATE_KEY] = {"step": self._hx_step, "seed": self._hx_seed, "stats": self._hx_stats.state(),
+                            "transport": transport}
         return state
 
     def load_state_dict(self, state_dict):
@@ -204,6 +218,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if ours["seed"] is not None and self._hx_transport is None:
                 self._hx_seed = int(ours["seed"])
             self._hx_stats.load_state(ours["stats"])
+            if ours.get("transport") is not None:
+                if hasattr(self._hx_transport, "load_state"):
+                    self._hx_transport.load_state(ours["transport"])
+                else:
+                    self._hx_transport_state = ours["transport"]
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None, backward_passes_per_step=1,

@@ -8,9 +8,9 @@ from horovod_ext import _torch_ops as ops
 from horovod_ext.compression.specs import check_tensor
 from horovod_ext.compression.wire import tensor_key
 
-def check_gradient(name, tensor, what="ternary compression"):
+def check_gradient(name, tensor, what="ternary compression", **limits):
     """A clear error for gradients a payload compressor cannot take (every rank raises it)."""
-    check_tensor(what, name, str(tensor.dtype).replace("torch.", ""), tensor.numel(), tensor.shape)
+    check_tensor(what, name, str(tensor.dtype).replace("torch.", ""), tensor.numel(), tensor.shape, **limits)
 
 
 class TernaryCodec:

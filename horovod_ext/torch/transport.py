@@ -16,19 +16,21 @@ import time
 import horovod.torch as hvd
 import torch
 
+from horovod_ext.compression.gravac import GravacController
 from horovod_ext.compression.two_phase import TwoPhasePlan, choose_transport, scale_sharing_bytes
 from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes
 from .ternary import TernaryCodec
+from .topk import TopKCodec, k_of
 
 
 class Pending:
     """One tensor's communication in flight (or, with a shared scale, waiting for the scale allreduce)."""
 
-    __slots__ = ("name", "param", "kind", "handle", "ctx", "flat", "threshold", "scale")
+    __slots__ = ("name", "param", "kind", "handle", "ctx", "flat", "threshold", "scale", "k", "candidates")
 
     def __init__(self, name, param, kind, handle=None, ctx=None):
         self.name, self.param, self.kind, self.handle, self.ctx = name, param, kind, handle, ctx
-        self.flat = self.threshold = self.scale = None
+        self.flat = self.threshold = self.scale = self.k = self.candidates = None
 
 
 def wait(handle, stats):
@@ -221,3 +223,139 @@ class TernaryTransport:
                 grad.copy_(out.view_as(grad))
             self.stats.add(decompress_seconds=time.perf_counter() - start)
         return errors
+
+
+class TopKTransport:
+    """Compression.topk (payload built in the backward hook) and Compression.adaptive_topk (GraVAC: the norms of
+    every tensor are averaged over ranks at synchronize(), the controller picks candidate / min / dense, then the
+    payloads go). Payloads travel by allgather and are decoded by one scatter-add; the dense path is an allreduce
+    of g_ef after which the residuals are reset."""
+
+    def __init__(self, spec, op, process_set, stats):
+        if op not in (hvd.Average, hvd.Sum):
+            raise ValueError(f"op must be hvd.Average or hvd.Sum with Compression.{spec.name}, got {op!r}")
+        self.spec = spec
+        self.process_set = process_set
+        self.stats = stats
+        self.nranks = process_set.size()
+        self.op = op
+        self.divisor = float(self.nranks) if op == hvd.Average else 1.0
+        self.codec = TopKCodec(spec)
+        self.adaptive = spec.name == "adaptive_topk"
+        self.controller = GravacController(spec) if self.adaptive else None
+        self.residuals = {}
+        self.round = 0
+        self.last_finish = None
+
+    def _residual(self, name, numel):
+        if name not in self.residuals:
+            self.residuals[name] = torch.zeros(numel, dtype=torch.float32)
+        return self.residuals[name]
+
+    def launch(self, name, param, step):
+        item = Pending(name, param, "topk")
+        start = time.perf_counter()
+        item.flat = TernaryCodec.as_float32(param.grad)
+        if not self.adaptive:
+            residual = self._residual(name, item.flat.numel())
+            self.codec.accumulate(item.flat, residual)
+            self._send(item, self.codec.select(residual, k_of(item.flat.numel(), 1.0 / self.spec.ratio)))
+        self.stats.add(compress_seconds=time.perf_counter() - start)
+        return item
+
+    def _send(self, item, idx):
+        residual = self.residuals[item.name]
+        payload = self.codec.extract(residual, idx)
+        item.k, item.flat = idx.numel(), None
+        item.handle = hvd.allgather_async(payload, name=f"topk.{item.name}", process_set=self.process_set)
+        numel = residual.numel()
+        dense = numel * item.param.grad.element_size()
+        self.stats.add(payload_bytes=payload.numel(), dense_bytes=dense, elements=numel, compressed_elements=numel,
+                       wire_bytes=allgather_wire_bytes(payload.numel(), self.nranks),
+                       dense_wire_bytes=allreduce_wire_bytes(dense, self.nranks))
+
+    def _send_dense(self, item):
+        residual = self.residuals[item.name]
+        item.kind, item.flat = "dense", residual.clone()
+        residual.zero_()  # GraVAC: the dense path sends g_ef and resets the residual
+        item.handle = hvd.allreduce_async_(item.flat, name=f"topk.dense.{item.name}", op=self.op,
+                                           process_set=self.process_set)
+        dense = item.flat.numel() * item.param.grad.element_size()
+        self.stats.add(payload_bytes=4 * item.flat.numel(), dense_bytes=dense, elements=item.flat.numel(),
+                       wire_bytes=allreduce_wire_bytes(4 * item.flat.numel(), self.nranks),
+                       dense_wire_bytes=allreduce_wire_bytes(dense, self.nranks))
+
+    def _adaptive(self, items):
+        start = time.perf_counter()
+        theta_min, theta_c = self.controller.cfs()
+        norms = [0.0, 0.0, 0.0]
+        for item in items:
+            residual = self._residual(item.name, item.flat.numel())
+            norms[0] += self.codec.accumulate(item.flat, residual)
+            first = self.codec.select(residual, k_of(residual.numel(), theta_min))
+            second = self.codec.select(residual, k_of(residual.numel(), theta_c), among=first)
+            norms[1] += self.codec.energy(residual, first)
+            norms[2] += self.codec.energy(residual, second)
+            item.candidates = (first, second)
+        now = time.perf_counter()
+        step_seconds = now - self.last_finish if self.last_finish is not None else 0.0
+        self.stats.add(compress_seconds=now - start)
+        agreed = hvd.allreduce(torch.tensor(norms + [step_seconds], dtype=torch.float64), op=hvd.Average,
+                               name=f"adaptive_topk.norms.{self.round}", process_set=self.process_set).tolist()
+        self.stats.add(payload_bytes=32, wire_bytes=allreduce_wire_bytes(32, self.nranks))
+        try:
+            path, cf, gain_min, gain_c = self.controller.decide(*agreed)
+        except FloatingPointError:
+            self.reset_residuals()
+            raise
+        self.stats.extra.update(cf=cf, path=path, gain_min=gain_min, gain_c=gain_c, theta_min=theta_min,
+                                candidate_cf=theta_c, settled=self.controller.settled)
+        start = time.perf_counter()
+        for item in items:
+            if path == "dense":
+                self._send_dense(item)
+            else:
+                self._send(item, item.candidates[0] if path == "min" else item.candidates[1])
+            item.candidates = None
+        self.stats.add(compress_seconds=time.perf_counter() - start)
+
+    def reset_residuals(self):
+        for residual in self.residuals.values():
+            residual.zero_()
+
+    def finish(self, pendings, step):
+        self.round += 1
+        if self.adaptive:
+            self._adaptive(pendings)
+        outputs = [(item, wait(item.handle, self.stats)) for item in pendings]
+        errors = []
+        for item, result in outputs:
+            start = time.perf_counter()
+            grad = item.param.grad
+            if item.kind == "dense":
+                grad.copy_(result.view_as(grad))
+            else:
+                out = grad.view(-1) if (grad.dtype == torch.float32 and grad.is_contiguous()) else \
+                    torch.empty(grad.numel(), dtype=torch.float32)
+                bad_rank = self.codec.decode_average(result, self.nranks, item.k, grad.numel(), self.divisor, out)
+                if bad_rank >= 0:
+                    errors.append(f"{item.name!r} (rank {bad_rank} sent indices outside the tensor)")
+                    continue
+                if out.data_ptr() != grad.data_ptr():
+                    grad.copy_(out.view_as(grad))
+            if not torch.isfinite(grad).all():  # every rank decodes the same sum, so every rank sees it
+                errors.append(f"{item.name!r} (NaN/Inf on some rank, or beyond the fp16 range: try value_dtype='fp32')")
+            self.stats.add(decompress_seconds=time.perf_counter() - start)
+        if errors:
+            self.reset_residuals()
+        self.last_finish = time.perf_counter()
+        return errors
+
+    def state(self):
+        return {"residuals": {k: v.clone() for k, v in self.residuals.items()},
+                "controller": self.controller.state() if self.controller else None}
+
+    def load_state(self, state):
+        self.residuals = {k: v.clone().float() for k, v in state["residuals"].items()}
+        if self.controller is not None and state.get("controller") is not None:
+            self.controller.load_state(state["controller"])

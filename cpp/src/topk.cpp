@@ -1,0 +1,207 @@
+// CPU kernels of top-k with error feedback; see include/hvdext/topk.h.
+#include "hvdext/topk.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <vector>
+
+#include "hvdext/common.h"
+
+namespace hvdext {
+namespace {
+
+inline uint32_t magnitude_bits(const float* x, int64_t i) {
+  uint32_t b;
+  std::memcpy(&b, x + i, sizeof(b));
+  return b & 0x7FFFFFFFu;
+}
+
+// Larger key = kept first: |x| bits above, the index's complement below (ties to the lower index).
+inline uint64_t order_key(uint32_t bits, int64_t i) {
+  return (static_cast<uint64_t>(bits) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(i));
+}
+
+inline int32_t index_of(uint64_t key) { return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key)); }
+
+void finish_selection(std::vector<uint64_t>& keys, int64_t k, int32_t* out) {
+  std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.end(), std::greater<uint64_t>());
+  for (int64_t j = 0; j < k; ++j) out[j] = index_of(keys[j]);
+  std::sort(out, out + k);
+}
+
+void check_k(int64_t n, int64_t k) {
+  if (n <= 0 || n >= (int64_t{1} << 31)) throw std::invalid_argument("top-k needs 1 <= n < 2^31 elements");
+  if (k < 1 || k > n) throw std::invalid_argument("top-k needs 1 <= k <= n");
+}
+
+}  // namespace
+
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof(x));
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t mant = x & 0x7FFFFFu;
+  const int32_t exp = static_cast<int32_t>((x >> 23) & 0xFFu);
+  if (exp == 0xFF) {
+    if (mant == 0) return sign | 0x7C00u;
+    uint16_t nan = static_cast<uint16_t>(0x7C00u + (mant >> 13));
+    if (nan == 0x7C00u) ++nan;  // keep it a NaN
+    return sign | nan;
+  }
+  const int32_t e = exp - 127 + 15;
+  if (e >= 31) return sign | 0x7C00u;  // overflow: infinity
+  if (e <= 0) {                         // a half subnormal, or zero
+    if (e < -10) return sign;
+    const uint32_t m = mant | 0x800000u;
+    const int shift = 14 - e;
+    uint32_t h = m >> shift;
+    const uint32_t rest = m & ((1u << shift) - 1), half_way = 1u << (shift - 1);
+    if (rest > half_way || (rest == half_way && (h & 1u))) ++h;
+    return sign | static_cast<uint16_t>(h);
+  }
+  uint32_t h = (static_cast<uint32_t>(e) << 10) | (mant >> 13);
+  const uint32_t rest = mant & 0x1FFFu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // a carry into the exponent is right, up to infinity
+  return sign | static_cast<uint16_t>(h);
+}
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
+  uint32_t x;
+  if (exp == 0) {
+    if (mant == 0) {
+      x = sign;
+    } else {  // subnormal: normalize
+      int e = -1;
+      uint32_t m = mant;
+      do {
+        ++e;
+        m <<= 1;
+      } while ((m & 0x400u) == 0);
+      x = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((m & 0x3FFu) << 13);
+    }
+  } else if (exp == 0x1F) {
+    x = sign | 0x7F800000u | (mant << 13);
+  } else {
+    x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, sizeof(f));
+  return f;
+}
+
+HVDEXT_VECTOR_CLONES double ef_accumulate(const float* g, float* r, int64_t n) {
+  double sq[8] = {0};
+  const int64_t full = n / 8 * 8;
+  for (int64_t i = 0; i < full; i += 8) {
+    for (int j = 0; j < 8; ++j) {
+      const float v = r[i + j] + g[i + j];
+      r[i + j] = v;
+      sq[j] += static_cast<double>(v) * static_cast<double>(v);
+    }
+  }
+  for (int64_t i = full; i < n; ++i) {
+    const float v = r[i] + g[i];
+    r[i] = v;
+    sq[i - full] += static_cast<double>(v) * static_cast<double>(v);
+  }
+  return ((sq[0] + sq[1]) + (sq[2] + sq[3])) + ((sq[4] + sq[5]) + (sq[6] + sq[7]));
+}
+
+void topk_select(const float* x, int64_t n, int64_t k, int32_t* out) {
+  check_k(n, k);
+  if (k == n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(i);
+    return;
+  }
+  uint32_t threshold = 0;
+  constexpr int64_t kSample = 16384;
+  if (n > 4 * kSample && k < n / 4) {
+    // Deterministic strided sample; its rank-q magnitude keeps about 1.5 k + margin candidates.
+    std::vector<uint32_t> sample(kSample);
+    const int64_t stride = n / kSample;
+    for (int64_t j = 0; j < kSample; ++j) sample[j] = magnitude_bits(x, j * stride);
+    const int64_t q = std::min<int64_t>(kSample - 1, static_cast<int64_t>(1.5 * kSample * k / n) + 32);
+    std::nth_element(sample.begin(), sample.begin() + q, sample.end(), std::greater<uint32_t>());
+    threshold = sample[q];
+  }
+  std::vector<uint64_t> keys;
+  keys.reserve(static_cast<size_t>(threshold ? std::min<int64_t>(n, 2 * k + 1024) : n));
+  for (;;) {
+    keys.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t b = magnitude_bits(x, i);
+      if (b >= threshold) keys.push_back(order_key(b, i));
+    }
+    if (static_cast<int64_t>(keys.size()) >= k) break;
+    threshold = 0;  // the sample misjudged: every element is a candidate
+  }
+  finish_selection(keys, k, out);
+}
+
+void topk_select_among(const float* x, const int32_t* candidates, int64_t m, int64_t k, int32_t* out) {
+  if (k < 1 || k > m) throw std::invalid_argument("top-k among candidates needs 1 <= k <= m");
+  std::vector<uint64_t> keys(static_cast<size_t>(m));
+  for (int64_t j = 0; j < m; ++j) keys[j] = order_key(magnitude_bits(x, candidates[j]), candidates[j]);
+  finish_selection(keys, k, out);
+}
+
+double sum_squares_at(const float* x, const int32_t* idx, int64_t k) {
+  double s = 0.0;
+  for (int64_t j = 0; j < k; ++j) s += static_cast<double>(x[idx[j]]) * static_cast<double>(x[idx[j]]);
+  return s;
+}
+
+void topk_extract(float* r, const int32_t* idx, int64_t k, ValueType type, uint8_t* payload) {
+  std::memcpy(payload, idx, static_cast<size_t>(k) * 4);  // little-endian hosts
+  uint8_t* values = payload + k * 4;
+  for (int64_t j = 0; j < k; ++j) {
+    const float v = r[idx[j]];
+    if (type == ValueType::kFp16) {
+      const uint16_t h = float_to_half(v);
+      std::memcpy(values + 2 * j, &h, 2);
+      r[idx[j]] = v - half_to_float(h);
+    } else {
+      std::memcpy(values + 4 * j, &v, 4);
+      r[idx[j]] = 0.0f;
+    }
+  }
+}
+
+int topk_decode_average(const uint8_t* gathered, int nranks, int64_t k, int64_t n, ValueType type, float divisor,
+                        float* out) {
+  const int64_t stride = topk_payload_bytes(k, type);
+  for (int r = 0; r < nranks; ++r) {
+    const uint8_t* p = gathered + r * stride;
+    for (int64_t j = 0; j < k; ++j) {
+      int32_t i;
+      std::memcpy(&i, p + 4 * j, 4);
+      if (i < 0 || i >= n) return r;
+    }
+  }
+  std::fill(out, out + n, 0.0f);
+  for (int r = 0; r < nranks; ++r) {
+    const uint8_t* p = gathered + r * stride;
+    const uint8_t* values = p + 4 * k;
+    for (int64_t j = 0; j < k; ++j) {
+      int32_t i;
+      std::memcpy(&i, p + 4 * j, 4);
+      float v;
+      if (type == ValueType::kFp16) {
+        uint16_t h;
+        std::memcpy(&h, values + 2 * j, 2);
+        v = half_to_float(h);
+      } else {
+        std::memcpy(&v, values + 4 * j, 4);
+      }
+      out[i] += v;
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] /= divisor;
+  return -1;
+}
+
+}  // namespace hvdext

@@ -1,0 +1,41 @@
+"""PyTorch codec of Compression.topk and Compression.adaptive_topk: converts tensors and calls the native ops.
+The math is in cpp/include/hvdext/topk.h and, as a definition, python/hvdext_reference/topk.py."""
+import math
+
+import torch
+
+from horovod_ext import _torch_ops as ops
+from horovod_ext.compression.specs import VALUE_DTYPE_IDS
+
+MAX_ELEMENTS = 2 ** 31  # int32 indices on the wire
+
+
+def k_of(numel, cf):
+    """Elements kept at compression factor cf (dense size / kept elements)."""
+    return max(1, min(numel, math.ceil(numel / cf)))
+
+
+class TopKCodec:
+    def __init__(self, spec):
+        self.value_type = VALUE_DTYPE_IDS[spec.value_dtype]
+        self.error_feedback = spec.error_feedback
+
+    def accumulate(self, flat, residual):
+        """residual = g + residual (g alone without error feedback); returns |residual|^2."""
+        if not self.error_feedback:
+            residual.zero_()
+        return ops.ef_accumulate(flat, residual)
+
+    @staticmethod
+    def select(residual, k, among=None):
+        return ops.topk_select(residual, k) if among is None else ops.topk_select_among(residual, among, k)
+
+    @staticmethod
+    def energy(residual, idx):
+        return ops.sum_squares_at(residual, idx)
+
+    def extract(self, residual, idx):
+        return ops.topk_extract(residual, idx, self.value_type)
+
+    def decode_average(self, gathered, nranks, k, numel, divisor, out):
+        return ops.topk_decode_average(gathered, nranks, k, numel, self.value_type, float(divisor), out)

@@ -1,0 +1,72 @@
+"""Top-k sparsification with error feedback (Stich et al. 2018; Lin et al., "Deep Gradient Compression", 2018), the
+definition the C++ kernels match bit for bit.
+
+Per tensor g (float32, n elements) with residual r (initially 0):
+    g_ef = g + r                                  (float32)
+    I    = the k indices of largest |g_ef|, k = k_of(n, cf) = max(1, ceil(n / cf)); ties go to the lower index,
+           and the order is that of the float32 bit patterns of |g_ef| (NaN above Inf above every finite value);
+           I is returned in ascending order
+    sent = value_dtype(g_ef[I])                   (fp16 rounds to nearest even, as NumPy's astype)
+    r    = g_ef - sent on I, g_ef elsewhere       (so sent + r == g_ef exactly: nothing is lost, only delayed)
+Payload: k int32 indices (little-endian) then k values (fp16 or fp32). Decode N payloads: out = 0, then for each
+rank in order out[I_r] += float32(values_r), then out / divisor.
+
+Multi-level (GraVAC): the top-k2 of the top-k1 set is the top-k2 of the whole tensor when k2 <= k1, with the same
+tie rule, so compressing at theta1 then recompressing by theta2 equals compressing once at theta1 * theta2.
+"""
+import math
+
+import numpy as np
+
+VALUE_DTYPES = {"fp16": np.float16, "fp32": np.float32}
+
+
+def k_of(n, cf):
+    return max(1, math.ceil(n / cf))
+
+
+def order_keys(x):
+    """uint64 keys: |x|'s float32 bits above, the complement of the index below (larger key = kept first)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    bits = (x.view(np.uint32) & np.uint32(0x7FFFFFFF)).astype(np.uint64)
+    idx = np.arange(x.size, dtype=np.uint64)
+    return (bits << np.uint64(32)) | (np.uint64(0xFFFFFFFF) - idx)
+
+
+def select(x, k, candidates=None):
+    """The top-k indices (ascending) of x, or of x restricted to `candidates` (ascending indices)."""
+    keys = order_keys(x)
+    pool = np.arange(x.size) if candidates is None else np.asarray(candidates)
+    if k >= pool.size:
+        return np.sort(pool).astype(np.int32)
+    top = pool[np.argpartition(keys[pool], pool.size - k)[pool.size - k:]]
+    return np.sort(top).astype(np.int32)
+
+
+def ef_step(g, r, k, value_dtype="fp16"):
+    """(indices, sent values, new residual) of one error-feedback top-k step."""
+    g_ef = np.asarray(g, dtype=np.float32) + np.asarray(r, dtype=np.float32)
+    idx = select(g_ef, k)
+    values = g_ef[idx].astype(VALUE_DTYPES[value_dtype])
+    r_new = g_ef.copy()
+    r_new[idx] = g_ef[idx] - values.astype(np.float32)
+    return idx, values, r_new
+
+
+def encode(idx, values):
+    return np.concatenate([np.asarray(idx, dtype="<i4").view(np.uint8), np.asarray(values).view(np.uint8)])
+
+
+def payload_bytes(k, value_dtype):
+    return k * (4 + np.dtype(VALUE_DTYPES[value_dtype]).itemsize)
+
+
+def decode_average(payloads, n, k, value_dtype, divisor):
+    out = np.zeros(n, dtype=np.float32)
+    vdt = np.dtype(VALUE_DTYPES[value_dtype]).newbyteorder("<")
+    for p in payloads:
+        p = np.asarray(p, dtype=np.uint8)
+        idx = p[:4 * k].view("<i4")
+        values = p[4 * k:].view(vdt).astype(np.float32)
+        np.add.at(out, idx, values)  # indices are distinct within a payload
+    return out / np.float32(divisor)

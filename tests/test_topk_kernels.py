@@ -1,0 +1,110 @@
+"""Top-k kernels against the NumPy reference (bit for bit), error-feedback conservation and multi-level top-k."""
+import numpy as np
+import pytest
+import torch
+
+from horovod_ext import _torch_ops as ops
+from hvdext_reference import topk as ref
+
+VALUE_TYPES = {"fp16": 0, "fp32": 1}
+
+
+def values(n, seed, kind="normal"):
+    rng = np.random.default_rng(seed)
+    if kind == "ties":  # few distinct magnitudes: the tie rule decides
+        return rng.choice(np.array([-2, -1, -0.5, 0, 0.5, 1, 2], dtype=np.float32), n)
+    return (rng.standard_t(3, n) * 1e-2).astype(np.float32)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 1000, 65537, 200003, 1 << 20])
+@pytest.mark.parametrize("fraction", [0.001, 0.01, 0.1, 0.5, 1.0])
+def test_select_equals_reference(n, fraction):
+    for kind in ("normal", "ties"):
+        x = values(n, n, kind)
+        k = max(1, int(n * fraction))
+        got = ops.topk_select(torch.from_numpy(x), k).numpy()
+        np.testing.assert_array_equal(got, ref.select(x, k))
+
+
+def test_select_handles_nan_and_inf_as_largest():
+    x = np.zeros(100000, dtype=np.float32)
+    x[[5, 70000]] = [np.inf, np.nan]
+    x[99999] = -3.0
+    assert list(ops.topk_select(torch.from_numpy(x), 3).numpy()) == [5, 70000, 99999]
+
+
+def test_half_conversion_matches_numpy_everywhere():
+    rng = np.random.default_rng(0)
+    bits = np.concatenate([rng.integers(0, 2 ** 32, 200000, dtype=np.uint64).astype(np.uint32),
+                           np.arange(0x33000000 - 64, 0x33000000 + 64, dtype=np.uint32),  # around 2^-25
+                           np.arange(0x477FE000 - 64, 0x477FF000 + 64, dtype=np.uint32),  # around 65504
+                           np.arange(0x38800000 - 64, 0x38800000 + 64, dtype=np.uint32)])  # around 2^-14
+    x = bits.view(np.float32)
+    x = np.concatenate([x, -x])
+    got = ops.half_bits(torch.from_numpy(x)).numpy().astype(np.uint16)
+    with np.errstate(over="ignore"):  # values beyond 65504 become inf, as they should
+        want = x.astype(np.float16).view(np.uint16)
+    finite = ~np.isnan(x)
+    np.testing.assert_array_equal(got[finite], want[finite])
+    assert np.all((got[~finite] & 0x7C00) == 0x7C00) and np.all(got[~finite] & 0x3FF)
+
+
+@pytest.mark.parametrize("value_dtype", ["fp16", "fp32"])
+def test_ef_step_and_decode_equal_reference(value_dtype):
+    n, k, nranks = 50000, 500, 3
+    payloads, residuals = [], []
+    for rank in range(nranks):
+        g, r = values(n, rank), values(n, 100 + rank)
+        idx, sent, r_want = ref.ef_step(g, r, k, value_dtype)
+        rt = torch.from_numpy(r.copy())
+        sumsq = ops.ef_accumulate(torch.from_numpy(g), rt)
+        assert sumsq == pytest.approx(float(np.sum((g + r).astype(np.float64) ** 2)), rel=1e-12)
+        sel = ops.topk_select(rt, k)
+        np.testing.assert_array_equal(sel.numpy(), idx)
+        payload = ops.topk_extract(rt, sel, VALUE_TYPES[value_dtype]).numpy()
+        np.testing.assert_array_equal(payload, ref.encode(idx, sent))
+        np.testing.assert_array_equal(rt.numpy(), r_want)
+        payloads.append(payload)
+    gathered = torch.from_numpy(np.concatenate(payloads))
+    out = torch.empty(n)
+    assert ops.topk_decode_average(gathered, nranks, k, n, VALUE_TYPES[value_dtype], float(nranks), out) == -1
+    np.testing.assert_array_equal(out.numpy(), ref.decode_average(payloads, n, k, value_dtype, nranks))
+
+
+def test_decode_rejects_out_of_range_indices():
+    payload = ref.encode(np.array([3, 10], dtype=np.int32), np.array([1, 2], dtype=np.float16))
+    out = torch.empty(5)
+    assert ops.topk_decode_average(torch.from_numpy(payload), 1, 2, 5, 0, 1.0, out) == 0
+
+
+@pytest.mark.parametrize("value_dtype", ["fp16", "fp32"])
+def test_error_feedback_conserves_exactly(value_dtype):
+    """sent + r_new == g + r_old element-wise, and over T steps sum(sent) + r_T == sum(g): with gradients on a
+    dyadic grid every float32 sum below is exact, so equality is exact, not approximate."""
+    n, k, steps = 4096, 41, 30
+    rng = np.random.default_rng(1)
+    r = torch.zeros(n)
+    total_sent = np.zeros(n, dtype=np.float64)
+    total_g = np.zeros(n, dtype=np.float64)
+    for _ in range(steps):
+        g = (rng.integers(-2 ** 10, 2 ** 10, n) / 2 ** 12).astype(np.float32)
+        r_old = r.numpy().copy()
+        ops.ef_accumulate(torch.from_numpy(g), r)
+        idx = ops.topk_select(r, k)
+        payload = ops.topk_extract(r, idx, VALUE_TYPES[value_dtype]).numpy()
+        sent = ref.decode_average([payload], n, k, value_dtype, 1)
+        np.testing.assert_array_equal(sent + r.numpy(), g + r_old)
+        total_sent += sent
+        total_g += g
+    np.testing.assert_array_equal(total_sent + r.numpy(), total_g)
+
+
+def test_multi_level_equals_single_shot():
+    for seed, kind in ((0, "normal"), (1, "ties"), (2, "normal")):
+        x = values(100000, seed, kind)
+        for theta1, theta2 in ((10, 2), (10, 16), (20, 50)):
+            k1, k2 = ref.k_of(x.size, theta1), ref.k_of(x.size, theta1 * theta2)
+            first = ops.topk_select(torch.from_numpy(x), k1)
+            second = ops.topk_select_among(torch.from_numpy(x), first, k2).numpy()
+            np.testing.assert_array_equal(second, ops.topk_select(torch.from_numpy(x), k2).numpy())
+            np.testing.assert_array_equal(second, ref.select(x, k2, candidates=ref.select(x, k1)))
