@@ -49,7 +49,7 @@ def build_tensorflow_ops():
     if os.path.exists(target) and os.path.getmtime(target) >= max(os.path.getmtime(f) for f in inputs):
         return
     compile_flags, link_flags = result.stdout.strip().splitlines()[-2:]
-    cmd = (["g++", "-shared", "-fPIC", *CXX_FLAGS, "-I" + os.path.join(ROOT, "cpp", "include")]
+    cmd = (["g++", "-shared", "-fPIC", *CXX_FLAGS, "-Wno-deprecated-declarations", "-I" + os.path.join(ROOT, "cpp", "include")]
            + [os.path.join(ROOT, f) for f in TF_OPS_SOURCES] + compile_flags.split() + link_flags.split()
            + ["-o", target])
     print("building the TensorFlow op library:", TF_OPS_LIBRARY)

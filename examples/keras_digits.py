@@ -22,7 +22,11 @@ import horovod_ext.tensorflow.keras as hvd  # noqa: E402
 
 COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compression.fp16,
                 "ternary": lambda: hvd.Compression.ternary,
-                "ternary-shared": lambda: hvd.Compression.ternary(shared_scale=True)}
+                "ternary-shared": lambda: hvd.Compression.ternary(shared_scale=True),
+                "topk": lambda: hvd.Compression.topk(ratio=0.1),
+                # GraVAC with epsilon 0.3 / window 50: this small MLP's top-10% keeps ~80% of the energy, so the
+                # paper's epsilon 0.9 would send everything dense (see horovod_ext/compression/gravac.py)
+                "adaptive_topk": lambda: hvd.Compression.adaptive_topk(epsilon=0.3, window=50)}
 
 
 def parse_args():

@@ -97,11 +97,46 @@ def test_tf_bad_inputs_raise_on_every_rank(worker_results):
 @pytest.mark.parametrize("loop", ["fit", "tape"])
 def test_keras_digits_identical_weights_and_accuracy(tmp_path, loop):
     out = tmp_path / "keras.json"
-    horovodrun(2, "examples/keras_digits.py", "--loop", loop, "--compression", "none,ternary", "--check-identical",
+    compressions = "none,ternary,topk,adaptive_topk" if loop == "fit" else "none,ternary"
+    horovodrun(2, "examples/keras_digits.py", "--loop", loop, "--compression", compressions, "--check-identical",
                "--json", out, timeout=500, collect=False)
     results = {r["compression"]: r for r in json.loads(out.read_text())["results"]}
     for r in results.values():
         assert r["identical_every_epoch"] and r["epochs_checked"] == 30
     dense, ternary = results["none"]["test_accuracy"], results["ternary"]["test_accuracy"]
     assert dense > 0.93 and abs(dense - ternary) <= 0.02, (dense, ternary)
+    for name in ("topk", "adaptive_topk"):  # issue 5: within 1 point of dense
+        if name in results:
+            assert abs(results[name]["test_accuracy"] - dense) <= 0.01, (name, results[name]["test_accuracy"])
     assert results["ternary"]["dense_bytes_per_step"] / results["ternary"]["bytes_per_step"] > 14
+
+
+@pytest.mark.parametrize("value_type, value_dtype", [(0, "fp16"), (1, "fp32")])
+def test_tf_topk_ops_match_reference(value_type, value_dtype):
+    from hvdext_reference import topk as ref_topk
+
+    n, k = 70001, 700
+    rng = np.random.default_rng(3)
+    g = (rng.standard_t(3, n) * 1e-2).astype(np.float32)
+    r = (rng.standard_t(3, n) * 1e-2).astype(np.float32)
+    idx, sent, r_want = ref_topk.ef_step(g, r, k, value_dtype)
+    g_ef, sumsq = tf_ops.hvdext_ef_accumulate(g, r)
+    sel = tf_ops.hvdext_topk_select(g_ef, k)
+    np.testing.assert_array_equal(sel.numpy(), idx)
+    payload, residual = tf_ops.hvdext_topk_extract(g_ef, sel, value_type=value_type)
+    np.testing.assert_array_equal(payload.numpy(), ref_topk.encode(idx, sent))
+    np.testing.assert_array_equal(residual.numpy(), r_want)
+    among = tf_ops.hvdext_topk_select_among(g_ef, sel, 70).numpy()
+    np.testing.assert_array_equal(among, ref_topk.select(g + r, 70))
+    out, bad = tf_ops.hvdext_topk_decode_average(tf.concat([payload, payload], 0), k, nranks=2, count=n,
+                                                 value_type=value_type, divisor=2.0)
+    assert int(bad) == -1
+    np.testing.assert_array_equal(out.numpy(), ref_topk.decode_average([payload.numpy()] * 2, n, k, value_dtype, 2))
+
+
+def test_tf_resume_from_checkpoint_is_bit_identical(worker_results):
+    for r in worker_results:
+        for key in ("resume_topk", "resume_adaptive"):
+            assert r[key]["identical"], (r["rank"], key)
+            assert r[key]["moved"]
+        assert set(r["resume_adaptive"]["paths"]) - {"dense"}  # the controller compressed

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "hvdext/ternary.h"
+#include "hvdext/topk.h"
 #include "hvdext/two_phase.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -277,3 +278,186 @@ class TwoPhaseDecodeOp : public tf::OpKernel {
   float divisor_;
 };
 REGISTER_KERNEL_BUILDER(Name("HvdextTwoPhaseDecode").Device(tf::DEVICE_CPU), TwoPhaseDecodeOp);
+
+// ------------------------------------------------------------------------------------------------ top-k
+REGISTER_OP("HvdextEfAccumulate")
+    .Input("gradient: float")
+    .Input("residual: float")
+    .Output("g_ef: float")
+    .Output("sumsq: double")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      c->set_output(1, c->Scalar());
+      return tf::OkStatus();
+    })
+    .Doc("g_ef = residual + gradient and sum(g_ef^2) (functional: the caller assigns the residual).");
+
+class EfAccumulateOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* c) override {
+    const tf::Tensor& g = c->input(0);
+    const tf::Tensor& r = c->input(1);
+    OP_REQUIRES(c, g.NumElements() == r.NumElements(), tf::errors::InvalidArgument("residual size differs"));
+    tf::Tensor *out, *sumsq;
+    OP_REQUIRES_OK(c, c->allocate_output(0, g.shape(), &out));
+    OP_REQUIRES_OK(c, c->allocate_output(1, tf::TensorShape({}), &sumsq));
+    std::memcpy(out->flat<float>().data(), r.flat<float>().data(), sizeof(float) * r.NumElements());
+    sumsq->scalar<double>()() = hvdext::ef_accumulate(g.flat<float>().data(), out->flat<float>().data(),
+                                                      g.NumElements());
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextEfAccumulate").Device(tf::DEVICE_CPU), EfAccumulateOp);
+
+REGISTER_OP("HvdextTopkSelect")
+    .Input("x: float")
+    .Input("k: int32")
+    .Output("indices: int32")
+    .SetShapeFn(UnknownVector)
+    .Doc("indices (ascending) of the k largest |x|, ties to the lower index.");
+
+class TopkSelectOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* c) override {
+    const tf::Tensor& x = c->input(0);
+    const tf::int64 k = c->input(1).scalar<tf::int32>()();
+    OP_REQUIRES(c, k >= 1 && k <= x.NumElements(), tf::errors::InvalidArgument("top-k needs 1 <= k <= n"));
+    tf::Tensor* out;
+    OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({k}), &out));
+    hvdext::topk_select(x.flat<float>().data(), x.NumElements(), k, out->flat<tf::int32>().data());
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextTopkSelect").Device(tf::DEVICE_CPU).HostMemory("k"), TopkSelectOp);
+
+REGISTER_OP("HvdextTopkSelectAmong")
+    .Input("x: float")
+    .Input("candidates: int32")
+    .Input("k: int32")
+    .Output("indices: int32")
+    .SetShapeFn(UnknownVector)
+    .Doc("the top k among candidate indices of x (the multi-level recompression).");
+
+class TopkSelectAmongOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* c) override {
+    const tf::Tensor& x = c->input(0);
+    const tf::Tensor& cand = c->input(1);
+    const tf::int64 k = c->input(2).scalar<tf::int32>()();
+    OP_REQUIRES(c, k >= 1 && k <= cand.NumElements(), tf::errors::InvalidArgument("top-k needs 1 <= k <= m"));
+    tf::Tensor* out;
+    OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({k}), &out));
+    hvdext::topk_select_among(x.flat<float>().data(), cand.flat<tf::int32>().data(), cand.NumElements(), k,
+                              out->flat<tf::int32>().data());
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextTopkSelectAmong").Device(tf::DEVICE_CPU).HostMemory("k"), TopkSelectAmongOp);
+
+REGISTER_OP("HvdextSumSquaresAt")
+    .Input("x: float")
+    .Input("indices: int32")
+    .Output("sumsq: double")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      return tf::OkStatus();
+    });
+
+class SumSquaresAtOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* c) override {
+    tf::Tensor* out;
+    OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({}), &out));
+    out->scalar<double>()() = hvdext::sum_squares_at(c->input(0).flat<float>().data(),
+                                                     c->input(1).flat<tf::int32>().data(), c->input(1).NumElements());
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextSumSquaresAt").Device(tf::DEVICE_CPU), SumSquaresAtOp);
+
+REGISTER_OP("HvdextTopkExtract")
+    .Input("g_ef: float")
+    .Input("indices: int32")
+    .Attr("value_type: int")
+    .Output("payload: uint8")
+    .Output("residual: float")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->input(0));
+      return tf::OkStatus();
+    })
+    .Doc("payload (int32 indices, then fp16/fp32 values) of the selected elements, and g_ef - sent as residual.");
+
+class TopkExtractOp : public tf::OpKernel {
+ public:
+  explicit TopkExtractOp(tf::OpKernelConstruction* c) : OpKernel(c) {
+    tf::int64 t = 0;
+    OP_REQUIRES_OK(c, c->GetAttr("value_type", &t));
+    OP_REQUIRES(c, t == 0 || t == 1, tf::errors::InvalidArgument("value_type must be 0 (fp16) or 1 (fp32)"));
+    type_ = static_cast<hvdext::ValueType>(t);
+  }
+  void Compute(tf::OpKernelContext* c) override {
+    const tf::Tensor& g = c->input(0);
+    const tf::Tensor& idx = c->input(1);
+    tf::Tensor *payload, *residual;
+    OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({hvdext::topk_payload_bytes(idx.NumElements(), type_)}),
+                                         &payload));
+    OP_REQUIRES_OK(c, c->allocate_output(1, g.shape(), &residual));
+    std::memcpy(residual->flat<float>().data(), g.flat<float>().data(), sizeof(float) * g.NumElements());
+    hvdext::topk_extract(residual->flat<float>().data(), idx.flat<tf::int32>().data(), idx.NumElements(), type_,
+                         payload->flat<tf::uint8>().data());
+  }
+
+ private:
+  hvdext::ValueType type_;
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextTopkExtract").Device(tf::DEVICE_CPU), TopkExtractOp);
+
+REGISTER_OP("HvdextTopkDecodeAverage")
+    .Input("gathered: uint8")
+    .Input("k: int32")
+    .Attr("nranks: int")
+    .Attr("count: int")
+    .Attr("value_type: int")
+    .Attr("divisor: float")
+    .Output("average: float")
+    .Output("bad_rank: int32")
+    .SetShapeFn([](InferenceContext* c) {
+      tf::int64 count;
+      TF_RETURN_IF_ERROR(c->GetAttr("count", &count));
+      c->set_output(0, c->Vector(count));
+      c->set_output(1, c->Scalar());
+      return tf::OkStatus();
+    })
+    .Doc("scatter-add N gathered top-k payloads / divisor; bad_rank is -1 or a rank with indices out of range.");
+
+class TopkDecodeAverageOp : public tf::OpKernel {
+ public:
+  explicit TopkDecodeAverageOp(tf::OpKernelConstruction* c) : OpKernel(c) {
+    tf::int64 t = 0;
+    OP_REQUIRES_OK(c, c->GetAttr("nranks", &nranks_));
+    OP_REQUIRES_OK(c, c->GetAttr("count", &count_));
+    OP_REQUIRES_OK(c, c->GetAttr("divisor", &divisor_));
+    OP_REQUIRES_OK(c, c->GetAttr("value_type", &t));
+    type_ = static_cast<hvdext::ValueType>(t);
+  }
+  void Compute(tf::OpKernelContext* c) override {
+    const tf::Tensor& gathered = c->input(0);
+    const tf::int64 k = c->input(1).scalar<tf::int32>()();
+    OP_REQUIRES(c, gathered.NumElements() == nranks_ * hvdext::topk_payload_bytes(k, type_),
+                tf::errors::InvalidArgument("gathered payloads hold ", gathered.NumElements(), " bytes, expected ",
+                                            nranks_ * hvdext::topk_payload_bytes(k, type_)));
+    tf::Tensor *out, *bad;
+    OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({count_}), &out));
+    OP_REQUIRES_OK(c, c->allocate_output(1, tf::TensorShape({}), &bad));
+    bad->scalar<tf::int32>()() = hvdext::topk_decode_average(gathered.flat<tf::uint8>().data(),
+                                                             static_cast<int>(nranks_), k, count_, type_, divisor_,
+                                                             out->flat<float>().data());
+  }
+
+ private:
+  tf::int64 nranks_, count_;
+  float divisor_;
+  hvdext::ValueType type_;
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextTopkDecodeAverage").Device(tf::DEVICE_CPU).HostMemory("k"), TopkDecodeAverageOp);

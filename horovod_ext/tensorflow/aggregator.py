@@ -6,7 +6,10 @@ gradients are traced or computed; the step counter and the seed live in tf.Varia
 tf.train.Checkpoint(aggregator=...)). A NaN/Inf gradient fails the step on every rank: FloatingPointError when
 eager, tf.errors.InvalidArgumentError with the same message inside tf.function.
 """
+import json
+import math
 import re
+import time
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -15,10 +18,17 @@ import tensorflow as tf
 from horovod_ext import __version__
 from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_payload_compressor
 from horovod_ext.compression.consistency import agree, optimizer_settings, split_blobs
+from horovod_ext.compression.gravac import GravacController
 from horovod_ext.compression.specs import check_tensor, describe_compression
 from horovod_ext.compression.two_phase import TwoPhasePlan, choose_transport, scale_sharing_bytes
 from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes, tensor_key
-from .ops import TernaryCodec, seed_tensor
+from .ops import TernaryCodec, TopKCodec, seed_tensor
+
+TOPK_MAX_ELEMENTS = 2 ** 31  # int32 indices on the wire
+
+
+def k_of(numel, cf):
+    return max(1, min(numel, math.ceil(numel / cf)))
 
 OP_NAMES = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Adasum: "Adasum"}
 
@@ -72,6 +82,13 @@ class GradientAggregator(tf.Module):
         with tf.init_scope():
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             self.seed = tf.Variable(0, dtype=tf.int64, trainable=False, name="seed")
+            # GraVAC's controller state as JSON: the source of truth, so that restoring a checkpoint restores it
+            self.controller_state = tf.Variable("", dtype=tf.string, trainable=False, name="controller_state")
+        self.residuals = {}
+        self.controller = GravacController(compression) if getattr(compression, "name", "") == "adaptive_topk" \
+            else None
+        self._sizes = []
+        self._last_decision = None
         self._agreed = None
         self._transport = None
         self._bytes_per_step = {}
@@ -101,7 +118,8 @@ class GradientAggregator(tf.Module):
                 self._agreed = exc
                 raise
             if is_payload_compressor(self.compression) and self._agreed is None:
-                seed = self.compression.seed if self.compression.seed is not None else proposal["seed"]
+                given = getattr(self.compression, "seed", None)
+                seed = given if given is not None else proposal["seed"]
                 if int(self.step.numpy()) == 0:  # a run restored from a checkpoint keeps its seed
                     self.seed.assign(seed_tensor(seed))
         self._agreed = names
@@ -116,10 +134,16 @@ class GradientAggregator(tf.Module):
         payload = is_payload_compressor(self.compression)
         if payload:
             what = f"Compression.{self.compression.name}"
+            limit = {} if self.compression.name == "ternary" else {"max_elements": TOPK_MAX_ELEMENTS}
             for name, g in zip(names, present):
-                check_tensor(what, name, g.dtype.name, g.shape.num_elements(), g.shape.as_list())
+                check_tensor(what, name, g.dtype.name, g.shape.num_elements(), g.shape.as_list(), **limit)
         self._agree(names, present)
-        out = self._ternary(names, present) if payload else self._linear(names, present)
+        if not payload:
+            out = self._linear(names, present)
+        elif self.compression.name == "ternary":
+            out = self._ternary(names, present)
+        else:
+            out = self._topk(names, present)
         result, it = [], iter(out)
         for g in grads:
             result.append(None if g is None else next(it))
@@ -235,6 +259,129 @@ class GradientAggregator(tf.Module):
                     compressed_elements=plan.total)
         return [tf.concat(p, axis=0) if len(p) > 1 else p[0] for p in pieces]
 
+    # ------------------------------------------------------------------------------------------------- top-k
+    def _residual(self, name, numel):
+        if name not in self.residuals:
+            with tf.init_scope():
+                self.residuals[name] = tf.Variable(tf.zeros([numel]), trainable=False,
+                                                   name="residual_" + re.sub(r"[^A-Za-z0-9_]", "_", name))
+        return self.residuals[name]
+
+    def _topk(self, names, grads):
+        spec, ps = self.compression, self.process_set
+        nranks = ps.size()
+        divisor = float(nranks) if self.op == hvd.Average else 1.0
+        codec = TopKCodec(spec)
+        sizes = [g.shape.num_elements() for g in grads]
+        self._sizes = sizes
+        self._bytes_per_step = {}
+        checks, updates = [], []
+        work = []  # (index, name, n, g_ef, residual variable)
+        energy_ef = []
+        for i, (name, g, n) in enumerate(zip(names, grads, sizes)):
+            flat = tf.reshape(tf.cast(g, tf.float32), [-1])
+            residual = self._residual(name, n)
+            base = residual.read_value() if spec.error_feedback else tf.zeros([n])
+            g_ef, sumsq = codec.accumulate(flat, base)
+            work.append((i, name, n, g_ef, residual))
+            energy_ef.append(sumsq)
+
+        def gather(idx_of, tag):
+            """Send the selected elements of every tensor; returns the averaged flats."""
+            outs = []
+            for (i, name, n, g_ef, residual), idx in zip(work, idx_of):
+                payload, remainder = codec.extract(g_ef, idx)
+                if spec.error_feedback:
+                    residual.assign(remainder)
+                gathered = hvd.allgather(payload, name=collective_name(f"hvdext.{tag}", i, name),
+                                         ignore_name_scope=True, process_set=ps)
+                avg, _ = codec.decode_average(gathered, tf.size(idx), nranks, n, divisor)
+                outs.append(avg)
+            return outs
+
+        if self.controller is None:
+            ks = [k_of(n, 1.0 / spec.ratio) for n in sizes]
+            averaged = gather([codec.select(g_ef, k) for (_, _, _, g_ef, _), k in zip(work, ks)], "topk")
+            self._count(payload_bytes=sum(k * (4 + (2 if spec.value_dtype == "fp16" else 4)) for k in ks),
+                        dense_bytes=4 * sum(sizes), elements=sum(sizes), compressed_elements=sum(sizes),
+                        wire_bytes=allgather_wire_bytes(sum(k * 6 for k in ks), nranks),
+                        dense_wire_bytes=allreduce_wire_bytes(4 * sum(sizes), nranks))
+        else:
+            theta_min, theta_c = tf.py_function(self._cfs, [], [tf.float64, tf.float64])
+            firsts, seconds, energy_min, energy_c = [], [], [], []
+            for (_, _, n, g_ef, _) in work:
+                k1 = tf.clip_by_value(tf.cast(tf.math.ceil(n / theta_min), tf.int32), 1, n)
+                k2 = tf.clip_by_value(tf.cast(tf.math.ceil(n / theta_c), tf.int32), 1, k1)
+                first = codec.select(g_ef, k1)
+                second = codec.select(g_ef, k2, among=first)
+                firsts.append(first)
+                seconds.append(second)
+                energy_min.append(codec.energy(g_ef, first))
+                energy_c.append(codec.energy(g_ef, second))
+            elapsed = tf.py_function(self._elapsed, [], tf.float64)
+            norms = tf.stack([tf.add_n(energy_ef), tf.add_n(energy_min), tf.add_n(energy_c), elapsed])
+            agreed = hvd.allreduce(norms, op=hvd.Average, name="hvdext.adaptive_topk.norms", ignore_name_scope=True,
+                                   process_set=ps)
+            path = tf.py_function(self._decide, [agreed], tf.int32)
+
+            def dense():
+                outs = []
+                for (i, name, n, g_ef, residual) in work:
+                    outs.append(hvd.allreduce(g_ef, op=self.op, name=collective_name("hvdext.topk.dense", i, name),
+                                              ignore_name_scope=True, process_set=ps))
+                    residual.assign(tf.zeros([n]))
+                return outs
+
+            averaged = tf.switch_case(path, [lambda: gather(seconds, "topk.candidate"),
+                                             lambda: gather(firsts, "topk.min"), dense])
+        out = [None] * len(grads)
+        for (i, name, *_), avg in zip(work, averaged):
+            if tf.executing_eagerly():
+                checks += _fail(f"NaN or Inf in the gradient of {name!r} (on some rank, or beyond the fp16 range: "
+                                f"try value_dtype='fp32')", tf.reduce_all(tf.math.is_finite(avg)))
+            else:
+                checks.append(tf.debugging.Assert(tf.reduce_all(tf.math.is_finite(avg)), [
+                    f"NaN or Inf in the gradient of {name!r} (on some rank, or beyond the fp16 range)"]))
+            out[i] = tf.cast(tf.reshape(avg, grads[i].shape), grads[i].dtype)
+        with tf.control_dependencies(checks + updates + out):
+            out = [tf.identity(o) for o in out]
+            self.step.assign_add(1)
+        return out
+
+    def _sync_controller(self):
+        """Reload the controller if its variable was restored from a checkpoint (it holds another step)."""
+        saved = self.controller_state.numpy().decode()
+        if saved:
+            state = json.loads(saved)
+            if state["step"] != self.controller.step:
+                log = self.controller.log[:state["step"]]
+                self.controller.load_state({**state, "log": log})
+
+    def _cfs(self):
+        self._sync_controller()
+        theta_min, theta_c = self.controller.cfs()
+        return tf.constant(theta_min, tf.float64), tf.constant(theta_c, tf.float64)
+
+    def _elapsed(self):
+        now = time.perf_counter()
+        elapsed = now - self._last_decision if self._last_decision is not None else 0.0
+        return tf.constant(elapsed, tf.float64)
+
+    def _decide(self, agreed):
+        values = agreed.numpy().tolist()
+        try:
+            path, cf, gain_min, gain_c = self.controller.decide(*values)
+        except FloatingPointError:
+            for residual in self.residuals.values():
+                residual.assign(tf.zeros_like(residual))
+            raise
+        self._last_decision = time.perf_counter()
+        state = self.controller.state()
+        state.pop("log")
+        self.controller_state.assign(json.dumps(state))
+        self.stats.extra.update(cf=cf, path=path, gain_min=gain_min, gain_c=gain_c)
+        return tf.constant(("candidate", "min", "dense").index(path), tf.int32)
+
     # -------------------------------------------------------------------------------------------- statistics
     def compression_stats(self):
         """Bytes per step (counted when the step was built; the same every step) times the steps taken."""
@@ -242,7 +389,17 @@ class GradientAggregator(tf.Module):
         per_step = {k: self._bytes_per_step.get(k, 0) for k in
                     ("payload_bytes", "dense_bytes", "wire_bytes", "dense_wire_bytes", "elements",
                      "compressed_elements")}
+        if self.controller is not None and self.controller.log:
+            sent = [4 * sum(self._sizes) if e["path"] == "dense" else 6 * sum(k_of(n, e["cf"]) for n in self._sizes)
+                    for e in self.controller.log]
+            dense = 4 * sum(self._sizes)
+            per_step = {"payload_bytes": sent[-1], "dense_bytes": dense, "elements": sum(self._sizes),
+                        "compressed_elements": sum(self._sizes),
+                        "wire_bytes": allgather_wire_bytes(sent[-1], self.process_set.size()),
+                        "dense_wire_bytes": allreduce_wire_bytes(dense, self.process_set.size())}
         stats = self.stats.as_dict()
+        if self.controller is not None:
+            stats["log"] = [dict(e) for e in self.controller.log]
         stats.update(steps=steps, ranks=self.process_set.size(), seed=int(self.seed.numpy()) % 2 ** 64,
                      last_step=CompressionStats._summary({**per_step, "compress_seconds": 0.0,
                                                           "decompress_seconds": 0.0, "comm_seconds": 0.0}),

@@ -48,3 +48,31 @@ class TernaryCodec:
     def decode_levels(stream, scale, first, count, nranks, bits, divisor):
         return lib.hvdext_two_phase_decode(stream, scale, first=first, count=count, nranks=nranks, bits=bits,
                                            divisor=divisor)
+
+
+class TopKCodec:
+    """Graph-safe TF counterpart of horovod_ext.torch.topk.TopKCodec (the same kernels, the same bits)."""
+
+    def __init__(self, spec):
+        from horovod_ext.compression.specs import VALUE_DTYPE_IDS
+
+        self.value_type = VALUE_DTYPE_IDS[spec.value_dtype]
+
+    @staticmethod
+    def accumulate(flat, residual):
+        return lib.hvdext_ef_accumulate(flat, residual)
+
+    @staticmethod
+    def select(g_ef, k, among=None):
+        return lib.hvdext_topk_select(g_ef, k) if among is None else lib.hvdext_topk_select_among(g_ef, among, k)
+
+    @staticmethod
+    def energy(g_ef, idx):
+        return lib.hvdext_sum_squares_at(g_ef, idx)
+
+    def extract(self, g_ef, idx):
+        return lib.hvdext_topk_extract(g_ef, idx, value_type=self.value_type)
+
+    def decode_average(self, gathered, k, nranks, count, divisor):
+        return lib.hvdext_topk_decode_average(gathered, k, nranks=nranks, count=count, value_type=self.value_type,
+                                              divisor=divisor)

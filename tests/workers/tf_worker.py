@@ -149,6 +149,39 @@ def bad_inputs():
     return {"cases": cases, "after": after["mismatches"]}
 
 
+def check_resume(compression, tmp):
+    """3 steps, checkpoint (model, optimizer, the aggregator's step/seed/residuals/controller), 3 more steps; then
+    restore and redo the last 3: the weights must be bit-identical."""
+    m = model()
+    opt = keras.optimizers.SGD(0.05, momentum=0.9)
+    holder = {}
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_of(m, x, y)
+        tape = hvd.DistributedGradientTape(tape, compression=compression)
+        holder["aggregator"] = tape.aggregator
+        grads = tape.gradient(loss, m.trainable_variables)
+        opt.apply_gradients(zip(grads, m.trainable_variables))
+
+    for s in range(3):
+        step(*batch(s))
+    checkpoint = tf.train.Checkpoint(model=m, optimizer=opt, horovod_ext=holder["aggregator"])
+    path = checkpoint.save(os.path.join(tmp, f"ckpt-{compression.name}-{RANK}"))
+    start = np.concatenate([w.numpy().ravel() for w in m.weights])
+    for s in range(3, 6):
+        step(*batch(s))
+    full = np.concatenate([w.numpy().ravel() for w in m.weights])
+    paths = [e["path"] for e in holder["aggregator"].compression_stats().get("log", [])]
+    checkpoint.restore(path)
+    for s in range(3, 6):
+        step(*batch(s))
+    resumed = np.concatenate([w.numpy().ravel() for w in m.weights])
+    return {"identical": bool(np.array_equal(full, resumed)), "moved": bool(not np.array_equal(start, full)),
+            "paths": paths}
+
+
 if __name__ == "__main__":
     result = {"rank": RANK, "size": SIZE}
     result["mean_eager"] = check_mean(hvd.Compression.ternary(min_size=0, seed=5), graph=False)
@@ -158,5 +191,11 @@ if __name__ == "__main__":
     result["mean_two_phase"] = check_mean(hvd.Compression.ternary(min_size=0, shared_scale=True,
                                                                   transport="two_phase"), graph=True)
     result["callbacks"] = check_callbacks()
+    import tempfile
+
+    tmp = tempfile.mkdtemp()
+    result["resume_topk"] = check_resume(hvd.Compression.topk(ratio=0.05), tmp)
+    result["resume_adaptive"] = check_resume(hvd.Compression.adaptive_topk(min_cf=2, max_cf=50, epsilon=0.3, window=2,
+                                                                           omega=0.0), tmp)
     result["bad_inputs"] = bad_inputs()
     write_result(RANK, result)
