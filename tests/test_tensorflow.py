@@ -104,10 +104,10 @@ def test_keras_digits_identical_weights_and_accuracy(tmp_path, loop):
     for r in results.values():
         assert r["identical_every_epoch"] and r["epochs_checked"] == 30
     dense, ternary = results["none"]["test_accuracy"], results["ternary"]["test_accuracy"]
-    assert dense > 0.93 and abs(dense - ternary) <= 0.02, (dense, ternary)
-    for name in ("topk", "adaptive_topk"):  # issue 5: within 1 point of dense
+    assert dense > 0.93 and ternary >= dense - 0.02, (dense, ternary)  # no more than 2 points below dense
+    for name in ("topk", "adaptive_topk"):  # issue 5: no more than 1 point below dense
         if name in results:
-            assert abs(results[name]["test_accuracy"] - dense) <= 0.01, (name, results[name]["test_accuracy"])
+            assert results[name]["test_accuracy"] >= dense - 0.01, (name, results[name]["test_accuracy"])
     assert results["ternary"]["dense_bytes_per_step"] / results["ternary"]["bytes_per_step"] > 14
 
 
