@@ -25,10 +25,10 @@ inline uint64_t order_key(uint32_t bits, int64_t i) {
 
 inline int32_t index_of(uint64_t key) { return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key)); }
 
-void finish_selection(std::vector<uint64_t>& keys, int64_t k, int32_t* out) {
+// The k-th largest key: every element whose key is at least this one is kept (keys are distinct).
+uint64_t kth_largest(std::vector<uint64_t>& keys, int64_t k) {
   std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.end(), std::greater<uint64_t>());
-  for (int64_t j = 0; j < k; ++j) out[j] = index_of(keys[j]);
-  std::sort(out, out + k);
+  return keys[k - 1];
 }
 
 void check_k(int64_t n, int64_t k) {
@@ -118,6 +118,7 @@ void topk_select(const float* x, int64_t n, int64_t k, int32_t* out) {
     return;
   }
   uint32_t threshold = 0;
+  int64_t expected = n;  // candidates the threshold is expected to keep
   constexpr int64_t kSample = 16384;
   if (n > 4 * kSample && k < n / 4) {
     // Deterministic strided sample; its rank-q magnitude keeps about 1.5 k + margin candidates.
@@ -127,26 +128,66 @@ void topk_select(const float* x, int64_t n, int64_t k, int32_t* out) {
     const int64_t q = std::min<int64_t>(kSample - 1, static_cast<int64_t>(1.5 * kSample * k / n) + 32);
     std::nth_element(sample.begin(), sample.begin() + q, sample.end(), std::greater<uint32_t>());
     threshold = sample[q];
+    expected = (q + 1) * (n / kSample);
   }
+  // Candidates by compaction. Where few pass (< 2%), a branch is predicted well and cheapest; where many pass, a
+  // branch would mispredict every few elements, so the store is branch-free (store always, advance when kept).
+  // A sample that kept too many or too few falls back to all elements.
+  const bool sparse = expected * 50 < n;
   std::vector<uint64_t> keys;
-  keys.reserve(static_cast<size_t>(threshold ? std::min<int64_t>(n, 2 * k + 1024) : n));
-  for (;;) {
-    keys.clear();
+  int64_t count = 0;
+  if (threshold > 0) {
+    const int64_t capacity = std::min<int64_t>(n, 2 * expected + 4096) + 1;
+    keys.resize(static_cast<size_t>(capacity));
+    if (sparse) {
+      for (int64_t i = 0; i < n && count < capacity - 1; ++i) {
+        const uint32_t b = magnitude_bits(x, i);
+        if (b >= threshold) keys[count++] = order_key(b, i);
+      }
+    } else {
+      for (int64_t i = 0; i < n && count < capacity - 1; ++i) {
+        const uint32_t b = magnitude_bits(x, i);
+        keys[count] = order_key(b, i);
+        count += b >= threshold;
+      }
+    }
+    if (count >= capacity - 1 || count < k) count = 0;  // misjudged: take every element
+  }
+  if (count == 0) {
+    keys.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) keys[i] = order_key(magnitude_bits(x, i), i);
+    count = n;
+  }
+  keys.resize(static_cast<size_t>(count));
+  // A second pass emits the kept indices already in ascending order (cheaper than sorting k indices); exactly k
+  // keys are >= the k-th largest, the buffer has one slot of slack for the branch-free store.
+  const uint64_t kth = kth_largest(keys, k);
+  std::vector<int32_t> kept(static_cast<size_t>(k) + 1);
+  int64_t c = 0;
+  if (k * 50 < n) {
+    const uint32_t kth_bits = static_cast<uint32_t>(kth >> 32);
     for (int64_t i = 0; i < n; ++i) {
       const uint32_t b = magnitude_bits(x, i);
-      if (b >= threshold) keys.push_back(order_key(b, i));
+      if (b >= kth_bits && order_key(b, i) >= kth) kept[c++] = static_cast<int32_t>(i);
     }
-    if (static_cast<int64_t>(keys.size()) >= k) break;
-    threshold = 0;  // the sample misjudged: every element is a candidate
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      kept[c] = static_cast<int32_t>(i);
+      c += order_key(magnitude_bits(x, i), i) >= kth;
+    }
   }
-  finish_selection(keys, k, out);
+  std::memcpy(out, kept.data(), static_cast<size_t>(k) * sizeof(int32_t));
 }
 
 void topk_select_among(const float* x, const int32_t* candidates, int64_t m, int64_t k, int32_t* out) {
   if (k < 1 || k > m) throw std::invalid_argument("top-k among candidates needs 1 <= k <= m");
   std::vector<uint64_t> keys(static_cast<size_t>(m));
   for (int64_t j = 0; j < m; ++j) keys[j] = order_key(magnitude_bits(x, candidates[j]), candidates[j]);
-  finish_selection(keys, k, out);
+  const uint64_t kth = kth_largest(keys, k);
+  int64_t c = 0;
+  for (int64_t j = 0; j < m; ++j) {  // candidates are ascending, so the output is too
+    if (order_key(magnitude_bits(x, candidates[j]), candidates[j]) >= kth) out[c++] = candidates[j];
+  }
 }
 
 double sum_squares_at(const float* x, const int32_t* idx, int64_t k) {
