@@ -78,6 +78,8 @@ TF_ERRORS = {
     "int": ("TypeError", ["'counter'", "int32"]),
     "empty": ("ValueError", ["'nothing'", "empty"]),
     "keras2_optimizer": ("TypeError", ["needs a Keras 3 optimizer", "GradientDescentOptimizer"]),
+    "topk_nan": ("FloatingPointError", ["NaN or Inf in the gradient of"]),
+    "adaptive_inf": ("FloatingPointError", ["NaN or Inf"]),
     "packing": ("ValueError", ["'2bit', 'base3'"]),
     "clip": ("ValueError", ["clip must be > 0.0"]),
 }

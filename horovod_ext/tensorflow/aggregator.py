@@ -322,7 +322,17 @@ class GradientAggregator(tf.Module):
             norms = tf.stack([tf.add_n(energy_ef), tf.add_n(energy_min), tf.add_n(energy_c), elapsed])
             agreed = hvd.allreduce(norms, op=hvd.Average, name="hvdext.adaptive_topk.norms", ignore_name_scope=True,
                                    process_set=ps)
-            path = tf.py_function(self._decide, [agreed], tf.int32)
+            finite = tf.reduce_all(tf.math.is_finite(agreed))
+            message = "NaN or Inf in the gradients (their squared norms are not finite on some rank)"
+            if tf.executing_eagerly():
+                if not bool(finite):
+                    self._reset_residuals()
+                    raise FloatingPointError(message)
+                guard = []
+            else:
+                guard = [tf.debugging.Assert(finite, [message])]
+            with tf.control_dependencies(guard):
+                path = tf.py_function(self._decide, [agreed], tf.int32)
 
             def dense():
                 outs = []
@@ -348,6 +358,10 @@ class GradientAggregator(tf.Module):
             self.step.assign_add(1)
         return out
 
+    def _reset_residuals(self):
+        for residual in self.residuals.values():
+            residual.assign(tf.zeros_like(residual))
+
     def _sync_controller(self):
         """Reload the controller if its variable was restored from a checkpoint (it holds another step)."""
         saved = self.controller_state.numpy().decode()
@@ -372,8 +386,7 @@ class GradientAggregator(tf.Module):
         try:
             path, cf, gain_min, gain_c = self.controller.decide(*values)
         except FloatingPointError:
-            for residual in self.residuals.values():
-                residual.assign(tf.zeros_like(residual))
+            self._reset_residuals()
             raise
         self._last_decision = time.perf_counter()
         state = self.controller.state()

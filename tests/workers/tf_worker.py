@@ -142,6 +142,8 @@ def bad_inputs():
                      .aggregate([tf.zeros([0])], [tf.Variable(tf.zeros([0]), name="nothing")])),
         expect_error("keras2_optimizer", lambda: hvd_keras.DistributedOptimizer(
             tf.compat.v1.train.GradientDescentOptimizer(0.1))),
+        expect_error("topk_nan", lambda: tape_step(hvd.Compression.topk(ratio=0.1), poison=np.nan)),
+        expect_error("adaptive_inf", lambda: tape_step(hvd.Compression.adaptive_topk(window=3), poison=np.inf)),
         expect_error("packing", lambda: hvd.Compression.ternary(packing="3bit")),
         expect_error("clip", lambda: hvd.Compression.ternary(clip=-1)),
     ]

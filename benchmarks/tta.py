@@ -1,0 +1,111 @@
+"""Time to accuracy on a shaped link: every method trains the same digits MLP for the same epochs at 2 and 4 ranks
+on loopback shaped to --mbit (a namespace created here and always removed). Reports step time, bytes per step and
+the training time until each method first reaches dense's final test accuracy, as a table, a plot of accuracy
+against training time and a plot of GraVAC's CF over training."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from common import OUT_DIR, machine, markdown_table, write_outputs
+from netns import NamespaceUnavailable, shaped_namespace
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+METHODS = ["dense", "topk-10x", "topk-1000x", "adaptive_topk", "powersgd"]
+
+
+def run(prefix, ranks, method, args):
+    out = tempfile.mktemp(suffix=".json")
+    cmd = prefix + ["horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", sys.executable,
+                    os.path.join(HERE, "tta_worker.py"), "--method", method, "--epochs", str(args.epochs),
+                    "--hidden", str(args.hidden), "--json", out]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode != 0 or not os.path.exists(out):
+        raise RuntimeError(f"{method} at {ranks} ranks failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    with open(out) as f:
+        result = json.load(f)
+    os.unlink(out)
+    return result
+
+
+def time_to(curve, target):
+    return next((p["seconds"] for p in curve if p["accuracy"] >= target - 1e-9), None)
+
+
+def plots(results, path_prefix):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ranks_list = sorted({r["ranks"] for r in results})
+    fig, axes = plt.subplots(1, len(ranks_list), figsize=(6 * len(ranks_list), 4), squeeze=False)
+    for ax, ranks in zip(axes[0], ranks_list):
+        for r in (x for x in results if x["ranks"] == ranks):
+            ax.plot([p["seconds"] for p in r["curve"]], [p["accuracy"] for p in r["curve"]], marker="o",
+                    label=r["method"])
+        ax.set(title=f"{ranks} ranks", xlabel="training seconds", ylabel="test accuracy", xscale="log")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path_prefix + "_accuracy.png", dpi=100)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for r in results:
+        if r.get("cf_log"):
+            ax.plot(r["cf_log"], label=f"{r['ranks']} ranks")
+    ax.set(title="GraVAC compression factor over training", xlabel="step", ylabel="CF (elements)", yscale="log")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path_prefix + "_cf.png", dpi=100)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="2 ranks, 2 epochs, dense, top-k 10x and adaptive")
+    parser.add_argument("--ranks", default="2,4")
+    parser.add_argument("--mbit", type=int, default=100)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--timeout", type=int, default=900)
+    args = parser.parse_args()
+    if args.quick:
+        args.ranks, args.epochs, args.methods, args.hidden = "2", 2, "dense,topk-10x,adaptive_topk", 256
+    results = []
+    try:
+        with shaped_namespace(args.mbit) as prefix:
+            for ranks in [int(x) for x in args.ranks.split(",")]:
+                for method in args.methods.split(","):
+                    print(f"[tta] {ranks} ranks, {args.mbit} Mbit/s: {method}", flush=True)
+                    results.append(run(prefix, ranks, method, args))
+    except NamespaceUnavailable as exc:
+        print(f"[tta] skipped: {exc}")
+        return 0
+    rows = []
+    for r in results:
+        dense = next(x for x in results if x["ranks"] == r["ranks"] and x["method"] == "dense")
+        target = dense["curve"][-1]["accuracy"]
+        reached = time_to(r["curve"], target)
+        cfs = r.get("cf_log") or []
+        rows.append([r["ranks"], r["method"], f"{r['step_seconds'] * 1e3:.0f}",
+                     f"{dense['step_seconds'] / r['step_seconds']:.1f}x", f"{r['payload_bytes'] / 1e3:.1f}",
+                     f"{r['dense_bytes'] / r['payload_bytes']:.1f}x", f"{100 * r['curve'][-1]['accuracy']:.2f}%",
+                     f"{reached:.1f}" if reached is not None else "not reached",
+                     f"{sum(cfs) / len(cfs):.1f}" if cfs else "-"])
+    md = (f"Digits MLP ({results[0]['parameters'] / 1e6:.2f}M parameters), {args.epochs} epochs, batch 32 per rank, "
+          f"loopback shaped to {args.mbit} Mbit/s. 'to dense acc' = training seconds until the method first reaches "
+          f"dense's final test accuracy (checked after each epoch).\n\n"
+          + markdown_table(["ranks", "method", "step ms", "step vs dense", "KB sent/step", "bytes vs dense",
+                            "final acc", "s to dense acc", "mean CF (GraVAC)"], rows)
+          + "\n\n![accuracy](tta_accuracy.png) ![CF](tta_cf.png)")
+    path = write_outputs("tta", {"machine": machine(), "args": vars(args), "results": results}, md)
+    plots(results, os.path.join(OUT_DIR, "tta"))
+    print(md)
+    print(f"\nwritten: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Runs under horovodrun: trains a digits MLP with one method and records test accuracy against training time
+after every epoch, the step time and bytes per step. Methods: horovod_ext compressors, or PyTorch DDP with the
+PowerSGD hook (rank 4, one bucket: DDP's default 25 MB buckets fail over Gloo on a shaped link)."""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from pytorch_digits import load_data  # noqa: E402
+
+import horovod_ext.torch as hvd  # noqa: E402
+from horovod_ext.compression.wire import allreduce_wire_bytes  # noqa: E402
+
+METHODS = {"dense": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compression.fp16,
+           "topk-10x": lambda: hvd.Compression.topk(ratio=0.1), "topk-1000x": lambda: hvd.Compression.topk(ratio=0.001),
+           "adaptive_topk": lambda: hvd.Compression.adaptive_topk(epsilon=0.3, window=50),
+           "ternary": lambda: hvd.Compression.ternary, "powersgd": None}
+
+
+def make_model(hidden):
+    return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden // 2),
+                               torch.nn.ReLU(), torch.nn.Linear(hidden // 2, 10))
+
+
+def powersgd_bytes(model, rank, nranks):
+    """PowerSGD allreduces P (m x r) and Q (n x r) of every matrix, and 1-D tensors dense."""
+    total = 0
+    for p in model.parameters():
+        total += 4 * (p.shape[0] + p.shape[1]) * rank if p.dim() == 2 else 4 * p.numel()
+    return total, allreduce_wire_bytes(total, nranks)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--method", choices=list(METHODS), required=True)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--json", required=True)
+    args = parser.parse_args()
+    hvd.init()
+    torch.set_num_threads(1)
+    x_train, y_train, x_test, y_test = load_data(42)
+    torch.manual_seed(42)
+    model = make_model(args.hidden)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    if args.method == "powersgd":
+        import torch.distributed as dist
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29533")
+        dist.init_process_group("gloo", rank=hvd.rank(), world_size=hvd.size())
+        model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=200)
+        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=2)
+        model.register_comm_hook(state, powersgd.powerSGD_hook)
+        payload, wire = powersgd_bytes(model.module, 4, hvd.size())
+    else:
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                             compression=METHODS[args.method]())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    shard = torch.arange(hvd.rank(), len(x_train), hvd.size())[:len(x_train) // hvd.size()]
+    gen = torch.Generator().manual_seed(hvd.rank())
+    train_seconds, curve, step_times = 0.0, [], []
+    for epoch in range(args.epochs):
+        hvd.barrier()
+        start = time.perf_counter()
+        order = shard[torch.randperm(len(shard), generator=gen)]
+        for i in range(0, len(order) - 31, 32):
+            idx = order[i:i + 32]
+            t0 = time.perf_counter()
+            optimizer.zero_grad()
+            F.cross_entropy(model(x_train[idx]), y_train[idx]).backward()
+            optimizer.step()
+            step_times.append(time.perf_counter() - t0)
+        hvd.barrier()
+        train_seconds += time.perf_counter() - start
+        with torch.no_grad():
+            accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
+        curve.append({"epoch": epoch + 1, "seconds": train_seconds, "accuracy": accuracy})
+    result = {"method": args.method, "ranks": hvd.size(), "hidden": args.hidden,
+              "parameters": sum(p.numel() for p in model.parameters()), "curve": curve,
+              "step_seconds": statistics.median(step_times[5:] or step_times)}
+    if args.method == "powersgd":
+        result.update(payload_bytes=payload, wire_bytes=wire)
+    else:
+        stats = optimizer.compression_stats()
+        total, steps = stats["total"], max(stats["steps"], 1)
+        result.update(payload_bytes=total["payload_bytes"] / steps, wire_bytes=total["wire_bytes"] / steps,
+                      cf_log=[e["cf"] for e in stats.get("log", [])])
+    result["dense_bytes"] = 4 * result["parameters"]
+    if hvd.rank() == 0:
+        with open(args.json, "w") as f:
+            json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
