@@ -3,6 +3,9 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 OUT_DIR = os.environ.get("HVDEXT_BENCH_OUT", os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
@@ -37,3 +40,20 @@ def markdown_table(headers, rows):
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def horovodrun_json(prefix, ranks, script, args, timeout):
+    """Run `script args --json FILE` under horovodrun -np ranks (inside `prefix`, e.g. a namespace) and return the
+    JSON rank 0 wrote; a failure raises with the end of the output."""
+    out = tempfile.mktemp(suffix=".json")
+    cmd = prefix + ["horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", sys.executable, script,
+                    *map(str, args), "--json", out]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0 or not os.path.exists(out):
+        raise RuntimeError(f"{os.path.basename(script)} at {ranks} ranks failed:\n{proc.stdout[-3000:]}"
+                           f"{proc.stderr[-3000:]}")
+    with open(out) as f:
+        result = json.load(f)
+    os.unlink(out)
+    return result

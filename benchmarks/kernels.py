@@ -7,7 +7,6 @@ the NumPy baseline is the reference (python/hvdext_reference), which also comput
 """
 import argparse
 
-import numpy as np
 import torch
 
 from common import best_of, machine, markdown_table, write_outputs

@@ -4,30 +4,19 @@ to a given bandwidth in a network namespace (created here and always removed), a
 Needs root (ip netns). Where namespaces cannot be made it says why and exits 0 without numbers.
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
-import tempfile
 
-from common import machine, markdown_table, write_outputs
+from common import horovodrun_json, machine, markdown_table, write_outputs
 from netns import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run_config(prefix, ranks, rate, args):
-    out = tempfile.mktemp(suffix=".json")
-    cmd = prefix + ["horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", sys.executable,
-                    os.path.join(HERE, "link_worker.py"), "--compression", args.compression,
-                    "--params-m", str(args.params_m), "--steps", str(args.steps), "--json", out]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-    if proc.returncode != 0 or not os.path.exists(out):
-        raise RuntimeError(f"link run failed ({ranks} ranks, {rate} Mbit):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    with open(out) as f:
-        rows = json.load(f)
-    os.unlink(out)
+    rows = horovodrun_json(prefix, ranks, os.path.join(HERE, "link_worker.py"),
+                           ["--compression", args.compression, "--params-m", args.params_m, "--steps", args.steps],
+                           args.timeout)
     for row in rows:
         row["link_mbit"] = rate
     return rows

@@ -3,13 +3,10 @@ on loopback shaped to --mbit (a namespace created here and always removed). Repo
 the training time until each method first reaches dense's final test accuracy, as a table, a plot of accuracy
 against training time and a plot of GraVAC's CF over training."""
 import argparse
-import json
 import os
-import subprocess
 import sys
-import tempfile
 
-from common import OUT_DIR, machine, markdown_table, write_outputs
+from common import OUT_DIR, horovodrun_json, machine, markdown_table, write_outputs
 from netns import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -17,18 +14,8 @@ METHODS = ["dense", "topk-10x", "topk-1000x", "adaptive_topk", "powersgd"]
 
 
 def run(prefix, ranks, method, args):
-    out = tempfile.mktemp(suffix=".json")
-    cmd = prefix + ["horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", sys.executable,
-                    os.path.join(HERE, "tta_worker.py"), "--method", method, "--epochs", str(args.epochs),
-                    "--hidden", str(args.hidden), "--json", out]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-    if proc.returncode != 0 or not os.path.exists(out):
-        raise RuntimeError(f"{method} at {ranks} ranks failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    with open(out) as f:
-        result = json.load(f)
-    os.unlink(out)
-    return result
+    return horovodrun_json(prefix, ranks, os.path.join(HERE, "tta_worker.py"),
+                           ["--method", method, "--epochs", args.epochs, "--hidden", args.hidden], args.timeout)
 
 
 def time_to(curve, target):

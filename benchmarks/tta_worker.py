@@ -8,7 +8,6 @@ import statistics
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 

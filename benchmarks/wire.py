@@ -7,13 +7,9 @@ transport's plan (the same code that sizes the real tensors) and closed-form for
 (N-1)/N that leaves the rank.
 """
 import argparse
-import json
 import os
-import subprocess
-import sys
-import tempfile
 
-from common import machine, markdown_table, write_outputs
+from common import horovodrun_json, machine, markdown_table, write_outputs
 from horovod_ext.compression.two_phase import (TwoPhasePlan, allgather_transport_bytes, formula_wire_bytes,
                                                scale_sharing_bytes)
 from horovod_ext.compression.wire import allreduce_wire_bytes
@@ -42,17 +38,9 @@ def planned(sizes, nranks, packing="base3"):
 
 
 def counted(nranks, params_m):
-    out = tempfile.mktemp(suffix=".json")
-    cmd = ["horovodrun", "-np", str(nranks), "-H", f"localhost:{nranks}", "--gloo", sys.executable,
-           os.path.join(HERE, "link_worker.py"), "--compression", "none,ternary,ternary-2phase", "--params-m",
-           str(params_m), "--steps", "1", "--json", out]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stdout[-3000:] + proc.stderr[-3000:])
-    with open(out) as f:
-        rows = {r["compression"]: r for r in json.load(f)}
-    os.unlink(out)
+    rows = {r["compression"]: r for r in horovodrun_json(
+        [], nranks, os.path.join(HERE, "link_worker.py"),
+        ["--compression", "none,ternary,ternary-2phase", "--params-m", params_m, "--steps", 1], 900)}
     return {"dense": rows["none"]["wire_bytes"], "allgather": rows["ternary"]["wire_bytes"],
             "two_phase": rows["ternary-2phase"]["wire_bytes"]}
 

@@ -52,7 +52,7 @@ def test_half_conversion_matches_numpy_everywhere():
 @pytest.mark.parametrize("value_dtype", ["fp16", "fp32"])
 def test_ef_step_and_decode_equal_reference(value_dtype):
     n, k, nranks = 50000, 500, 3
-    payloads, residuals = [], []
+    payloads = []
     for rank in range(nranks):
         g, r = values(n, rank), values(n, 100 + rank)
         idx, sent, r_want = ref.ef_step(g, r, k, value_dtype)

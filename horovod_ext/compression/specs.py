@@ -240,3 +240,8 @@ def describe_compression(compression):
 def is_payload_compressor(compression):
     """True for compressors whose output cannot be summed (travels by allgather); False for Horovod's linear ones."""
     return isinstance(compression, CompressorSpec)
+
+
+def payload_compressors():
+    """The compressors both frameworks add to Horovod's Compression (none, fp16), bare, under their names."""
+    return {"ternary": Ternary(), "topk": TopK(), "adaptive_topk": AdaptiveTopK()}

@@ -2,7 +2,7 @@
 (by allgather), with the same names and arguments as in PyTorch (the specs are framework-free)."""
 from horovod.tensorflow.compression import Compression as HorovodCompression
 
-from horovod_ext.compression.specs import AdaptiveTopK, Ternary, TopK
+from horovod_ext.compression.specs import payload_compressors
 
 
 class Compression(HorovodCompression):
@@ -10,6 +10,7 @@ class Compression(HorovodCompression):
 
     none = HorovodCompression.none
     fp16 = HorovodCompression.fp16
-    ternary = Ternary()
-    topk = TopK()
-    adaptive_topk = AdaptiveTopK()
+
+
+for _name, _spec in payload_compressors().items():  # ternary, topk, adaptive_topk: the same specs in every framework
+    setattr(Compression, _name, _spec)

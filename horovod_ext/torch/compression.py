@@ -5,7 +5,7 @@ seed=None)``; ``Compression.topk(ratio=0.01, error_feedback=True, value_dtype="f
 ``Compression.adaptive_topk(min_cf=10, max_cf=1000, epsilon=0.9, window=500, omega=0.01, policy="exponential")``."""
 from horovod.torch.compression import Compression as HorovodCompression
 
-from horovod_ext.compression.specs import AdaptiveTopK, Ternary, TopK
+from horovod_ext.compression.specs import payload_compressors
 
 
 class Compression(HorovodCompression):
@@ -13,6 +13,7 @@ class Compression(HorovodCompression):
 
     none = HorovodCompression.none
     fp16 = HorovodCompression.fp16
-    ternary = Ternary()
-    topk = TopK()
-    adaptive_topk = AdaptiveTopK()
+
+
+for _name, _spec in payload_compressors().items():  # ternary, topk, adaptive_topk: the same specs in every framework
+    setattr(Compression, _name, _spec)

@@ -2,7 +2,7 @@
 The math is in cpp/include/hvdext/topk.h and, as a definition, python/hvdext_reference/topk.py."""
 import math
 
-import torch
+import torch  # noqa: F401  (loads libc10 before the extension below needs it)
 
 from horovod_ext import _torch_ops as ops
 from horovod_ext.compression.specs import VALUE_DTYPE_IDS

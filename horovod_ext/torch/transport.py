@@ -144,7 +144,7 @@ class TernaryTransport:
         sizes = [item.param.numel() for item in items]
         if self.plan is None or self.plan.sizes != sizes:
             self.plan = TwoPhasePlan(sizes, self.nranks, self.spec.packing)
-        plan, packing = self.plan, self.codec.packing
+        plan = self.plan
         start = time.perf_counter()
         codes = torch.empty(plan.total, dtype=torch.uint8)
         for item, offset, n in zip(items, plan.offsets, sizes):

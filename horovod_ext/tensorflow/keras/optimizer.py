@@ -1,6 +1,5 @@
 """DistributedOptimizer for Keras 3 optimizers: averages gradients across ranks (with compression) in apply(),
 which both model.fit (through apply_gradients) and custom loops call."""
-import horovod.tensorflow as hvd
 import keras
 from horovod.common.process_sets import global_process_set
 
