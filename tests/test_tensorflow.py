@@ -63,7 +63,8 @@ def test_tf_averaged_gradient_is_mean_of_decoded_payloads(worker_results):
 def test_keras_callbacks(worker_results):
     for r in worker_results:
         cb = r["callbacks"]
-        assert cb["identical"]  # broadcast from rank 0, then identical updates
+        assert cb["identical"]  # broadcast from rank 0, then identical updates (fit, then train_on_batch)
+        assert cb["steps"] == 3 * 4 + 1
         assert cb["rank_metric"] == [0.5, 0.5, 0.5]  # (0 + 1) / 2 on every rank
         lrs = cb["lrs"]  # 2 warmup epochs of 4 batches: 0.1/2 rising to 0.1, then 0.1
         assert lrs[0] == pytest.approx(0.05) and lrs[4] == pytest.approx(0.075) and lrs[8:] == pytest.approx([0.1] * 4)

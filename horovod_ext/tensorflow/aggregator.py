@@ -397,26 +397,32 @@ class GradientAggregator(tf.Module):
 
     # -------------------------------------------------------------------------------------------- statistics
     def compression_stats(self):
-        """Bytes per step (counted when the step was built; the same every step) times the steps taken."""
+        """Bytes per step as counted when the step was built (the same every step) times the steps taken; for
+        adaptive_topk summed step by step from the controller's log, which is also returned as "log". Seconds are
+        not measured in TensorFlow (a tf.function runs as one graph) and read 0."""
         steps = int(self.step.numpy())
         per_step = {k: self._bytes_per_step.get(k, 0) for k in
                     ("payload_bytes", "dense_bytes", "wire_bytes", "dense_wire_bytes", "elements",
                      "compressed_elements")}
+        totals = {k: v * steps for k, v in per_step.items()}
         if self.controller is not None and self.controller.log:
-            sent = [4 * sum(self._sizes) if e["path"] == "dense" else 6 * sum(k_of(n, e["cf"]) for n in self._sizes)
+            # GraVAC's bytes change with its CF: sum them step by step from the log
+            nranks, dense = self.process_set.size(), 4 * sum(self._sizes)
+            sent = [dense if e["path"] == "dense" else 6 * sum(k_of(n, e["cf"]) for n in self._sizes)
                     for e in self.controller.log]
-            dense = 4 * sum(self._sizes)
-            per_step = {"payload_bytes": sent[-1], "dense_bytes": dense, "elements": sum(self._sizes),
-                        "compressed_elements": sum(self._sizes),
-                        "wire_bytes": allgather_wire_bytes(sent[-1], self.process_set.size()),
-                        "dense_wire_bytes": allreduce_wire_bytes(dense, self.process_set.size())}
+            wire = [allreduce_wire_bytes(b, nranks) if e["path"] == "dense" else allgather_wire_bytes(b, nranks)
+                    for b, e in zip(sent, self.controller.log)]
+            per_step.update(payload_bytes=sent[-1], wire_bytes=wire[-1], dense_bytes=dense,
+                            dense_wire_bytes=allreduce_wire_bytes(dense, nranks), elements=sum(self._sizes),
+                            compressed_elements=sum(self._sizes))
+            totals = {k: v * len(sent) for k, v in per_step.items()}
+            totals.update(payload_bytes=sum(sent), wire_bytes=sum(wire))
         stats = self.stats.as_dict()
         if self.controller is not None:
             stats["log"] = [dict(e) for e in self.controller.log]
         stats.update(steps=steps, ranks=self.process_set.size(), seed=int(self.seed.numpy()) % 2 ** 64,
                      last_step=CompressionStats._summary({**per_step, "compress_seconds": 0.0,
                                                           "decompress_seconds": 0.0, "comm_seconds": 0.0}),
-                     total=CompressionStats._summary({**{k: v * steps for k, v in per_step.items()},
-                                                      "compress_seconds": 0.0, "decompress_seconds": 0.0,
-                                                      "comm_seconds": 0.0}))
+                     total=CompressionStats._summary({**totals, "compress_seconds": 0.0,
+                                                      "decompress_seconds": 0.0, "comm_seconds": 0.0}))
         return stats
