@@ -159,9 +159,14 @@ void topk_select(const float* x, int64_t n, int64_t k, int32_t* out) {
     count = n;
   }
   keys.resize(static_cast<size_t>(count));
-  // A second pass emits the kept indices already in ascending order (cheaper than sorting k indices); exactly k
-  // keys are >= the k-th largest, the buffer has one slot of slack for the branch-free store.
   const uint64_t kth = kth_largest(keys, k);
+  if (k * 16 < n) {  // few kept: sorting their k indices costs less than another pass over n
+    for (int64_t j = 0; j < k; ++j) out[j] = index_of(keys[j]);
+    std::sort(out, out + k);
+    return;
+  }
+  // Many kept: a second pass emits them already in ascending order; exactly k keys are >= the k-th largest, and
+  // the buffer has one slot of slack for the branch-free store.
   std::vector<int32_t> kept(static_cast<size_t>(k) + 1);
   int64_t c = 0;
   if (k * 50 < n) {
