@@ -154,6 +154,19 @@ def check_fraction(argument, value):
     return value
 
 
+TOPK_MAX_ELEMENTS = 2 ** 31  # int32 indices on the wire
+
+
+def k_of(numel, cf):
+    """Elements top-k keeps of a tensor at compression factor cf (dense elements / kept): max(1, ceil(n / cf))."""
+    return max(1, min(numel, math.ceil(numel / cf)))
+
+
+def element_limit(compression):
+    """The check_tensor size limit of a payload compressor (top-k's indices are int32)."""
+    return {} if compression.name == "ternary" else {"max_elements": TOPK_MAX_ELEMENTS}
+
+
 class TopK(CompressorSpec):
     """Layer-wise top-k by magnitude with error feedback (Stich et al. 2018; Lin et al. 2018).
 

@@ -7,7 +7,6 @@ tf.train.Checkpoint(aggregator=...)). A NaN/Inf gradient fails the step on every
 eager, tf.errors.InvalidArgumentError with the same message inside tf.function.
 """
 import json
-import math
 import re
 import time
 
@@ -19,16 +18,10 @@ from horovod_ext import __version__
 from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_payload_compressor
 from horovod_ext.compression.consistency import agree, optimizer_settings, split_blobs
 from horovod_ext.compression.gravac import GravacController
-from horovod_ext.compression.specs import check_tensor, describe_compression
+from horovod_ext.compression.specs import check_tensor, describe_compression, element_limit, k_of
 from horovod_ext.compression.two_phase import TwoPhasePlan, choose_transport, scale_sharing_bytes
 from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes, tensor_key
 from .ops import TernaryCodec, TopKCodec, seed_tensor
-
-TOPK_MAX_ELEMENTS = 2 ** 31  # int32 indices on the wire
-
-
-def k_of(numel, cf):
-    return max(1, min(numel, math.ceil(numel / cf)))
 
 OP_NAMES = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Adasum: "Adasum"}
 
@@ -134,7 +127,7 @@ class GradientAggregator(tf.Module):
         payload = is_payload_compressor(self.compression)
         if payload:
             what = f"Compression.{self.compression.name}"
-            limit = {} if self.compression.name == "ternary" else {"max_elements": TOPK_MAX_ELEMENTS}
+            limit = element_limit(self.compression)
             for name, g in zip(names, present):
                 check_tensor(what, name, g.dtype.name, g.shape.num_elements(), g.shape.as_list(), **limit)
         self._agree(names, present)

@@ -20,9 +20,8 @@ from horovod.common.process_sets import global_process_set
 from horovod_ext import __version__
 from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_payload_compressor
 from horovod_ext.compression.consistency import agree, optimizer_settings, split_blobs
-from horovod_ext.compression.specs import describe_compression
+from horovod_ext.compression.specs import describe_compression, element_limit
 from .ternary import check_gradient
-from .topk import MAX_ELEMENTS as TOPK_MAX_ELEMENTS
 from .transport import AllreduceTransport, TernaryTransport, TopKTransport
 
 _optimizer_ids = itertools.count()
@@ -67,7 +66,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_params = [p for p in all_params if p.requires_grad]
 
         if is_payload_compressor(compression):
-            limit = {} if compression.name == "ternary" else {"max_elements": TOPK_MAX_ELEMENTS}
+            limit = element_limit(compression)
             for p in self._hx_params:
                 check_gradient(self._hx_names[p], p, f"Compression.{compression.name}", **limit)
         elif not (hasattr(compression, "compress") and hasattr(compression, "decompress")):

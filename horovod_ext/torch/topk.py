@@ -1,18 +1,9 @@
 """PyTorch codec of Compression.topk and Compression.adaptive_topk: converts tensors and calls the native ops.
 The math is in cpp/include/hvdext/topk.h and, as a definition, python/hvdext_reference/topk.py."""
-import math
-
 import torch  # noqa: F401  (loads libc10 before the extension below needs it)
 
 from horovod_ext import _torch_ops as ops
 from horovod_ext.compression.specs import VALUE_DTYPE_IDS
-
-MAX_ELEMENTS = 2 ** 31  # int32 indices on the wire
-
-
-def k_of(numel, cf):
-    """Elements kept at compression factor cf (dense size / kept elements)."""
-    return max(1, min(numel, math.ceil(numel / cf)))
 
 
 class TopKCodec:

@@ -20,7 +20,8 @@ from horovod_ext.compression.gravac import GravacController
 from horovod_ext.compression.two_phase import TwoPhasePlan, choose_transport, scale_sharing_bytes
 from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes
 from .ternary import TernaryCodec
-from .topk import TopKCodec, k_of
+from horovod_ext.compression.specs import k_of
+from .topk import TopKCodec
 
 
 class Pending:
