@@ -36,23 +36,33 @@ def settings_mismatch_message(per_rank_settings, what="horovod_ext DistributedOp
             + "\n".join(lines))
 
 
+def layout_digest(tensors):
+    """A short summary of (name, shape, dtype name) triples that differs when any of them differs."""
+    layout = ";".join(f"{name}:{tuple(shape)}:{dtype}" for name, shape, dtype in tensors)
+    return f"{len(tensors)} tensors, crc32 {zlib.crc32(layout.encode()):08x}"
+
+
 def optimizer_settings(compression_description, op_name, tensors, process_set_size, version, **extra):
     """The settings ranks must share: tensors is a list of (name, shape, dtype name), summarized by a crc32."""
-    layout = ";".join(f"{name}:{tuple(shape)}:{dtype}" for name, shape, dtype in tensors)
-    return {"compression": compression_description, "op": op_name,
-            "parameters": f"{len(tensors)} tensors, crc32 {zlib.crc32(layout.encode()):08x}",
+    return {"compression": compression_description, "op": op_name, "parameters": layout_digest(tensors),
             "process_set_size": process_set_size, "horovod_ext": version, **extra}
+
+
+def exchange(settings, local, allgather_blobs, what="horovod_ext DistributedOptimizer"):
+    """Exchange settings (compared) and a per-rank `local` dict (not compared: a seed proposal, a host name, an
+    argument error); raise SettingsMismatchError on every rank if the settings differ, else return every rank's
+    `local`, in rank order. allgather_blobs(bytes) -> list of every rank's bytes, in rank order."""
+    per_rank = decode_all(allgather_blobs(encode_settings(settings, local)))
+    message = settings_mismatch_message([r["settings"] for r in per_rank], what)
+    if message:
+        raise SettingsMismatchError(message)
+    return [r["proposal"] for r in per_rank]
 
 
 def agree(settings, allgather_blobs, what="horovod_ext DistributedOptimizer"):
     """Exchange settings and a random seed proposal; raise SettingsMismatchError (every rank gets the same
-    message) or return rank 0's proposal. allgather_blobs(bytes) -> list of every rank's bytes, in rank order."""
-    proposal = {"seed": random.SystemRandom().getrandbits(63)}
-    per_rank = decode_all(allgather_blobs(encode_settings(settings, proposal)))
-    message = settings_mismatch_message([r["settings"] for r in per_rank], what)
-    if message:
-        raise SettingsMismatchError(message)
-    return per_rank[0]["proposal"]
+    message) or return rank 0's proposal."""
+    return exchange(settings, {"seed": random.SystemRandom().getrandbits(63)}, allgather_blobs, what)[0]
 
 
 def split_blobs(gathered, sizes):

@@ -4,6 +4,7 @@ For N ranks and a tensor of b bytes per rank:
     ring allreduce:  2 (N-1)/N * b   (reduce-scatter then allgather of the sum)
     ring allgather:  (N-1) * b       (every rank forwards every other rank's payload once)
     alltoall:        (N-1)/N * b     (the part of b that leaves the rank)
+    broadcast:       (N-1)/N * b     (N-1 copies of the root's b cross the wire, averaged over the N ranks)
 A payload compressor by allgather therefore saves less as N grows; dense_wire_bytes is what Horovod's dense
 allreduce of the same gradients would have sent.
 """
@@ -19,6 +20,10 @@ def allgather_wire_bytes(nbytes, nranks):
 
 
 def alltoall_wire_bytes(nbytes, nranks):
+    return (nranks - 1) / nranks * nbytes if nranks > 1 else 0.0
+
+
+def broadcast_wire_bytes(nbytes, nranks):
     return (nranks - 1) / nranks * nbytes if nranks > 1 else 0.0
 
 

@@ -1,10 +1,17 @@
 """horovod_ext.torch: a superset of horovod.torch.
 
-``import horovod_ext.torch as hvd`` keeps everything of ``horovod.torch`` (init, rank, allreduce, broadcast_parameters,
-...) and replaces ``Compression`` (adds ``ternary``) and ``DistributedOptimizer`` (carries payload compressors by
-allgather, reports ``compression_stats()``, keeps its state in ``state_dict()``).
+``import horovod_ext.torch as hvd`` keeps everything of ``horovod.torch`` (rank, allreduce, broadcast_parameters,
+...) and replaces ``Compression`` (adds ternary, topk, adaptive_topk), ``DistributedOptimizer`` (carries payload
+compressors by allgather, reports ``compression_stats()``, keeps its state in ``state_dict()``) and ``init``
+(enables dynamic process sets), and adds the parameter-space optimizers ``LeaderOptimizer`` (LSGD) and
+``ElasticAveragingOptimizer`` (EASGD).
 """
+import horovod.torch as _horovod
 from horovod.torch import *  # noqa: F401,F403  (everything of horovod.torch is still there)
 
+from horovod_ext.consensus.init import make_init  # noqa: E402
 from .compression import Compression  # noqa: E402
+from .leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402
 from .optimizer import DistributedOptimizer  # noqa: E402
+
+init = make_init(_horovod.init)

@@ -1,0 +1,52 @@
+"""Building a parameter-space optimizer on every rank at once (framework-free).
+
+Construction is collective: every rank builds the optimizer, the ranks exchange their arguments, parameter layout,
+host and any argument error in one allgather, and then every rank raises the same error, or none. A rank whose
+arguments are invalid therefore never leaves the others waiting in a collective. Groups become Horovod process
+sets, created on every rank in the same order.
+"""
+from horovod.common import process_sets as _process_sets
+
+from horovod_ext import __version__
+from horovod_ext.compression.consistency import exchange, layout_digest
+from .groups import node_key
+
+DYNAMIC_HELP = ("leader groups are Horovod process sets created after init: initialize with "
+                "horovod_ext.torch.init() / horovod_ext.tensorflow.init() (they enable Horovod's dynamic process "
+                "sets), or set HOROVOD_DYNAMIC_PROCESS_SETS=1 before hvd.init()")
+
+
+def build_on_every_rank(make_sync, arguments, tensors, allgather_blobs, rank, size, what):
+    """make_sync() -> a LeaderSync/ElasticSync (may raise ValueError). Returns it, configured with every rank's
+    host; raises SettingsMismatchError or the first rank's ValueError on every rank."""
+    try:
+        sync, error = make_sync(), None
+    except ValueError as exc:
+        sync, error = None, str(exc)
+    settings = {"optimizer": what, **{k: repr(v) for k, v in arguments.items()},
+                "parameters": layout_digest(tensors), "size": size, "horovod_ext": __version__}
+    local = exchange(settings, {"error": error, "node": node_key()}, allgather_blobs, what)
+    errors = [(r, entry["error"]) for r, entry in enumerate(local) if entry["error"]]
+    if errors:
+        first_rank, message = errors[0]
+        raise ValueError(f"{what}: {message} (rank {first_rank}; every rank raises this)")
+    if hasattr(sync, "configure"):
+        sync.configure([entry["node"] for entry in local], rank)
+    return sync
+
+
+def process_set_for(ranks, size, add_process_set):
+    """The Horovod process set of `ranks`: the global one, one that exists, or a new one (every rank must call
+    this for the same rank lists in the same order, as Horovod's add_process_set is collective)."""
+    ranks = sorted(ranks)
+    if ranks == list(range(size)):
+        return _process_sets.global_process_set
+    for set_id, members in _process_sets._basics._get_process_set_ids_and_ranks().items():
+        if sorted(members) == ranks:
+            existing = _process_sets._temp_process_set_object(set_id)
+            existing.ranks = list(members)
+            return existing
+    try:
+        return add_process_set(ranks)
+    except Exception as exc:  # Horovod raises different types for "dynamic process sets are off"
+        raise RuntimeError(f"cannot create the Horovod process set {ranks}: {exc}; {DYNAMIC_HELP}") from exc

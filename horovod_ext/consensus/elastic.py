@@ -1,0 +1,40 @@
+"""EASGD's bookkeeping, shared by the PyTorch and TensorFlow adapters (framework-free, scalars only).
+
+Synchronous EASGD (Zhang, Choromanska, LeCun, NeurIPS 2015; the math is python/hvdext_reference/lsgd.py): every
+`period` steps one allreduce gives mean_i(x_i), and from the values before the round
+
+    center <- (1 - beta) * center + beta * mean_i(x_i)
+    x_i    <- x_i - alpha * (x_i - center_old),          alpha = beta / p
+
+The center starts as the mean of the workers at the first step (their common initial point after a broadcast).
+"""
+from horovod_ext.compression.wire import allreduce_wire_bytes
+from .leader import _check_period
+
+
+class ElasticSync:
+    what = "ElasticAveragingOptimizer"
+
+    def __init__(self, beta=0.9, period=4, size=1):
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 < beta < 1.0:
+            raise ValueError(f"beta must be a number in (0, 1) (EASGD's moving rate; default 0.9), got {beta!r}")
+        self.beta = float(beta)
+        self.period = _check_period("period", period)
+        self.size = size
+        self.alpha = self.beta / size
+
+    def settings(self):
+        return {"optimizer": self.what, "beta": self.beta, "period": self.period}
+
+    def due(self, step):
+        return step % self.period == 0
+
+    def account(self, stats, param_bytes, nranks):
+        """Bytes of one allreduce of the parameters (a round, or the center's initialization)."""
+        stats.add(payload_bytes=param_bytes, wire_bytes=allreduce_wire_bytes(param_bytes, nranks))
+
+    def state(self):
+        return {}
+
+    def load_state(self, state):
+        pass

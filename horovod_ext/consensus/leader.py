@@ -1,0 +1,129 @@
+"""LSGD's bookkeeping, shared by the PyTorch and TensorFlow adapters (framework-free, scalars only).
+
+LSGD (Teng et al., NeurIPS 2019; the math is python/hvdext_reference/lsgd.py): every worker steps on its own
+gradient; at pull steps it is also pulled toward leaders, the workers with the lowest running-average training loss:
+
+    x <- x - lr * g - pull * (x - x_group_leader) - global_pull * (x - x_global_leader)
+
+A *level* is one of those forces: a set of member ranks (a Horovod process set), a period and a weight.
+Single-leader LSGD (groups=None) has one level: all ranks, every `period` steps, weight `pull`. Multi-leader LSGD
+has two: the rank's group every `period` steps (`pull`) and all ranks every `global_period` steps (`global_pull`).
+
+At a step where any level is due, every rank contributes (sum, count) of the losses reported since the last
+election to one small allgather; every rank then elects the same leaders from the same numbers (lowest average,
+ties to the lowest rank), so no second round is needed to agree. A missing or non-finite loss raises on every rank.
+"""
+import math
+
+from horovod_ext.compression.wire import allgather_wire_bytes, broadcast_wire_bytes
+from .groups import GROUPS_HELP, check_groups, group_of, resolve_groups
+
+LOSS_HELP = "pass a closure to optimizer.step(closure) or call optimizer.report_loss(loss) before optimizer.step()"
+
+
+def _check_weight(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1) (0 turns that pull off; LSGD's default is 0.1), "
+                         f"got {value!r}")
+    return float(value)
+
+
+def _check_period(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1 (steps between pulls), got {value!r}")
+    return value
+
+
+class Level:
+    """One pulling force: toward the leader of `members`, every `period` steps, with weight `weight`."""
+
+    def __init__(self, name, members, period, weight):
+        self.name, self.members, self.period, self.weight = name, list(members), period, weight
+
+    def __repr__(self):
+        return f"Level({self.name}, members={self.members}, period={self.period}, weight={self.weight})"
+
+
+class LeaderSync:
+    """Arguments, groups, schedule, election and state of one LeaderOptimizer."""
+
+    what = "LeaderOptimizer"
+
+    def __init__(self, pull=0.1, global_pull=0.1, period=4, global_period=16, groups="node", size=1):
+        self.pull = _check_weight("pull", pull)
+        self.global_pull = _check_weight("global_pull", global_pull)
+        self.period = _check_period("period", period)
+        self.global_period = _check_period("global_period", global_period)
+        if groups is not None and self.global_period % self.period:
+            raise ValueError(f"global_period must be a multiple of period (LSGD's default is 4 * period); "
+                             f"got period={period}, global_period={global_period}")
+        if groups is not None and self.pull + self.global_pull >= 1.0:
+            raise ValueError(f"pull + global_pull must be < 1 (the update is a convex combination of the worker "
+                             f"and its leaders); got pull={pull}, global_pull={global_pull}")
+        self.groups_arg = check_groups(groups, size)
+        self.size = size
+        self.groups = None
+        self.levels = []
+        self.best_rank = 0          # the global leader of the last election (rank 0 before the first)
+        self.leaders = {}           # level name -> leader rank of the last election of that level
+        self.last_election = 0      # the step of the last election
+
+    def settings(self):
+        """What every rank must share (compared across ranks before the first collective)."""
+        return {"optimizer": self.what, "pull": self.pull, "global_pull": self.global_pull, "period": self.period,
+                "global_period": self.global_period, "groups": repr(self.groups_arg)}
+
+    def configure(self, node_keys, rank):
+        """Resolve the groups from every rank's host and build this rank's levels."""
+        self.groups = resolve_groups(self.groups_arg, node_keys)
+        everyone = list(range(len(node_keys)))
+        if self.groups_arg is None:
+            self.levels = [Level("leader", everyone, self.period, self.pull)]
+        else:
+            self.levels = [Level("group", group_of(self.groups, rank), self.period, self.pull),
+                           Level("global", everyone, self.global_period, self.global_pull)]
+        return self.groups
+
+    def due(self, step):
+        """The levels whose pull falls on `step` (counted from 1): every `period`-th step."""
+        return [level for level in self.levels if step % level.period == 0]
+
+    def elect(self, windows, step):
+        """windows[r] = (loss sum, loss count) of rank r since the last election. Returns {level name: leader}
+        for every level and records the global best. Raises on every rank (the same numbers everywhere)."""
+        first = self.last_election + 1
+        missing = [r for r, (_, count) in enumerate(windows) if count == 0]
+        if missing:
+            raise ValueError(f"{self.what}: no training loss reported on rank(s) {missing} during steps "
+                             f"{first}..{step}; {LOSS_HELP}")
+        means = [total / count for total, count in windows]
+        bad = [r for r, m in enumerate(means) if not math.isfinite(m)]
+        if bad:
+            raise FloatingPointError(f"{self.what}: NaN or Inf training loss reported on rank(s) {bad} during "
+                                     f"steps {first}..{step}; the loss must be finite (lower the learning rate, "
+                                     f"or clip gradients)")
+        best = lambda members: min(members, key=lambda r: (means[r], r))  # noqa: E731
+        self.leaders = {level.name: best(level.members) for level in self.levels}
+        self.best_rank = best(range(len(windows)))
+        self.last_election = step
+        return self.leaders
+
+    def account(self, stats, due, param_bytes, nranks):
+        """Bytes of one round: the election's allgather and one broadcast of the parameters per level pulled."""
+        if not due:
+            return
+        stats.add(payload_bytes=16, wire_bytes=allgather_wire_bytes(16, nranks))
+        for level in due:
+            if level.weight > 0 and len(level.members) > 1:
+                stats.add(payload_bytes=param_bytes, wire_bytes=broadcast_wire_bytes(param_bytes, len(level.members)))
+
+    def state(self):
+        return {"best_rank": self.best_rank, "leaders": dict(self.leaders), "last_election": self.last_election}
+
+    def load_state(self, state):
+        self.best_rank = int(state["best_rank"])
+        self.leaders = {k: int(v) for k, v in state["leaders"].items()}
+        self.last_election = int(state["last_election"])
+
+
+__all__ = ["LeaderSync", "Level", "GROUPS_HELP", "LOSS_HELP"]

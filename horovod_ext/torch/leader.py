@@ -1,0 +1,268 @@
+"""LeaderOptimizer (LSGD, multi-leader LSGD) and ElasticAveragingOptimizer (EASGD) for PyTorch.
+
+Both replace gradient averaging: every rank steps its own optimizer on its own gradient, and every `period` steps
+the parameters are pulled toward a leader's (LSGD) or a center's (EASGD). The schedule, groups, election and the
+settings check are horovod_ext.consensus's; this module moves tensors.
+
+    opt = hvd.LeaderOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters())
+    loss = opt.step(closure)                     # or: loss.backward(); opt.report_loss(loss); opt.step()
+    with opt.evaluation_parameters():            # the best worker's parameters (EASGD: the center)
+        evaluate(model); torch.save(model.state_dict(), path)
+
+The pull is applied just before the local optimizer step, so the force and the gradient (already computed) both
+come from the same x, as in the papers' update. For optimizers whose step reads the parameters (weight decay),
+the decay term sees the pulled parameters.
+"""
+import contextlib
+import itertools
+import time
+
+import horovod.torch as hvd
+import torch
+
+from horovod_ext.compression import CompressionStats
+from horovod_ext.compression.consistency import split_blobs
+from horovod_ext.compression.wire import allreduce_wire_bytes
+from horovod_ext.consensus import ElasticSync, LeaderSync
+from horovod_ext.consensus.agreement import build_on_every_rank, process_set_for
+
+STATE_KEY = "horovod_ext"
+_ids = itertools.count()
+
+
+class _ParameterSync:
+    """What both optimizers share: construction on every rank, the loss window, step(), stats and checkpoints.
+    Mixed in before the user's optimizer class, so super() reaches the user's optimizer."""
+
+    def _hx_setup(self, named_parameters, make_sync, arguments):
+        self._hx_id = next(_ids)
+        params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        named = list(named_parameters) if named_parameters is not None else []
+        names = {p: n for n, p in named if isinstance(n, str)}
+        if named and any(p not in names for p in params):
+            raise ValueError("named_parameters must name every parameter the optimizer updates "
+                             "(pass model.named_parameters() of the model whose parameters it holds)")
+        self._hx_params = params
+        self._hx_names = [names.get(p, f"param.{i}") for i, p in enumerate(params)]
+        tensors = [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(self._hx_names, params)]
+        self._hx_sync = build_on_every_rank(make_sync, arguments, tensors, self._hx_allgather_blobs, hvd.rank(),
+                                            hvd.size(), self._hx_what)
+        self._hx_step = 0
+        self._hx_loss = [0.0, 0]  # sum and count of the losses reported since the last election
+        self._hx_param_bytes = sum(p.numel() * p.element_size() for p in params)
+        self._hx_stats = CompressionStats(self._hx_what)
+
+    def _hx_allgather_blobs(self, blob):
+        tag = f"horovod_ext.{self._hx_what}.{self._hx_id}.settings"
+        data = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        sizes = hvd.allgather(torch.tensor([data.numel()], dtype=torch.int64), name=tag + ".sizes").tolist()
+        return split_blobs(hvd.allgather(data, name=tag).numpy().tobytes(), sizes)
+
+    def _hx_tag(self, *parts):
+        return ".".join(["hvdext", self._hx_what, str(self._hx_id), *map(str, parts)])
+
+    def report_loss(self, loss):
+        """Add this step's training loss (a number or a scalar tensor) to the running average the leader is
+        elected by; call it before step(), or pass a closure to step()."""
+        self._hx_loss[0] += float(loss.detach()) if torch.is_tensor(loss) else float(loss)
+        self._hx_loss[1] += 1
+
+    @torch.no_grad()
+    def _hx_communicate(self, step):
+        raise NotImplementedError
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+            self.report_loss(loss)
+        self._hx_step += 1
+        start = time.perf_counter()
+        self._hx_communicate(self._hx_step)
+        elements = sum(p.numel() for p in self._hx_params)
+        self._hx_stats.add(comm_seconds=time.perf_counter() - start, elements=elements,
+                           dense_bytes=self._hx_param_bytes,
+                           dense_wire_bytes=allreduce_wire_bytes(self._hx_param_bytes, hvd.size()))
+        self._hx_stats.end_step()
+        super().step()
+        return loss
+
+    def compression_stats(self):
+        """Bytes this rank handed to collectives and bytes on the wire, against what data-parallel SGD's
+        allreduce of the gradients would have sent (dense_bytes, dense_wire_bytes), per step and in total."""
+        stats = self._hx_stats.as_dict()
+        stats.update(ranks=hvd.size(), optimizer=self._hx_what, **self._hx_sync.state())
+        return stats
+
+    def _hx_state(self):
+        return {}
+
+    def _hx_load(self, state):
+        pass
+
+    def state_dict(self):
+        state = super().state_dict()
+        state[STATE_KEY] = {"step": self._hx_step, "loss": list(self._hx_loss), "sync": self._hx_sync.state(),
+                            "stats": self._hx_stats.state(), **self._hx_state()}
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        ours = state_dict.pop(STATE_KEY, None)
+        super().load_state_dict(state_dict)
+        if ours is not None:
+            self._hx_step = int(ours["step"])
+            self._hx_loss = [float(ours["loss"][0]), int(ours["loss"][1])]
+            self._hx_sync.load_state(ours["sync"])
+            self._hx_stats.load_state(ours["stats"])
+            self._hx_load(ours)
+
+    @contextlib.contextmanager
+    def _hx_swapped_in(self, values):
+        saved = [p.detach().clone() for p in self._hx_params]
+        with torch.no_grad():
+            for p, v in zip(self._hx_params, values):
+                p.copy_(v)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, v in zip(self._hx_params, saved):
+                    p.copy_(v)
+
+
+class _Leader(_ParameterSync):
+    _hx_what = "LeaderOptimizer"
+
+    def _hx_make_process_sets(self):
+        sync = self._hx_sync
+        for group in sync.groups:  # every rank adds every group, in the same order (add_process_set is collective)
+            if len(group) > 1:
+                process_set_for(group, hvd.size(), hvd.add_process_set)
+        self._hx_sets = {level.name: process_set_for(level.members, hvd.size(), hvd.add_process_set)
+                         for level in sync.levels if len(level.members) > 1}
+
+    def _hx_broadcast(self, root, level_name):
+        ps = self._hx_sets[level_name]
+        return [hvd.broadcast_async(p.detach(), root_rank=root, name=self._hx_tag(level_name, i), process_set=ps)
+                for i, p in enumerate(self._hx_params)]
+
+    @torch.no_grad()
+    def _hx_communicate(self, step):
+        sync = self._hx_sync
+        due = sync.due(step)
+        if not due:
+            return
+        window = torch.tensor([self._hx_loss], dtype=torch.float64)
+        windows = hvd.allgather(window, name=self._hx_tag("losses")).tolist()
+        self._hx_loss = [0.0, 0]
+        leaders = sync.elect(windows, step)
+        pulls = [(level.weight, self._hx_broadcast(leaders[level.name], level.name))
+                 for level in due if level.weight > 0 and len(level.members) > 1]
+        targets = [(weight, [hvd.synchronize(h) for h in handles]) for weight, handles in pulls]
+        for i, p in enumerate(self._hx_params):
+            force = None
+            for weight, values in targets:  # every force from the same x: sum_k w_k (x_k - x)
+                term = (values[i] - p).mul_(weight)
+                force = term if force is None else force.add_(term)
+            if force is not None:
+                p.add_(force)
+        sync.account(self._hx_stats, due, self._hx_param_bytes, hvd.size())
+
+    def evaluation_parameters(self):
+        """Context manager: the model holds the parameters of the best worker of the last election (rank 0 before
+        the first) inside the block, and its own again after it. Collective: every rank enters it."""
+        root = self._hx_sync.best_rank
+        handles = [hvd.broadcast_async(p.detach(), root_rank=root, name=self._hx_tag("evaluate", i))
+                   for i, p in enumerate(self._hx_params)]
+        return self._hx_swapped_in([hvd.synchronize(h) for h in handles])
+
+
+class _Elastic(_ParameterSync):
+    _hx_what = "ElasticAveragingOptimizer"
+
+    def _hx_mean(self, label):
+        handles = [hvd.allreduce_async(p.detach(), op=hvd.Average, name=self._hx_tag(label, i))
+                   for i, p in enumerate(self._hx_params)]
+        self._hx_sync.account(self._hx_stats, self._hx_param_bytes, hvd.size())
+        return [hvd.synchronize(h) for h in handles]
+
+    def _hx_ensure_center(self):
+        if self._hx_center is None:  # the workers' common start (their mean, should they differ)
+            self._hx_center = self._hx_mean("center")
+
+    @torch.no_grad()
+    def _hx_communicate(self, step):
+        self._hx_ensure_center()
+        sync = self._hx_sync
+        if not sync.due(step):
+            return
+        means = self._hx_mean("round")
+        for p, center, mean in zip(self._hx_params, self._hx_center, means):
+            force = (center - p).mul_(sync.alpha)            # from the center before the round
+            center.mul_(1.0 - sync.beta).add_(mean.mul_(sync.beta))
+            p.add_(force)
+
+    @torch.no_grad()
+    def evaluation_parameters(self):
+        """Context manager: the model holds EASGD's center inside the block (no communication once training
+        started; every rank holds the same center)."""
+        self._hx_ensure_center()
+        return self._hx_swapped_in(self._hx_center)
+
+    def _hx_state(self):
+        return {"center": None if self._hx_center is None else [c.clone() for c in self._hx_center]}
+
+    def _hx_load(self, state):
+        center = state.get("center")
+        self._hx_center = None if center is None else [c.clone().to(p.device) for c, p in
+                                                       zip(center, self._hx_params)]
+
+
+def _wrap(mixin, optimizer):
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"{mixin._hx_what} wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    cls = type(optimizer.__class__.__name__, (mixin, optimizer.__class__), {})
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)  # the same param_groups and state as the optimizer given
+    return wrapped
+
+
+def LeaderOptimizer(optimizer, named_parameters=None, pull=0.1, global_pull=0.1, period=4, global_period=16,
+                    groups="node"):
+    """Leader SGD (LSGD, Teng et al. 2019) over Horovod: wrap a torch optimizer.
+
+    Every rank steps on its own gradient (no gradient averaging). Every ``period`` steps the ranks elect leaders
+    (lowest running-average training loss since the last election, ties to the lowest rank) and each rank is
+    pulled toward its group's leader with weight ``pull``; every ``global_period`` steps (a multiple of
+    ``period``) also toward the global leader with ``global_pull``:
+    x <- x - lr*g - pull*(x - x_group_leader) - global_pull*(x - x_global_leader).
+
+    groups: "node" (one group per host: Horovod's local ranks), explicit rank lists such as [[0, 1], [2, 3]],
+    or None for single-leader LSGD (all ranks follow one leader every ``period`` steps with ``pull``;
+    ``global_pull`` and ``global_period`` unused). Groups are Horovod process sets, made here; initialize with
+    ``horovod_ext.torch.init()``, which enables Horovod's dynamic process sets. pull = global_pull = 0 is
+    independent SGD. The training loss comes from ``step(closure)`` or ``report_loss(loss)`` before ``step()``.
+    Construction is collective: bad or differing arguments raise the same error on every rank.
+    """
+    wrapped = _wrap(_Leader, optimizer)
+    arguments = {"pull": pull, "global_pull": global_pull, "period": period, "global_period": global_period,
+                 "groups": groups}
+    wrapped._hx_setup(named_parameters, lambda: LeaderSync(size=hvd.size(), **arguments), arguments)
+    wrapped._hx_make_process_sets()
+    return wrapped
+
+
+def ElasticAveragingOptimizer(optimizer, named_parameters=None, beta=0.9, period=4):
+    """Synchronous Elastic Averaging SGD (EASGD, Zhang et al. 2015) over Horovod: wrap a torch optimizer.
+
+    Every rank steps on its own gradient; every ``period`` steps one allreduce gives the workers' mean and
+    center <- (1-beta)*center + beta*mean, x_i <- x_i - (beta/p)*(x_i - center_old). The center starts at the
+    workers' parameters at the first step; evaluate and save it with ``evaluation_parameters()``.
+    """
+    wrapped = _wrap(_Elastic, optimizer)
+    wrapped._hx_center = None
+    arguments = {"beta": beta, "period": period}
+    wrapped._hx_setup(named_parameters, lambda: ElasticSync(size=hvd.size(), **arguments), arguments)
+    return wrapped
