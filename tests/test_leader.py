@@ -187,3 +187,53 @@ def test_bad_inputs_raise_on_every_rank_without_hang(torch_results):
             for fragment in fragments:
                 assert fragment in cases[case]["message"], (r["rank"], case, fragment, cases[case]["message"])
         assert r["bad_inputs"]["alive"] == len(torch_results)
+
+
+# ------------------------------------------------------------------------------------ TensorFlow / Keras 3, for real
+@pytest.fixture(scope="module", params=[2, 4], ids=["np2", "np4-two-nodes"])
+def tf_results(request):
+    res, _ = horovodrun(request.param, "tests/workers/tf_leader_worker.py", timeout=400)
+    assert [r["rank"] for r in res] == list(range(request.param))
+    return res
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_tf_pulls_match_the_reference(tf_results, mode):
+    size = len(tf_results)
+    for r in tf_results:
+        for key in (f"pulls_single_{mode}", f"pulls_node_{mode}"):
+            check = r[key]
+            assert check["close"] == [True] * size, (r["rank"], key)
+            assert check["exact"] and all(check["exact"]), (r["rank"], key)
+            assert check["best"] == size - 1 and check["evaluation_is_best"] and check["restored"]
+        assert r[f"pulls_node_{mode}"]["groups"] == ([[0, 1], [2, 3]] if size == 4 else [[0, 1]])
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_tf_schedule_and_easgd(tf_results, mode):
+    for r in tf_results:
+        s = r[f"schedule_{mode}"]
+        group_bytes = s["param_bytes"] if max(s["group_sizes"]) > 1 else 0
+        assert s["payload_per_step"] == [0, 16 + group_bytes, 0, 16 + group_bytes + s["param_bytes"]] * 2
+        e = r[f"easgd_{mode}"]
+        assert max(e["center_errors"]) < 1e-15 and max(e["worker_errors"]) < 1e-15
+        ratios = np.array(e["spreads"][1:]) / np.array(e["spreads"][:-1])
+        np.testing.assert_allclose(ratios, 1 - e["alpha"], rtol=1e-9)
+
+
+def test_tf_zero_pull_checkpoint_and_errors(tf_results):
+    size = len(tf_results)
+    for r in tf_results:
+        assert r["independent"]
+        assert r["checkpoint"] == {"step": 3, "count": 1.0, "best": size - 1}
+        cases = {c["case"]: c for c in r["bad_inputs"]["cases"]}
+        assert cases["pull_range"]["type"] == "ValueError" and "pull must be a number in [0, 1)" in \
+            cases["pull_range"]["message"]
+        assert cases["pull_differs"]["type"] == "SettingsMismatchError"
+        assert cases["groups_overlap"]["type"] == "ValueError" and "groups overlap" in cases["groups_overlap"]["message"]
+        assert cases["not_keras"]["type"] == "TypeError" and "Keras 3 optimizer" in cases["not_keras"]["message"]
+        want = f"NaN or Inf training loss reported on rank(s) [{size - 1}] during steps 1..2"
+        assert cases["nan_loss"]["type"] == "FloatingPointError" and want in cases["nan_loss"]["message"]
+        assert cases["nan_loss_graph"]["type"] in ("UnknownError", "InvalidArgumentError")
+        assert want in cases["nan_loss_graph"]["message"]
+        assert r["bad_inputs"]["alive"] == size

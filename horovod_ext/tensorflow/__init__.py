@@ -2,9 +2,16 @@
 
 ``import horovod_ext.tensorflow as hvd`` keeps everything of ``horovod.tensorflow`` and replaces ``Compression``
 (adds ``ternary``) and ``DistributedGradientTape`` (works on Keras 3 variables; payload compressors by
-allgather). For model.fit, see horovod_ext.tensorflow.keras.
+allgather), adds LeaderOptimizer (LSGD) and ElasticAveragingOptimizer (EASGD) for Keras 3 optimizers, and
+makes ``init`` enable dynamic process sets. For model.fit, see horovod_ext.tensorflow.keras.
 """
+import horovod.tensorflow as _horovod
 from horovod.tensorflow import *  # noqa: F401,F403  (everything of horovod.tensorflow is still there)
+
+from horovod_ext.consensus.init import make_init  # noqa: E402
 
 from .compression import Compression  # noqa: E402
 from .gradient_tape import DistributedGradientTape  # noqa: E402
+from .leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402
+
+init = make_init(_horovod.init)

@@ -93,3 +93,12 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self.verbose and epoch + 1 == self.warmup_epochs and hvd.rank() == 0:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {self.initial_lr:g}.")
+
+
+class ReportLossCallback(keras.callbacks.Callback):
+    """For model.fit with hvd.LeaderOptimizer: after every batch, report the training loss Keras logs (its
+    running mean over the epoch) to the optimizer, whose leader election averages what it was given."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        if logs and "loss" in logs:
+            self.model.optimizer.report_loss(float(logs["loss"]))
