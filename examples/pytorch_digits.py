@@ -1,12 +1,17 @@
 """Data-parallel training of an MLP on scikit-learn's digits with horovod-ext, written like Horovod's examples.
 
     horovodrun -np 2 python examples/pytorch_digits.py --compression none,ternary
+    horovodrun -np 4 -H localhost:2,127.0.0.1:2 python examples/pytorch_digits.py --optimizer dp,lsgd,multi_lsgd,easgd
 
-Every rank trains on its shard of the training set; the script trains one model per listed compression, from the
-same initial weights and data order, and rank 0 prints test accuracy and bytes sent per step beside each other.
-The only horovod-ext-specific line is the import: any Horovod script's ``compression=`` takes the new compressors.
+Every rank trains on its shard of the training set; the script trains one model per listed compression (data-
+parallel SGD, ``--optimizer dp``) and per listed parameter-space optimizer (LSGD, multi-leader LSGD, EASGD), from
+the same initial weights and data order, and rank 0 prints test accuracy and bytes sent per step beside each other.
+The only horovod-ext-specific lines are the import and the optimizer: any Horovod script's ``compression=`` takes
+the new compressors, and ``hvd.LeaderOptimizer`` / ``hvd.ElasticAveragingOptimizer`` replace
+``hvd.DistributedOptimizer`` (they evaluate the leader's parameters, or the center).
 """
 import argparse
+import contextlib
 import json
 import time
 
@@ -27,12 +32,20 @@ COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compre
                 "adaptive_topk": lambda: hvd.Compression.adaptive_topk(**ADAPTIVE)}
 # GraVAC's defaults (epsilon 0.9, window 500) suit long runs; 30 epochs of digits are ~700 steps.
 ADAPTIVE = {}
+# Parameter-space optimizers: each rank steps on its own gradient and is pulled every `period` steps.
+OPTIMIZERS = {"dp": None,
+              "lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups=None),
+              "multi_lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups="node"),
+              "easgd": lambda opt, named: hvd.ElasticAveragingOptimizer(opt, named)}
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--compression", default="none,ternary",
                         help=f"comma-separated list of {', '.join(COMPRESSIONS)} (default: none,ternary)")
+    parser.add_argument("--optimizer", default="dp",
+                        help=f"comma-separated list of {', '.join(OPTIMIZERS)} (default: dp, data-parallel SGD "
+                             f"with each --compression)")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
@@ -47,6 +60,10 @@ def parse_args():
     if unknown:
         parser.error(f"--compression: unknown {unknown}; allowed values are {', '.join(COMPRESSIONS)}")
     args.compression = names
+    args.optimizer = args.optimizer.split(",")
+    unknown = [n for n in args.optimizer if n not in OPTIMIZERS]
+    if unknown:
+        parser.error(f"--optimizer: unknown {unknown}; allowed values are {', '.join(OPTIMIZERS)}")
     for item in filter(None, args.adaptive.split(",")):
         key, value = item.split("=")
         ADAPTIVE[key] = value if key == "policy" else float(value) if "." in value else int(value)
@@ -67,13 +84,16 @@ def make_model(hidden):
                                torch.nn.ReLU(), torch.nn.Linear(hidden // 2, 10))
 
 
-def train(args, compression_name, data):
+def train(args, optimizer_name, compression_name, data):
     x_train, y_train, x_test, y_test = data
     torch.manual_seed(args.seed)
     model = make_model(args.hidden)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=COMPRESSIONS[compression_name]())
+    if optimizer_name == "dp":
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                             compression=COMPRESSIONS[compression_name]())
+    else:
+        optimizer = OPTIMIZERS[optimizer_name](optimizer, model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
@@ -81,19 +101,27 @@ def train(args, compression_name, data):
     gen = torch.Generator().manual_seed(args.seed + hvd.rank())
     start = time.perf_counter()
     for epoch in range(args.epochs):
-        order = shard[torch.randperm(len(shard), generator=gen)]
+        if optimizer_name == "dp":
+            order = shard[torch.randperm(len(shard), generator=gen)]
+        else:  # LSGD, EASGD: every worker samples from the whole training set (as in both papers), same steps
+            order = torch.randperm(len(x_train), generator=gen)[:len(shard)]
         for i in range(0, len(order) - args.batch_size + 1, args.batch_size):
             idx = order[i:i + args.batch_size]
             optimizer.zero_grad()
-            F.cross_entropy(model(x_train[idx]), y_train[idx]).backward()
+            loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
+            loss.backward()
+            if optimizer_name != "dp":
+                optimizer.report_loss(loss)  # the leader is the rank with the lowest running-average loss
             optimizer.step()
     seconds = time.perf_counter() - start
-    with torch.no_grad():
+    evaluated = optimizer.evaluation_parameters() if optimizer_name != "dp" else contextlib.nullcontext()
+    with torch.no_grad(), evaluated:  # LSGD: the best worker's parameters; EASGD: the center
         accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
     stats = optimizer.compression_stats()
     steps = max(stats["steps"], 1)
     total = stats["total"]
-    return {"compression": compression_name, "test_accuracy": accuracy, "train_seconds": seconds,
+    name = compression_name if optimizer_name == "dp" else optimizer_name
+    return {"compression": name, "optimizer": optimizer_name, "test_accuracy": accuracy, "train_seconds": seconds,
             "steps": stats["steps"], "bytes_per_step": total["payload_bytes"] / steps,
             "dense_bytes_per_step": total["dense_bytes"] / steps,
             "wire_bytes_per_step": total["wire_bytes"] / steps,
@@ -109,14 +137,15 @@ def main():
     hvd.init()
     torch.set_num_threads(1)
     data = load_data(args.seed)
-    results = [train(args, name, data) for name in args.compression]
+    runs = [(o, c) for o in args.optimizer for c in (args.compression if o == "dp" else [None])]
+    results = [train(args, o, c, data) for o, c in runs]
     if hvd.rank() == 0:
         print(f"digits MLP, {hvd.size()} ranks, {args.epochs} epochs, batch {args.batch_size} per rank")
-        print(f"{'compression':<15} {'test acc':>8} {'bytes/step':>11} {'dense bytes':>11} {'ratio':>6} "
+        print(f"{'run':<15} {'test acc':>8} {'bytes/step':>11} {'dense bytes':>11} {'ratio':>6} "
               f"{'bits/elem':>9} {'wire ratio':>10} {'train s':>8}")
         for r in results:
-            ratio = r["dense_bytes_per_step"] / r["bytes_per_step"]
-            wire = r["dense_wire_bytes_per_step"] / r["wire_bytes_per_step"]
+            ratio = r["dense_bytes_per_step"] / r["bytes_per_step"] if r["bytes_per_step"] else float("inf")
+            wire = r["dense_wire_bytes_per_step"] / r["wire_bytes_per_step"] if r["wire_bytes_per_step"] else float("inf")
             print(f"{r['compression']:<15} {100 * r['test_accuracy']:>7.2f}% {r['bytes_per_step']:>11.0f} "
                   f"{r['dense_bytes_per_step']:>11.0f} {ratio:>5.1f}x {r['bits_per_element']:>9.2f} "
                   f"{wire:>9.1f}x {r['train_seconds']:>8.2f}")

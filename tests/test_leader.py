@@ -1,6 +1,7 @@
 """LeaderOptimizer (LSGD, multi-leader LSGD) and ElasticAveragingOptimizer (EASGD): the framework-free schedule,
 groups and election against the NumPy reference, and PyTorch under horovodrun for real (2 ranks, and 4 ranks as
 two "nodes" of 2), each launch bounded by a timeout. The worker is tests/workers/leader_worker.py."""
+import json
 import math
 
 import numpy as np
@@ -237,3 +238,21 @@ def test_tf_zero_pull_checkpoint_and_errors(tf_results):
         assert cases["nan_loss_graph"]["type"] in ("UnknownError", "InvalidArgumentError")
         assert want in cases["nan_loss_graph"]["message"]
         assert r["bad_inputs"]["alive"] == size
+
+
+# ------------------------------------------------------------------------------------------- accuracy on digits
+@pytest.mark.parametrize("example", ["examples/pytorch_digits.py", "examples/keras_digits.py"])
+@pytest.mark.parametrize("ranks, optimizers", [(2, ["lsgd", "easgd"]), (4, ["multi_lsgd"])],
+                         ids=["np2-lsgd-easgd", "np4-two-nodes-multi-leader"])
+def test_accuracy_within_two_points_of_data_parallel_sgd(tmp_path, example, ranks, optimizers):
+    """Same model, initial weights, steps and epochs as data-parallel SGD; the leader's (LSGD) or the center's
+    (EASGD) test accuracy may be at most 2 points below it."""
+    out = tmp_path / "digits.json"
+    horovodrun(ranks, example, "--optimizer", ",".join(["dp"] + optimizers), "--compression", "none",
+               "--json", out, timeout=600, collect=False)
+    results = {r["compression"]: r for r in json.loads(out.read_text())["results"]}
+    dense = results["none"]["test_accuracy"]
+    assert dense > 0.93
+    for name in optimizers:
+        assert results[name]["test_accuracy"] >= dense - 0.02, (name, results[name]["test_accuracy"], dense)
+        assert results[name]["dense_bytes_per_step"] / results[name]["bytes_per_step"] > 3  # period 4: ~4x fewer
