@@ -42,11 +42,11 @@ def markdown_table(headers, rows):
     return "\n".join(lines)
 
 
-def horovodrun_json(prefix, ranks, script, args, timeout):
+def horovodrun_json(prefix, ranks, script, args, timeout, hosts=None):
     """Run `script args --json FILE` under horovodrun -np ranks (inside `prefix`, e.g. a namespace) and return the
     JSON rank 0 wrote; a failure raises with the end of the output."""
     out = tempfile.mktemp(suffix=".json")
-    cmd = prefix + ["horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", sys.executable, script,
+    cmd = prefix + ["horovodrun", "-np", str(ranks), "-H", hosts or f"localhost:{ranks}", "--gloo", sys.executable, script,
                     *map(str, args), "--json", out]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)

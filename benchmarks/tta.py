@@ -1,7 +1,9 @@
 """Time to accuracy on a shaped link: every method trains the same digits MLP for the same epochs at 2 and 4 ranks
 on loopback shaped to --mbit (a namespace created here and always removed). Reports step time, bytes per step and
-the training time until each method first reaches dense's final test accuracy, as a table, a plot of accuracy
-against training time and a plot of GraVAC's CF over training."""
+the training time until each method first reaches dense's final test accuracy and a fixed --target, as a table, a
+plot of accuracy against training time and a plot of GraVAC's CF over training. Methods are compressors with
+data-parallel SGD, PyTorch DDP's PowerSGD hook, and the parameter-space optimizers lsgd, multi_lsgd (4 ranks run
+as two "nodes" of 2, so that its groups are two process sets) and easgd."""
 import argparse
 import os
 import sys
@@ -10,12 +12,14 @@ from common import OUT_DIR, horovodrun_json, machine, markdown_table, write_outp
 from netns import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-METHODS = ["dense", "topk-10x", "topk-1000x", "adaptive_topk", "powersgd"]
+METHODS = ["dense", "topk-10x", "topk-1000x", "adaptive_topk", "powersgd", "lsgd", "multi_lsgd", "easgd"]
+HOSTS = {4: "localhost:2,127.0.0.1:2"}  # two "nodes" on one machine
 
 
 def run(prefix, ranks, method, args):
     return horovodrun_json(prefix, ranks, os.path.join(HERE, "tta_worker.py"),
-                           ["--method", method, "--epochs", args.epochs, "--hidden", args.hidden], args.timeout)
+                           ["--method", method, "--epochs", args.epochs, "--hidden", args.hidden], args.timeout,
+                           hosts=HOSTS.get(ranks))
 
 
 def time_to(curve, target):
@@ -38,6 +42,8 @@ def plots(results, path_prefix):
         ax.legend()
     fig.tight_layout()
     fig.savefig(path_prefix + "_accuracy.png", dpi=100)
+    if not any(r.get("cf_log") for r in results):
+        return
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for r in results:
         if r.get("cf_log"):
@@ -57,6 +63,7 @@ def main():
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--timeout", type=int, default=900)
+    parser.add_argument("--target", type=float, default=0.95, help="a fixed test accuracy to time every method to")
     args = parser.parse_args()
     if args.quick:
         args.ranks, args.epochs, args.methods, args.hidden = "2", 2, "dense,topk-10x,adaptive_topk", 256
@@ -76,16 +83,20 @@ def main():
         target = dense["curve"][-1]["accuracy"]
         reached = time_to(r["curve"], target)
         cfs = r.get("cf_log") or []
+        fixed = time_to(r["curve"], args.target)
         rows.append([r["ranks"], r["method"], f"{r['step_seconds'] * 1e3:.0f}",
                      f"{dense['step_seconds'] / r['step_seconds']:.1f}x", f"{r['payload_bytes'] / 1e3:.1f}",
                      f"{r['dense_bytes'] / r['payload_bytes']:.1f}x", f"{100 * r['curve'][-1]['accuracy']:.2f}%",
                      f"{reached:.1f}" if reached is not None else "not reached",
+                     f"{fixed:.1f}" if fixed is not None else "not reached",
+                     f"{r['wire_bytes'] / 1e3:.1f}",
                      f"{sum(cfs) / len(cfs):.1f}" if cfs else "-"])
     md = (f"Digits MLP ({results[0]['parameters'] / 1e6:.2f}M parameters), {args.epochs} epochs, batch 32 per rank, "
           f"loopback shaped to {args.mbit} Mbit/s. 'to dense acc' = training seconds until the method first reaches "
           f"dense's final test accuracy (checked after each epoch).\n\n"
-          + markdown_table(["ranks", "method", "step ms", "step vs dense", "KB sent/step", "bytes vs dense",
-                            "final acc", "s to dense acc", "mean CF (GraVAC)"], rows)
+          + markdown_table(["ranks", "method", "mean step ms", "step vs dense", "KB sent/step", "bytes vs dense",
+                            "final acc", "s to dense acc", f"s to {100 * args.target:.0f}%", "KB on wire/step",
+                            "mean CF (GraVAC)"], rows)
           + "\n\n![accuracy](tta_accuracy.png) ![CF](tta_cf.png)")
     path = write_outputs("tta", {"machine": machine(), "args": vars(args), "results": results}, md)
     plots(results, os.path.join(OUT_DIR, "tta"))

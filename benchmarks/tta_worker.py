@@ -1,7 +1,10 @@
 """Runs under horovodrun: trains a digits MLP with one method and records test accuracy against training time
-after every epoch, the step time and bytes per step. Methods: horovod_ext compressors, or PyTorch DDP with the
-PowerSGD hook (rank 4, one bucket: DDP's default 25 MB buckets fail over Gloo on a shaped link)."""
+after every epoch, the step time and bytes per step. Methods: horovod_ext compressors (data-parallel SGD),
+horovod_ext's parameter-space optimizers (LSGD, multi-leader LSGD, EASGD: each worker samples from the whole
+training set, and the leader's parameters or the center are evaluated), or PyTorch DDP with the PowerSGD hook
+(rank 4, one bucket: DDP's default 25 MB buckets fail over Gloo on a shaped link)."""
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -21,6 +24,9 @@ METHODS = {"dense": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compressio
            "topk-10x": lambda: hvd.Compression.topk(ratio=0.1), "topk-1000x": lambda: hvd.Compression.topk(ratio=0.001),
            "adaptive_topk": lambda: hvd.Compression.adaptive_topk(epsilon=0.3, window=50),
            "ternary": lambda: hvd.Compression.ternary, "powersgd": None}
+OPTIMIZERS = {"lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups=None),
+              "multi_lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups="node"),
+              "easgd": lambda opt, named: hvd.ElasticAveragingOptimizer(opt, named)}
 
 
 def make_model(hidden):
@@ -38,7 +44,7 @@ def powersgd_bytes(model, rank, nranks):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--method", choices=list(METHODS), required=True)
+    parser.add_argument("--method", choices=list(METHODS) + list(OPTIMIZERS), required=True)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--lr", type=float, default=0.05)
@@ -61,32 +67,45 @@ def main():
         state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=2)
         model.register_comm_hook(state, powersgd.powerSGD_hook)
         payload, wire = powersgd_bytes(model.module, 4, hvd.size())
+    elif args.method in OPTIMIZERS:
+        optimizer = OPTIMIZERS[args.method](optimizer, model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     else:
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              compression=METHODS[args.method]())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    parameter_space = args.method in OPTIMIZERS
     shard = torch.arange(hvd.rank(), len(x_train), hvd.size())[:len(x_train) // hvd.size()]
     gen = torch.Generator().manual_seed(hvd.rank())
     train_seconds, curve, step_times = 0.0, [], []
     for epoch in range(args.epochs):
         hvd.barrier()
         start = time.perf_counter()
-        order = shard[torch.randperm(len(shard), generator=gen)]
+        if parameter_space:  # every worker samples from the whole set, as many steps as data-parallel SGD
+            order = torch.randperm(len(x_train), generator=gen)[:len(shard)]
+        else:
+            order = shard[torch.randperm(len(shard), generator=gen)]
         for i in range(0, len(order) - 31, 32):
             idx = order[i:i + 32]
             t0 = time.perf_counter()
             optimizer.zero_grad()
-            F.cross_entropy(model(x_train[idx]), y_train[idx]).backward()
+            loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
+            loss.backward()
+            if parameter_space:
+                optimizer.report_loss(loss)
             optimizer.step()
             step_times.append(time.perf_counter() - t0)
         hvd.barrier()
         train_seconds += time.perf_counter() - start
-        with torch.no_grad():
+        evaluated = optimizer.evaluation_parameters() if parameter_space else contextlib.nullcontext()
+        with torch.no_grad(), evaluated:  # LSGD: the best worker; EASGD: the center
             accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
         curve.append({"epoch": epoch + 1, "seconds": train_seconds, "accuracy": accuracy})
     result = {"method": args.method, "ranks": hvd.size(), "hidden": args.hidden,
               "parameters": sum(p.numel() for p in model.parameters()), "curve": curve,
-              "step_seconds": statistics.median(step_times[5:] or step_times)}
+              # the mean: periodic methods (LSGD, EASGD) communicate on some steps only, which a median would hide
+              "step_seconds": statistics.fmean(step_times[5:] or step_times),
+              "median_step_seconds": statistics.median(step_times[5:] or step_times)}
     if args.method == "powersgd":
         result.update(payload_bytes=payload, wire_bytes=wire)
     else:
