@@ -28,10 +28,22 @@ def loss_of(m, seed=0):
 
 
 def test_superset_of_horovod_torch():
-    for name in ("init", "rank", "size", "allreduce", "allgather", "broadcast_parameters", "ProcessSet", "Average"):
+    for name in ("rank", "size", "allreduce", "allgather", "broadcast_parameters", "ProcessSet", "Average"):
         assert getattr(hvd, name) is getattr(horovod_torch, name)
     assert hvd.Compression.none is horovod_torch.Compression.none
     assert hvd.Compression.ternary.name == "ternary"
+
+
+def test_init_enables_dynamic_process_sets_unless_given_its_own():
+    """horovod_ext's init is Horovod's with process_sets="dynamic" (LeaderOptimizer makes its groups after init)."""
+    from horovod_ext.consensus.init import make_init
+
+    calls = []
+    init = make_init(lambda comm, process_sets: calls.append((comm, process_sets)))
+    init()
+    init(process_sets=["given"])
+    init([0, 1])
+    assert calls == [(None, "dynamic"), (None, ["given"]), ([0, 1], "dynamic")]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
