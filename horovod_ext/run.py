@@ -1,0 +1,249 @@
+"""Run an unmodified Horovod training script with horovod-ext's compression.
+
+    horovodrun -np 4 python -m horovod_ext.run --compression ternary train.py --epochs 5
+    horovodrun -np 4 python -m horovod_ext.run --compression topk --compression-arg ratio=0.001 train.py
+
+Before the script runs, Horovod's ``horovod.torch.DistributedOptimizer``, ``horovod.tensorflow.DistributedGradientTape``
+and ``horovod.tensorflow.keras.DistributedOptimizer`` (and its Keras callbacks, which target Keras 2) are made to
+resolve to horovod-ext's, with the launcher's
+compression in place of the script's own ``compression=`` (every other argument is kept, bound by Horovod's own
+signature). Both ``import horovod.torch as hvd`` and ``from horovod.torch import DistributedOptimizer`` see them: the
+modules are patched as they are imported, so no framework is imported that the script does not import itself.
+At exit rank 0 prints one line: bytes sent, their dense-equivalent, the ratio and the seconds spent communicating
+(PyTorch; TensorFlow runs a step as one graph, where communication is not timed apart from compute).
+A bad flag value exits with an error listing the allowed values on every rank, before the script starts.
+"""
+import argparse
+import ast
+import atexit
+import importlib.abc
+import importlib.util
+import inspect
+import os
+import runpy
+import sys
+
+from horovod_ext.compression.specs import payload_compressors
+
+LINEAR = ("none", "fp16")
+CHOICES = LINEAR + tuple(payload_compressors())
+SUMMARY_PREFIX = "horovod_ext.run:"
+
+
+def _literal(text):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text  # a bare word: packing=base3, policy=linear
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m horovod_ext.run",
+        description="Run an unmodified Horovod script with horovod-ext compression (under horovodrun).")
+    parser.add_argument("--compression", required=True, choices=CHOICES,
+                        help="the compressor every Horovod DistributedOptimizer / DistributedGradientTape of the "
+                             "script uses")
+    parser.add_argument("--compression-arg", action="append", default=[], metavar="NAME=VALUE",
+                        help="an argument of the compressor, e.g. ratio=0.001 or shared_scale=True (repeatable)")
+    parser.add_argument("script", help="the training script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+    args = parser.parse_args(argv)
+    kwargs = {}
+    for item in args.compression_arg:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--compression-arg must be NAME=VALUE, got {item!r}")
+        kwargs[name.strip()] = _literal(value.strip())
+    try:
+        args.spec = build_compression(args.compression, kwargs)
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+    if not os.path.isfile(args.script):
+        parser.error(f"script {args.script!r} does not exist")
+    return args
+
+
+def build_compression(name, kwargs):
+    """The compressor spec for a payload compressor (checked now), or the name of a linear one."""
+    if name in LINEAR:
+        if kwargs:
+            raise ValueError(f"--compression {name} takes no --compression-arg (got {sorted(kwargs)})")
+        return name
+    spec = payload_compressors()[name]
+    allowed = [p for p in inspect.signature(type(spec).__init__).parameters if p != "self"]
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise ValueError(f"--compression-arg {unknown[0]!r} is not an argument of {name}; allowed: "
+                         f"{', '.join(allowed)}")
+    return spec(**kwargs) if kwargs else spec
+
+
+class Registry:
+    """What the script created, for the summary at exit: (rank, object with compression_stats())."""
+
+    def __init__(self, compression):
+        self.compression = compression
+        self.items = []
+
+    def add(self, rank, obj, timed=True):
+        if not self.items:
+            # registered after hvd.init(), so it runs before Horovod's own atexit shutdown (atexit is LIFO)
+            atexit.register(self.print_summary)
+        if all(o is not obj for _, o, _ in self.items):
+            self.items.append((rank, obj, timed))
+
+    def summary(self):
+        if not self.items or self.items[0][0] != 0:  # rank 0 prints
+            return None
+        sent = dense = comm = 0.0
+        steps = 0
+        timed = all(t for _, _, t in self.items)
+        for _, obj, _ in self.items:
+            stats = obj.compression_stats()
+            total = stats["total"]
+            sent += total["payload_bytes"]
+            dense += total["dense_bytes"]
+            comm += total["comm_seconds"]
+            steps = max(steps, stats["steps"])
+        ratio = dense / sent if sent else float("inf")
+        comm_text = f"{comm:.3f} s" if timed else "not timed (TensorFlow runs the step as one graph)"
+        return (f"{SUMMARY_PREFIX} compression={self.compression} sent {sent / 1e6:.3f} MB, dense-equivalent "
+                f"{dense / 1e6:.3f} MB, ratio {ratio:.1f}x, communication {comm_text} ({steps} steps, rank 0)")
+
+    def print_summary(self):
+        line = self.summary()
+        if line:
+            print(line, flush=True)
+
+
+def _bind(original, args, kwargs):
+    bound = inspect.signature(original).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _reject_unsupported(what, arguments, defaults):
+    for name, default in defaults.items():
+        if name in arguments and arguments[name] != default:
+            raise ValueError(f"horovod_ext.run: {what}({name}={arguments[name]!r}) is not supported by "
+                             f"horovod-ext's {what}; leave it at {default!r}")
+
+
+def torch_patch(module, choice, registry):
+    original = module.DistributedOptimizer
+
+    def DistributedOptimizer(*args, **kwargs):
+        import horovod_ext.torch as ext
+
+        arguments = _bind(original, args, kwargs)
+        arguments["compression"] = choice if not isinstance(choice, str) else getattr(ext.Compression, choice)
+        optimizer = ext.DistributedOptimizer(**arguments)
+        registry.add(ext.rank(), optimizer)
+        return optimizer
+
+    DistributedOptimizer.__doc__ = original.__doc__
+    module.DistributedOptimizer = DistributedOptimizer
+    if "horovod.torch.optimizer" in sys.modules:
+        sys.modules["horovod.torch.optimizer"].DistributedOptimizer = DistributedOptimizer
+
+
+def tensorflow_patch(module, choice, registry):
+    original = module.DistributedGradientTape
+
+    def DistributedGradientTape(*args, **kwargs):
+        import horovod_ext.tensorflow as ext
+
+        arguments = _bind(original, args, kwargs)
+        _reject_unsupported("DistributedGradientTape", arguments, {"gradient_predivide_factor": 1.0})
+        tape = ext.DistributedGradientTape(
+            arguments["gradtape"], compression=choice if not isinstance(choice, str) else getattr(ext.Compression, choice),
+            op=arguments.get("op"), process_set=arguments["process_set"],
+            device_dense=arguments.get("device_dense", ""), device_sparse=arguments.get("device_sparse", ""),
+            sparse_as_dense=arguments.get("sparse_as_dense", True))
+        registry.add(ext.rank(), tape.aggregator, timed=False)
+        return tape
+
+    DistributedGradientTape.__doc__ = original.__doc__
+    module.DistributedGradientTape = DistributedGradientTape
+
+
+def keras_patch(module, choice, registry):
+    original = module.DistributedOptimizer
+
+    def DistributedOptimizer(*args, **kwargs):
+        import horovod_ext.tensorflow.keras as ext
+
+        arguments = _bind(original, args, kwargs)
+        _reject_unsupported("DistributedOptimizer", arguments,
+                            {"gradient_predivide_factor": 1.0, "backward_passes_per_step": 1})
+        optimizer = ext.DistributedOptimizer(
+            arguments["optimizer"], compression=choice if not isinstance(choice, str) else getattr(ext.Compression, choice),
+            op=arguments.get("op"), process_set=arguments["process_set"], name=arguments.get("name"))
+        registry.add(ext.rank(), optimizer, timed=False)
+        return optimizer
+
+    DistributedOptimizer.__doc__ = original.__doc__
+    module.DistributedOptimizer = DistributedOptimizer
+    # Horovod's Keras callbacks target Keras 2 too: the script's callbacks resolve to horovod_ext's Keras 3 ones
+    import horovod_ext.tensorflow.keras as ext
+
+    module.callbacks = ext.callbacks
+    horovod_callbacks = sys.modules.get("horovod.tensorflow.keras.callbacks")
+    for name in ("BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback"):
+        if horovod_callbacks is not None and hasattr(ext.callbacks, name):
+            setattr(horovod_callbacks, name, getattr(ext.callbacks, name))
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports the named modules as usual, then patches them, once."""
+
+    def __init__(self, patches):
+        self.patches = dict(patches)
+        self.loaders = {}
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.patches:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                self.loaders[fullname] = spec.loader
+                spec.loader = self
+                return spec
+        return None
+
+    def create_module(self, spec):
+        return self.loaders[spec.name].create_module(spec)
+
+    def exec_module(self, module):
+        name = module.__spec__.name
+        self.loaders[name].exec_module(module)
+        module.__spec__.loader = self.loaders[name]
+        self.patches.pop(name)(module)
+
+
+def install(choice, registry):
+    patches = {"horovod.torch": lambda m: torch_patch(m, choice, registry),
+               "horovod.tensorflow": lambda m: tensorflow_patch(m, choice, registry),
+               "horovod.tensorflow.keras": lambda m: keras_patch(m, choice, registry)}
+    for name in list(patches):
+        if name in sys.modules:  # already imported (by a sitecustomize, say): patch it now
+            patches.pop(name)(sys.modules[name])
+    sys.meta_path.insert(0, _PatchAfterImport(patches))
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    registry = Registry(args.compression)
+    install(args.spec, registry)
+    script = os.path.abspath(args.script)
+    sys.argv = [script] + list(args.script_args)
+    sys.path.insert(0, os.path.dirname(script))
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

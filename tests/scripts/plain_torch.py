@@ -1,0 +1,34 @@
+"""A plain Horovod PyTorch training script, as a user would have it: no horovod_ext anywhere.
+tests/test_launcher.py runs it unmodified under `python -m horovod_ext.run`."""
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import horovod.torch as hvd
+from horovod.torch import DistributedOptimizer  # the other import form the launcher must catch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=20)
+args = parser.parse_args()
+
+hvd.init()
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256), torch.nn.ReLU(),
+                            torch.nn.Linear(256, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
+optimizer = DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                 compression=hvd.Compression.none)
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+gen = torch.Generator().manual_seed(hvd.rank())
+for step in range(args.steps):
+    x = torch.randn(32, 64, generator=gen)
+    y = (x[:, :10].argmax(1))
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+if hvd.rank() == 0:
+    print(f"plain_torch: final loss {loss.item():.4f}, optimizer {type(optimizer).__module__}")

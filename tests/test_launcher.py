@@ -1,0 +1,105 @@
+"""python -m horovod_ext.run: unmodified Horovod scripts (tests/scripts/plain_*.py, which never import horovod_ext)
+run under horovodrun -np 2 with each compressor; rank 0's summary line reports the ratio the compressor gives.
+Also: bad flags fail on every rank before training, and Horovod's timeline names horovod_ext's collectives."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from hvdrun import ROOT, horovodrun
+
+LAUNCH = ["-m", "horovod_ext.run"]
+# compression -> (extra launcher arguments, the least dense/sent ratio the summary must show)
+CASES = {"none": ([], 1.0), "fp16": ([], 2.0), "ternary": ([], 16.0),
+         "topk": (["--compression-arg", "ratio=0.01"], 50.0),
+         "adaptive_topk": (["--compression-arg", "epsilon=0.3", "--compression-arg", "window=5"], 5.0)}
+SUMMARY = re.compile(r"horovod_ext\.run: compression=(\w+) sent ([\d.]+) MB, dense-equivalent ([\d.]+) MB, "
+                     r"ratio ([\d.]+)x, communication (?:([\d.]+) s|not timed \(TensorFlow[^)]*\)) "
+                     r"\((\d+) steps, rank 0\)")
+
+
+def launch(script, compression, extra, steps=20, env=None):
+    _, output = horovodrun(2, "-m", "horovod_ext.run", "--compression", compression, *extra, script,
+                           "--steps", steps, collect=False, timeout=300, env=env)
+    return output
+
+
+def summaries(output):
+    return [m.groups() for m in SUMMARY.finditer(output)]
+
+
+@pytest.mark.parametrize("compression", list(CASES))
+@pytest.mark.parametrize("script", ["tests/scripts/plain_torch.py", "tests/scripts/plain_tf.py"])
+def test_unmodified_script_runs_compressed(script, compression):
+    extra, least_ratio = CASES[compression]
+    output = launch(script, compression, extra)
+    lines = summaries(output)
+    assert len(lines) == 1, output[-3000:]  # rank 0 only
+    name, sent, dense, ratio, comm, steps = lines[0]
+    assert name == compression and int(steps) in (20, 21)  # broadcast_optimizer_state steps once to make state
+    assert float(ratio) >= least_ratio, (compression, ratio)
+    if compression == "none":
+        assert float(ratio) == pytest.approx(1.0)
+    assert "final loss" in output
+    if "torch" in script:
+        assert "optimizer horovod_ext.torch.optimizer" in output  # the script's optimizer is horovod_ext's
+        assert float(comm) > 0
+    else:
+        assert comm is None  # said to be untimed, not reported as 0
+
+
+def test_ternary_ratio_matches_the_wire_format():
+    """1.6 bits per element plus a 4-byte scale per tensor; biases (< min_size) dense: about 18x on this MLP."""
+    output = launch("tests/scripts/plain_torch.py", "ternary", ["--compression-arg", "packing='2bit'"])
+    (_, sent, dense, ratio, _, _), = summaries(output)
+    assert 12.0 < float(ratio) < 16.0  # 2 bits: at most 16x, less with the dense biases
+
+
+def run_rank_local(args):
+    """The launcher on its own (no horovodrun): argument errors come before anything is imported or trained."""
+    return subprocess.run([sys.executable, "-m", "horovod_ext.run", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--compression", "zip", "x.py"], ["invalid choice: 'zip'", "'none', 'fp16', 'ternary', 'topk', 'adaptive_topk'"]),
+    (["--compression", "ternary", "--compression-arg", "clip=-1", "tests/scripts/plain_torch.py"], ["clip", "> 0.0"]),
+    (["--compression", "ternary", "--compression-arg", "ratio=0.1", "tests/scripts/plain_torch.py"],
+     ["'ratio' is not an argument of ternary", "allowed: clip, shared_scale, packing"]),
+    (["--compression", "fp16", "--compression-arg", "clip=1", "tests/scripts/plain_torch.py"], ["takes no"]),
+    (["--compression", "topk", "--compression-arg", "ratio", "tests/scripts/plain_torch.py"], ["NAME=VALUE"]),
+    (["--compression", "none", "missing.py"], ["does not exist"]),
+])
+def test_bad_flags_fail_before_the_script(args, fragments):
+    proc = run_rank_local(args)
+    assert proc.returncode == 2
+    for fragment in fragments:
+        assert fragment in proc.stderr, (fragment, proc.stderr)
+
+
+def test_bad_flag_fails_on_every_rank_under_horovodrun():
+    with pytest.raises(AssertionError) as info:
+        horovodrun(2, "-m", "horovod_ext.run", "--compression", "zip", "tests/scripts/plain_torch.py",
+                   collect=False, timeout=120)
+    text = str(info.value)
+    assert text.count("invalid choice: 'zip'") >= 1 and "final loss" not in text
+
+
+def test_timeline_shows_horovod_ext_collectives_by_tensor_name(tmp_path):
+    timeline = tmp_path / "timeline.json"
+    launch("tests/scripts/plain_torch.py", "ternary", [], steps=3, env={"HOROVOD_TIMELINE": str(timeline)})
+    text = timeline.read_text()
+    assert "ternary.0.weight" in text and "ternary.2.weight" in text  # the compressed tensors, by parameter name
+    assert "ALLGATHER" in text.upper()
+    assert "0.bias" in text  # the small tensors, dense, by allreduce
+
+
+def test_unmodified_keras_fit_script_runs_compressed():
+    """Horovod's Keras DistributedOptimizer (Keras 2 API) resolves to horovod_ext's for Keras 3 model.fit."""
+    output = launch("tests/scripts/plain_keras.py", "ternary", [])
+    (name, _, _, ratio, comm, steps), = summaries(output)
+    assert name == "ternary" and int(steps) == 20 and float(ratio) >= 16.0 and comm is None
+    assert "plain_keras: final loss" in output
