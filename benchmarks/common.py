@@ -57,3 +57,59 @@ def horovodrun_json(prefix, ranks, script, args, timeout, hosts=None):
         result = json.load(f)
     os.unlink(out)
     return result
+
+
+def progress(items, desc):
+    """tqdm over items where it is installed (the README's set-up installs it), else the items as they are."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc=desc, unit="run", file=sys.stderr, dynamic_ncols=True)
+
+
+def bar_plot(path, title, groups, ylabel, log=False):
+    """Grouped bars: groups = {group label: {series label: value}}; saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = list(dict.fromkeys(s for values in groups.values() for s in values))
+    width = 0.8 / max(len(series), 1)
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(groups) * max(1, len(series)) * 0.5), 4))
+    for i, name in enumerate(series):
+        xs = [g + i * width for g in range(len(groups))]
+        ax.bar(xs, [values.get(name, 0) for values in groups.values()], width, label=name)
+    ax.set_xticks([g + width * (len(series) - 1) / 2 for g in range(len(groups))])
+    ax.set_xticklabels(list(groups), rotation=20, ha="right")
+    ax.set(title=title, ylabel=ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def line_plot(path, title, xs, lines, xlabel, ylabel, logx=False, logy=False):
+    """lines = {label: [y for each x]}; saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for label, ys in lines.items():
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -9,7 +9,9 @@ import argparse
 
 import torch
 
-from common import best_of, machine, markdown_table, write_outputs
+import os
+
+from common import OUT_DIR, bar_plot, best_of, machine, markdown_table, write_outputs
 from horovod_ext import _torch_ops as ops
 from hvdext_reference import terngrad as ref
 
@@ -103,6 +105,15 @@ def run(sizes, numpy_limit):
           + markdown_table(["elements", "encode GB/s", "vs torch ops", "vs NumPy ref", "decode GB/s",
                             "vs torch ops", "vs NumPy ref"], table)
           + "\n\n" + topk_md)
+    groups = {f"{r['elements'] / 1e6:g}M": {"encode vs torch ops": r["torch_encode_s"] / r["native_encode_s"],
+                                             "decode vs torch ops": r["torch_decode_s"] / r["native_decode_s"]}
+              for r in rows}
+    for r in topk_rows:
+        groups.setdefault(f"{r['elements'] / 1e6:g}M", {})[f"top-k {100 * r['fraction']:g}% vs torch.topk"] = \
+            r["torch_topk_s"] / r["native_s"]
+    bar_plot(os.path.join(OUT_DIR, "kernels_speedup.png"), "native ops: speed-up over the same math in torch ops",
+             groups, "baseline seconds / native seconds", log=True)
+    md += "\n\n![speed-ups](kernels_speedup.png)"
     path = write_outputs("kernels", {"machine": machine(), "rows": rows, "topk": topk_rows}, md)
     return md, path
 

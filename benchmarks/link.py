@@ -1,5 +1,6 @@
-"""Link benchmark: step time, communication time and bytes per step of dense, fp16 and ternary on loopback shaped
-to a given bandwidth in a network namespace (created here and always removed), at 2 and 4 ranks.
+"""Link benchmark: step time, communication time and bytes per step of Horovod dense and fp16, ternary, top-k and
+adaptive top-k, and PyTorch DDP dense / fp16 hook / PowerSGD hook, on loopback shaped to 100 Mbit/s and 1 Gbit/s in
+a network namespace (created here and always removed), at 2 and 4 ranks. Writes JSON, a table and a plot.
 
 Needs root (ip netns). Where namespaces cannot be made it says why and exits 0 without numbers.
 """
@@ -7,7 +8,7 @@ import argparse
 import os
 import sys
 
-from common import horovodrun_json, machine, markdown_table, write_outputs
+from common import OUT_DIR, bar_plot, horovodrun_json, machine, markdown_table, progress, write_outputs
 from netns import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,19 +40,21 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 ranks, 100 Mbit, a 2.6M-parameter model, 2 steps")
     parser.add_argument("--ranks", default="2,4")
-    parser.add_argument("--mbit", default="100")
-    parser.add_argument("--compression", default="none,fp16,ternary")
+    parser.add_argument("--mbit", default="100,1000")
+    parser.add_argument("--compression", default="none,fp16,ternary,topk,adaptive_topk,ddp,ddp-fp16,powersgd")
     parser.add_argument("--params-m", type=float, default=10.5)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--timeout", type=int, default=900)
     args = parser.parse_args()
     if args.quick:
         args.ranks, args.mbit, args.params_m, args.steps = "2", "100", 2.6, 2
+        args.compression = "none,ternary,topk,ddp-fp16"
     rows = []
+    rates, rank_counts = [int(x) for x in args.mbit.split(",")], [int(x) for x in args.ranks.split(",")]
     try:
-        for rate in [int(x) for x in args.mbit.split(",")]:
+        for rate in rates:
             with shaped_namespace(rate) as prefix:
-                for ranks in [int(x) for x in args.ranks.split(",")]:
+                for ranks in progress(rank_counts, f"link {rate} Mbit/s"):
                     print(f"[link] {ranks} ranks, {rate} Mbit/s: {args.compression}", flush=True)
                     rows += run_config(prefix, ranks, rate, args)
     except NamespaceUnavailable as exc:
@@ -60,6 +63,12 @@ def main():
     md = ("Step time and communication on loopback shaped by tbf in a network namespace (all ranks share the link). "
           "comm s = seconds blocked waiting for the step's collectives after backward (median of the steps). "
           "wire MB = bytes each rank sends by Horovod's ring algorithms.\n\n" + table(rows))
+    groups = {}
+    for r in rows:
+        groups.setdefault(f"{r['link_mbit']} Mbit/s, {r['ranks']} ranks", {})[r["compression"]] = r["step_seconds"]
+    bar_plot(os.path.join(OUT_DIR, "link_step_seconds.png"), "step time on a shaped link (lower is better)", groups,
+             "seconds per step", log=True)
+    md += "\n\n![step time](link_step_seconds.png)"
     path = write_outputs("link", {"machine": machine(), "args": vars(args), "rows": rows}, md)
     print(md)
     print(f"\nwritten: {path}")

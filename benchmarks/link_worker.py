@@ -1,19 +1,29 @@
 """Runs under horovodrun (inside the shaped namespace): step time, communication seconds and bytes per step of
-each compression on a synthetic MLP. Rank 0 writes JSON to --json."""
+each compression on a synthetic MLP, and of PyTorch DDP dense / fp16 hook / PowerSGD hook (baselines.py), whose
+communication seconds are the step time minus the same step's compute alone (DDP overlaps the two).
+Rank 0 writes JSON to --json."""
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-import horovod_ext.torch as hvd
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import horovod_ext.torch as hvd  # noqa: E402
+from baselines import DDP_METHODS, ddp_wrap  # noqa: E402
+from horovod_ext.compression.wire import allreduce_wire_bytes  # noqa: E402
 
 COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compression.fp16,
                 "ternary": lambda: hvd.Compression.ternary,
                 "ternary-shared": lambda: hvd.Compression.ternary(shared_scale=True, transport="allgather"),
-                "ternary-2phase": lambda: hvd.Compression.ternary(shared_scale=True, transport="two_phase")}
+                "ternary-2phase": lambda: hvd.Compression.ternary(shared_scale=True, transport="two_phase"),
+                "topk": lambda: hvd.Compression.topk(ratio=0.01),
+                "adaptive_topk": lambda: hvd.Compression.adaptive_topk(epsilon=0.3, window=2)}
 
 
 def model_of(params_m):
@@ -24,7 +34,43 @@ def model_of(params_m):
                                torch.nn.Linear(width // 2, 10)), width
 
 
+def measure_ddp(name, params_m, steps, batch):
+    torch.manual_seed(0)
+    model, width = model_of(params_m)
+    ddp, payload, wire = ddp_wrap(model, name, hvd.rank(), hvd.size())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x, y = torch.randn(batch, width), torch.randint(0, 10, (batch,))
+
+    def step(sync=True):
+        opt.zero_grad()
+        if sync:
+            F.cross_entropy(ddp(x), y).backward()
+        else:
+            with ddp.no_sync():
+                F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+
+    times, compute = [], []
+    for i in range(steps + 3):  # PowerSGD starts compressing at its 2nd iteration; the first 3 are not counted
+        hvd.barrier()
+        start = time.perf_counter()
+        step()
+        if i >= 3:
+            times.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            step(sync=False)
+            compute.append(time.perf_counter() - start)
+    dense = 4 * sum(p.numel() for p in model.parameters())
+    return {"compression": name, "ranks": hvd.size(), "parameters": dense // 4,
+            "step_seconds": statistics.median(times),
+            "comm_seconds": max(statistics.median(times) - statistics.median(compute), 0.0),
+            "payload_bytes": payload, "wire_bytes": wire, "transport": "DDP allreduce",
+            "dense_bytes": dense, "dense_wire_bytes": allreduce_wire_bytes(dense, hvd.size())}
+
+
 def measure(name, params_m, steps, batch):
+    if name in DDP_METHODS:
+        return measure_ddp(name, params_m, steps, batch)
     torch.manual_seed(0)
     model, width = model_of(params_m)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),

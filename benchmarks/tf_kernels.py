@@ -12,7 +12,7 @@ tf.config.threading.set_inter_op_parallelism_threads(1)
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from common import best_of, machine, markdown_table, write_outputs  # noqa: E402
+from common import OUT_DIR, bar_plot, best_of, machine, markdown_table, write_outputs  # noqa: E402
 from horovod_ext.tensorflow.ops import lib, seed_tensor  # noqa: E402
 
 POW3 = tf.constant([1, 3, 9, 27, 81], dtype=tf.int32)
@@ -107,6 +107,11 @@ def main():
           + markdown_table(["elements", "native encode GB/s", "vs TF ops", "native decode GB/s", "vs TF ops"], ktable)
           + "\n\nBytes per step, Keras 3 MLP (min_size 1024: smaller tensors dense):\n\n"
           + markdown_table(["compression", "parameters", "MB sent / step", "vs dense", "bits/element"], btable))
+    bar_plot(os.path.join(OUT_DIR, "tf_kernels_speedup.png"), "TF native ops: speed-up over the same math in TF ops",
+             {f"{r['elements'] / 1e6:g}M": {"encode": r["tf_ops_encode_s"] / r["native_encode_s"],
+                                           "decode": r["tf_ops_decode_s"] / r["native_decode_s"]} for r in krows},
+             "TF-ops seconds / native seconds")
+    md += "\n\n![speed-ups](tf_kernels_speedup.png)"
     path = write_outputs("tf_kernels", {"machine": machine(), "kernels": krows, "bytes": brows}, md)
     print(md)
     print(f"\nwritten: {path}")

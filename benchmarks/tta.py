@@ -8,11 +8,14 @@ import argparse
 import os
 import sys
 
-from common import OUT_DIR, horovodrun_json, machine, markdown_table, write_outputs
+import itertools
+
+from common import OUT_DIR, horovodrun_json, machine, markdown_table, progress, write_outputs
 from netns import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-METHODS = ["dense", "topk-10x", "topk-1000x", "adaptive_topk", "powersgd", "lsgd", "multi_lsgd", "easgd"]
+METHODS = ["dense", "fp16", "ternary", "topk-10x", "topk-1000x", "adaptive_topk", "lsgd", "multi_lsgd", "easgd",
+           "ddp-fp16", "powersgd"]
 HOSTS = {4: "localhost:2,127.0.0.1:2"}  # two "nodes" on one machine
 
 
@@ -56,7 +59,8 @@ def plots(results, path_prefix):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 ranks, 2 epochs, dense, top-k 10x and adaptive")
+    parser.add_argument("--quick", action="store_true", help="2 ranks, 2 epochs, dense, ternary, adaptive top-k, "
+                                                             "LSGD and PowerSGD")
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--mbit", type=int, default=100)
     parser.add_argument("--epochs", type=int, default=10)
@@ -66,14 +70,14 @@ def main():
     parser.add_argument("--target", type=float, default=0.95, help="a fixed test accuracy to time every method to")
     args = parser.parse_args()
     if args.quick:
-        args.ranks, args.epochs, args.methods, args.hidden = "2", 2, "dense,topk-10x,adaptive_topk", 256
+        args.ranks, args.epochs, args.methods, args.hidden = "2", 2, "dense,ternary,adaptive_topk,lsgd,powersgd", 256
     results = []
     try:
         with shaped_namespace(args.mbit) as prefix:
-            for ranks in [int(x) for x in args.ranks.split(",")]:
-                for method in args.methods.split(","):
-                    print(f"[tta] {ranks} ranks, {args.mbit} Mbit/s: {method}", flush=True)
-                    results.append(run(prefix, ranks, method, args))
+            runs = list(itertools.product([int(x) for x in args.ranks.split(",")], args.methods.split(",")))
+            for ranks, method in progress(runs, f"time to accuracy, {args.mbit} Mbit/s"):
+                print(f"[tta] {ranks} ranks, {args.mbit} Mbit/s: {method}", flush=True)
+                results.append(run(prefix, ranks, method, args))
     except NamespaceUnavailable as exc:
         print(f"[tta] skipped: {exc}")
         return 0
@@ -97,7 +101,8 @@ def main():
           + markdown_table(["ranks", "method", "mean step ms", "step vs dense", "KB sent/step", "bytes vs dense",
                             "final acc", "s to dense acc", f"s to {100 * args.target:.0f}%", "KB on wire/step",
                             "mean CF (GraVAC)"], rows)
-          + "\n\n![accuracy](tta_accuracy.png) ![CF](tta_cf.png)")
+          + "\n\n![accuracy](tta_accuracy.png)" + (" ![CF](tta_cf.png)" if any(r.get("cf_log") for r in results)
+                                                   else ""))
     path = write_outputs("tta", {"machine": machine(), "args": vars(args), "results": results}, md)
     plots(results, os.path.join(OUT_DIR, "tta"))
     print(md)

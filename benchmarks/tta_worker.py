@@ -1,8 +1,8 @@
 """Runs under horovodrun: trains a digits MLP with one method and records test accuracy against training time
 after every epoch, the step time and bytes per step. Methods: horovod_ext compressors (data-parallel SGD),
 horovod_ext's parameter-space optimizers (LSGD, multi-leader LSGD, EASGD: each worker samples from the whole
-training set, and the leader's parameters or the center are evaluated), or PyTorch DDP with the PowerSGD hook
-(rank 4, one bucket: DDP's default 25 MB buckets fail over Gloo on a shaped link)."""
+training set, and the leader's parameters or the center are evaluated), or PyTorch DDP dense, with its fp16 hook
+or its PowerSGD hook (rank 4; see baselines.py)."""
 import argparse
 import contextlib
 import json
@@ -15,15 +15,16 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pytorch_digits import load_data  # noqa: E402
 
 import horovod_ext.torch as hvd  # noqa: E402
-from horovod_ext.compression.wire import allreduce_wire_bytes  # noqa: E402
+from baselines import DDP_METHODS, ddp_wrap  # noqa: E402
 
 METHODS = {"dense": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compression.fp16,
            "topk-10x": lambda: hvd.Compression.topk(ratio=0.1), "topk-1000x": lambda: hvd.Compression.topk(ratio=0.001),
            "adaptive_topk": lambda: hvd.Compression.adaptive_topk(epsilon=0.3, window=50),
-           "ternary": lambda: hvd.Compression.ternary, "powersgd": None}
+           "ternary": lambda: hvd.Compression.ternary}
 OPTIMIZERS = {"lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups=None),
               "multi_lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups="node"),
               "easgd": lambda opt, named: hvd.ElasticAveragingOptimizer(opt, named)}
@@ -34,17 +35,9 @@ def make_model(hidden):
                                torch.nn.ReLU(), torch.nn.Linear(hidden // 2, 10))
 
 
-def powersgd_bytes(model, rank, nranks):
-    """PowerSGD allreduces P (m x r) and Q (n x r) of every matrix, and 1-D tensors dense."""
-    total = 0
-    for p in model.parameters():
-        total += 4 * (p.shape[0] + p.shape[1]) * rank if p.dim() == 2 else 4 * p.numel()
-    return total, allreduce_wire_bytes(total, nranks)
-
-
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--method", choices=list(METHODS) + list(OPTIMIZERS), required=True)
+    parser.add_argument("--method", choices=list(METHODS) + list(OPTIMIZERS) + list(DDP_METHODS), required=True)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--lr", type=float, default=0.05)
@@ -56,17 +49,8 @@ def main():
     torch.manual_seed(42)
     model = make_model(args.hidden)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    if args.method == "powersgd":
-        import torch.distributed as dist
-        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
-
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29533")
-        dist.init_process_group("gloo", rank=hvd.rank(), world_size=hvd.size())
-        model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=200)
-        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=2)
-        model.register_comm_hook(state, powersgd.powerSGD_hook)
-        payload, wire = powersgd_bytes(model.module, 4, hvd.size())
+    if args.method in DDP_METHODS:
+        model, payload, wire = ddp_wrap(model, args.method, hvd.rank(), hvd.size())
     elif args.method in OPTIMIZERS:
         optimizer = OPTIMIZERS[args.method](optimizer, model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -106,7 +90,7 @@ def main():
               # the mean: periodic methods (LSGD, EASGD) communicate on some steps only, which a median would hide
               "step_seconds": statistics.fmean(step_times[5:] or step_times),
               "median_step_seconds": statistics.median(step_times[5:] or step_times)}
-    if args.method == "powersgd":
+    if args.method in DDP_METHODS:
         result.update(payload_bytes=payload, wire_bytes=wire)
     else:
         stats = optimizer.compression_stats()

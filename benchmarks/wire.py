@@ -1,5 +1,6 @@
-"""Wire benchmark: bytes each rank sends per step, dense allreduce vs ternary by allgather vs ternary two-phase,
-for the link benchmark's 10.5M-parameter MLP.
+"""Wire benchmark: bytes each rank sends per step, for the link benchmark's 10.5M-parameter MLP: dense allreduce,
+fp16, ternary by allgather and two-phase, top-k 1%, adaptive top-k at its CF bounds, and the parameter-space
+optimizers (LSGD, multi-leader LSGD with nodes of 8 ranks, EASGD, averaged over their pull periods).
 
 Counted from real horovodrun runs at N = 2 and 4 (unshaped loopback, compression_stats()["last_step"]), and by the
 transport's plan (the same code that sizes the real tensors) and closed-form formula at N = 2 ... 64; the counts at
@@ -9,7 +10,11 @@ transport's plan (the same code that sizes the real tensors) and closed-form for
 import argparse
 import os
 
-from common import horovodrun_json, machine, markdown_table, write_outputs
+from common import OUT_DIR, horovodrun_json, line_plot, machine, markdown_table, write_outputs
+from horovod_ext.compression import CompressionStats
+from horovod_ext.compression.specs import k_of
+from horovod_ext.compression.wire import allgather_wire_bytes
+from horovod_ext.consensus import ElasticSync, LeaderSync
 from horovod_ext.compression.two_phase import (TwoPhasePlan, allgather_transport_bytes, formula_wire_bytes,
                                                scale_sharing_bytes)
 from horovod_ext.compression.wire import allreduce_wire_bytes
@@ -37,12 +42,44 @@ def planned(sizes, nranks, packing="base3"):
             + scale_sharing_bytes(len(big), nranks) + dense_small}
 
 
+def optimizer_bytes(sync, nranks, param_bytes, steps):
+    """Mean wire bytes per step of rank 0, from the optimizers' own accounting over `steps` steps."""
+    stats = CompressionStats("plan")
+    for step in range(1, steps + 1):
+        if isinstance(sync, LeaderSync):
+            sync.account(stats, sync.due(step), param_bytes, nranks)
+        elif sync.due(step):
+            sync.account(stats, param_bytes, nranks)
+        stats.end_step()
+    return stats.total["wire_bytes"] / steps
+
+
+def others(sizes, nranks):
+    """Every other compressor and optimizer, planned with the formulas the statistics use."""
+    dense = 4 * sum(sizes)
+    nodes = [f"node{r // 8}" for r in range(nranks)] if nranks > 8 else ["a"] * (nranks // 2) + ["b"] * (nranks - nranks // 2)
+    single = LeaderSync(groups=None, size=nranks)
+    single.configure(["n"] * nranks, 0)
+    multi = LeaderSync(groups="node", size=nranks)
+    multi.configure(nodes, 0)
+    return {"fp16": allreduce_wire_bytes(dense // 2, nranks),
+            "topk": allgather_wire_bytes(6 * sum(k_of(n, 100) for n in sizes), nranks),
+            "adaptive_cf10": allgather_wire_bytes(6 * sum(k_of(n, 10) for n in sizes), nranks)
+            + allreduce_wire_bytes(32, nranks),
+            "adaptive_cf1000": allgather_wire_bytes(6 * sum(k_of(n, 1000) for n in sizes), nranks)
+            + allreduce_wire_bytes(32, nranks),
+            "lsgd": optimizer_bytes(single, nranks, dense, 16),
+            "multi_lsgd": optimizer_bytes(multi, nranks, dense, 16),
+            "easgd": optimizer_bytes(ElasticSync(size=nranks), nranks, dense, 16)}
+
+
 def counted(nranks, params_m):
     rows = {r["compression"]: r for r in horovodrun_json(
         [], nranks, os.path.join(HERE, "link_worker.py"),
-        ["--compression", "none,ternary,ternary-2phase", "--params-m", params_m, "--steps", 1], 900)}
+        ["--compression", "none,fp16,ternary,ternary-2phase,topk", "--params-m", params_m, "--steps", 1], 900)}
     return {"dense": rows["none"]["wire_bytes"], "allgather": rows["ternary"]["wire_bytes"],
-            "two_phase": rows["ternary-2phase"]["wire_bytes"]}
+            "two_phase": rows["ternary-2phase"]["wire_bytes"], "fp16": rows["fp16"]["wire_bytes"],
+            "topk": rows["topk"]["wire_bytes"]}
 
 
 def main():
@@ -52,12 +89,12 @@ def main():
     args = parser.parse_args()
     params_m, count_at = (1.0, [2]) if args.quick else (args.params_m, [2, 4])
     sizes = model_sizes(params_m)
-    rows = [planned(sizes, n) for n in (2, 3, 4, 8, 16, 32, 64)]
+    rows = [{**planned(sizes, n), **others(sizes, n)} for n in (2, 3, 4, 8, 16, 32, 64)]
     for n in count_at:
         measured = counted(n, params_m)
         row = next(r for r in rows if r["ranks"] == n)
         row["counted"] = measured
-        for key in ("dense", "allgather", "two_phase"):
+        for key in ("dense", "allgather", "two_phase", "fp16", "topk"):
             if abs(measured[key] - row[key]) > 1:
                 raise AssertionError(f"counted {key} bytes at {n} ranks ({measured[key]}) differ from the plan "
                                      f"({row[key]})")
@@ -69,6 +106,19 @@ def main():
           f"{MIN_SIZE} (smaller tensors dense), shared scale for two-phase.\n\n"
           + markdown_table(["ranks", "dense allreduce", "ternary allgather", "ternary two-phase",
                             "dense / allgather", "dense / two-phase", "source", "|plan - formula| bytes"], table))
+    keys = ["dense", "fp16", "allgather", "two_phase", "topk", "adaptive_cf10", "adaptive_cf1000", "lsgd",
+            "multi_lsgd", "easgd"]
+    labels = ["dense", "fp16", "ternary allgather", "ternary two-phase", "top-k 1%", "adaptive CF 10",
+              "adaptive CF 1000", "LSGD", "multi-leader LSGD", "EASGD"]
+    every = [[r["ranks"]] + [f"{r[k] / 1e6:.3f} ({r['dense'] / r[k]:.0f}x)" for k in keys[1:]] for r in rows]
+    md += ("\n\nEvery compressor and optimizer: MB per rank per step (dense / it). Top-k sends an int32 index and an "
+           "fp16 value per kept element of every tensor; adaptive top-k moves between its CF bounds (plus one "
+           "32-byte allreduce of norms per step); LSGD, multi-leader LSGD (groups: nodes of 8 ranks, two nodes "
+           "below 16 ranks) and EASGD at their defaults, averaged over 16 steps.\n\n"
+           + markdown_table(["ranks"] + labels[1:], every) + "\n\n![bytes per rank](wire_bytes.png)")
+    line_plot(os.path.join(OUT_DIR, "wire_bytes.png"), f"bytes per rank per step, {sum(sizes) / 1e6:.1f}M parameters",
+              [r["ranks"] for r in rows], {label: [r[k] / 1e6 for r in rows] for k, label in zip(keys, labels)},
+              "ranks", "MB per rank per step", logx=True, logy=True)
     path = write_outputs("wire", {"machine": machine(), "parameters": sum(sizes), "rows": rows}, md)
     print(md)
     print(f"\nwritten: {path}")

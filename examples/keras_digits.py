@@ -45,6 +45,9 @@ def parse_args():
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--data", choices=["digits", "synthetic"], default="digits",
+                        help="digits, or synthetic (Gaussian inputs labelled by a random linear teacher)")
+    parser.add_argument("--model-size", type=float, default=1e6, help="parameters of the synthetic run's MLP")
     parser.add_argument("--check-identical", action="store_true", help="assert identical weights after every epoch")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -60,21 +63,30 @@ def parse_args():
     return args
 
 
-def load_data(seed):
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    x_train, x_test, y_train, y_test = train_test_split(x, digits.target, test_size=0.25, random_state=seed,
-                                                        stratify=digits.target)
+def load_data(seed, source="digits"):
+    if source == "synthetic":  # Gaussian inputs labelled by a random linear teacher
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal((4096, 64)).astype(np.float32)
+        y = np.argmax(x @ rng.standard_normal((64, 10)), axis=1)
+        x_train, x_test, y_train, y_test = x[:3072], x[3072:], y[:3072], y[3072:]
+    else:
+        digits = load_digits()
+        x = (digits.data / 16.0).astype(np.float32)
+        x_train, x_test, y_train, y_test = train_test_split(x, digits.target, test_size=0.25, random_state=seed,
+                                                            stratify=digits.target)
     shard = np.arange(hvd.rank(), len(x_train), hvd.size())
     per_rank = len(x_train) // hvd.size()  # every rank takes the same number of steps
     shard = shard[:per_rank]
     return x_train[shard], y_train[shard], x_test, y_test, x_train, y_train
 
 
+HIDDEN = [256]
+
+
 def make_model(seed):
     keras.utils.set_random_seed(seed)
-    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
-                             keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)])
+    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(HIDDEN[0], activation="relu"),
+                             keras.layers.Dense(HIDDEN[0] // 2, activation="relu"), keras.layers.Dense(10)])
 
 
 def weights_identical(model):
@@ -148,7 +160,9 @@ def train_tape(args, optimizer_name, name, data):
 def main():
     args = parse_args()
     hvd.init()
-    data = load_data(args.seed)
+    data = load_data(args.seed, args.data)
+    if args.data == "synthetic":  # width h of 64*h + h*h/2 + ... weights, about --model-size parameters
+        HIDDEN[0] = max(16, int(-64 + (64 ** 2 + 2 * args.model_size) ** 0.5))
     results = []
     runs = [(o, c) for o in args.optimizer for c in (args.compression if o == "dp" else [None])]
     for optimizer_name, name in runs:
@@ -171,7 +185,7 @@ def main():
                         "dense_bytes_per_step": total["dense_bytes"] / steps,
                         "bits_per_element": total["bits_per_element"]})
     if hvd.rank() == 0:
-        print(f"digits MLP (Keras 3, {args.loop}), {hvd.size()} ranks, {args.epochs} epochs")
+        print(f"{args.data} MLP (Keras 3, {args.loop}, hidden {HIDDEN[0]}), {hvd.size()} ranks, {args.epochs} epochs")
         print(f"{'compression':<15} {'test acc':>8} {'bytes/step':>11} {'dense bytes':>11} {'ratio':>6} {'bits/elem':>9}")
         for r in results:
             print(f"{r['compression']:<15} {100 * r['test_accuracy']:>7.2f}% {r['bytes_per_step']:>11.0f} "

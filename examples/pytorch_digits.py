@@ -51,6 +51,10 @@ def parse_args():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--data", choices=["digits", "synthetic"], default="digits",
+                        help="digits (scikit-learn's 8x8 images) or synthetic (Gaussian inputs labelled by a random "
+                             "linear teacher), whose model has --model-size parameters")
+    parser.add_argument("--model-size", type=float, default=1e6, help="parameters of the synthetic run's MLP")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--json", default=None, help="rank 0 writes the results here")
     parser.add_argument("--adaptive", default="", help="adaptive_topk arguments, e.g. epsilon=0.5,window=50")
@@ -77,6 +81,20 @@ def load_data(seed):
                                                         stratify=digits.target)
     as_t = torch.from_numpy
     return as_t(x_train), as_t(y_train).long(), as_t(x_test), as_t(y_test).long()
+
+
+def synthetic_data(seed, features=64, samples=4096, classes=10):
+    """Gaussian inputs labelled by a random linear teacher: learnable, and as large as asked."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, features, generator=gen)
+    y = (x @ torch.randn(features, classes, generator=gen)).argmax(1)
+    split = samples * 3 // 4
+    return x[:split], y[:split], x[split:], y[split:]
+
+
+def hidden_for(parameters, features=64):
+    """The width h of make_model whose 64*h + h*h/2 + ... weights come to about `parameters`."""
+    return max(16, int(-features + (features ** 2 + 2 * parameters) ** 0.5))
 
 
 def make_model(hidden):
@@ -136,11 +154,15 @@ def main():
     args = parse_args()
     hvd.init()
     torch.set_num_threads(1)
-    data = load_data(args.seed)
+    if args.data == "synthetic":
+        data, args.hidden = synthetic_data(args.seed), hidden_for(args.model_size)
+    else:
+        data = load_data(args.seed)
     runs = [(o, c) for o in args.optimizer for c in (args.compression if o == "dp" else [None])]
     results = [train(args, o, c, data) for o, c in runs]
     if hvd.rank() == 0:
-        print(f"digits MLP, {hvd.size()} ranks, {args.epochs} epochs, batch {args.batch_size} per rank")
+        print(f"{args.data} MLP (hidden {args.hidden}), {hvd.size()} ranks, {args.epochs} epochs, "
+              f"batch {args.batch_size} per rank")
         print(f"{'run':<15} {'test acc':>8} {'bytes/step':>11} {'dense bytes':>11} {'ratio':>6} "
               f"{'bits/elem':>9} {'wire ratio':>10} {'train s':>8}")
         for r in results:

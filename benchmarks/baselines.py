@@ -1,0 +1,41 @@
+"""What a user would pick instead of horovod-ext: PyTorch DDP over Gloo with its fp16-compression and PowerSGD
+communication hooks, for the link and time-to-accuracy workers (run under horovodrun, which gives rank and size).
+
+DDP runs with one bucket (bucket_cap_mb=200): with DDP's default 25 MB buckets the PowerSGD hook over Gloo failed on
+a shaped link ("Received data size doesn't match expected size"; see ../shared/FACTS.md).
+"""
+import os
+
+import torch
+
+from horovod_ext.compression.wire import allreduce_wire_bytes
+
+DDP_METHODS = ("ddp", "ddp-fp16", "powersgd")
+
+
+def ddp_wrap(model, method, rank, size, port=29533):
+    """model wrapped in DistributedDataParallel with the method's hook, and (payload, wire) bytes per step."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook as powersgd
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(port))
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", rank=rank, world_size=size)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=200)
+    dense = 4 * sum(p.numel() for p in model.parameters())
+    if method == "ddp-fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        payload = dense // 2
+    elif method == "powersgd":
+        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=2)
+        ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+        payload = powersgd_bytes(model, 4)
+    else:
+        payload = dense
+    return ddp, payload, allreduce_wire_bytes(payload, size)
+
+
+def powersgd_bytes(model, rank):
+    """PowerSGD allreduces P (m x r) and Q (n x r) of every matrix, and 1-D tensors dense."""
+    return sum(4 * (p.shape[0] + p.shape[1]) * rank if p.dim() == 2 else 4 * p.numel() for p in model.parameters())
