@@ -167,3 +167,24 @@ def test_zero_and_constant_tensors():
     const = np.full(10, 0.5, dtype=np.float32)  # sigma = 0: clipping is off, every element keeps its value
     decoded = ref.decode_average([native_encode(const, 2.5, "base3", 1, 0, 0, 0)], 10, "base3", 1.0)
     np.testing.assert_array_equal(decoded, const)
+
+
+@pytest.mark.parametrize("n", [4095, 4096, 4097, 3 * 4096 + 17, 5 * 4096])
+def test_reference_block_tree_order(n):
+    """reduce.py's order spelled out: sequential lanes per 4096-element block, lanes by a fixed tree, blocks
+    pairwise level by level (odd counts carry their last block up)."""
+    from hvdext_reference.reduce import block_tree_sum
+
+    g = gradient(n, dist="heavy").astype(np.float64)
+    partials = []
+    for start in range(0, n, 4096):
+        lanes = [0.0] * 8
+        for i, x in enumerate(g[start:start + 4096]):
+            lanes[i % 8] += x
+        partials.append(((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])))
+    while len(partials) > 1:
+        partials = [partials[i] + partials[i + 1] for i in range(0, len(partials) - 1, 2)] + \
+            ([partials[-1]] if len(partials) % 2 else [])
+    assert block_tree_sum(g) == partials[0]
+    s, sq, _, _ = ops.gradient_stats(torch.from_numpy(g.astype(np.float32)))
+    assert s == partials[0]

@@ -3,6 +3,8 @@ import numpy as np
 import pytest
 import torch
 
+from hvdext_reference.reduce import block_tree_sum
+
 from horovod_ext import _torch_ops as ops
 from hvdext_reference import topk as ref
 
@@ -58,7 +60,8 @@ def test_ef_step_and_decode_equal_reference(value_dtype):
         idx, sent, r_want = ref.ef_step(g, r, k, value_dtype)
         rt = torch.from_numpy(r.copy())
         sumsq = ops.ef_accumulate(torch.from_numpy(g), rt)
-        assert sumsq == pytest.approx(float(np.sum((g + r).astype(np.float64) ** 2)), rel=1e-12)
+        g_ef = (g + r).astype(np.float64)  # float32 sum, then squared in float64
+        assert sumsq == block_tree_sum(g_ef * g_ef)  # bit for bit, in the order of reduce.py
         sel = ops.topk_select(rt, k)
         np.testing.assert_array_equal(sel.numpy(), idx)
         payload = ops.topk_extract(rt, sel, VALUE_TYPES[value_dtype]).numpy()

@@ -7,13 +7,14 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <vector>
 
 #include "hvdext/philox.h"
+#include "hvdext/reduce.h"
 
 namespace hvdext {
 namespace {
 
-constexpr int kLanes = 8;
 // Elements per chunk: a multiple of 20 so that chunks start on a Philox block (4) and on a packed byte (4 or 5).
 constexpr int64_t kChunk = 4000;
 
@@ -50,10 +51,12 @@ const int8_t* ternary_byte_values(uint8_t byte, Packing packing) {
 }
 
 
-HVDEXT_VECTOR_CLONES GradientStats gradient_stats(const float* g, int64_t n) {
-  double sum[kLanes] = {0}, sq[kLanes] = {0};
-  float mx[kLanes] = {0};
-  const int64_t full = n / kLanes * kLanes;
+namespace {
+
+// One block's lane sums of g and g^2 (lane j: elements i = j mod 8, in order) and its max |g|.
+HVDEXT_VECTOR_CLONES void block_stats(const float* g, int64_t m, double* sum, double* sq, float* mx) {
+  for (int j = 0; j < kLanes; ++j) sum[j] = sq[j] = 0.0, mx[j] = 0.0f;
+  const int64_t full = m / kLanes * kLanes;
   for (int64_t i = 0; i < full; i += kLanes) {
     for (int j = 0; j < kLanes; ++j) {
       const double x = g[i + j];
@@ -62,19 +65,33 @@ HVDEXT_VECTOR_CLONES GradientStats gradient_stats(const float* g, int64_t n) {
       mx[j] = std::max(mx[j], std::fabs(g[i + j]));
     }
   }
-  for (int64_t i = full; i < n; ++i) {
+  for (int64_t i = full; i < m; ++i) {
     const int j = static_cast<int>(i - full);
     const double x = g[i];
     sum[j] += x;
     sq[j] += x * x;
     mx[j] = std::max(mx[j], std::fabs(g[i]));
   }
-  GradientStats st;
-  st.sum = ((sum[0] + sum[1]) + (sum[2] + sum[3])) + ((sum[4] + sum[5]) + (sum[6] + sum[7]));
-  st.sumsq = ((sq[0] + sq[1]) + (sq[2] + sq[3])) + ((sq[4] + sq[5]) + (sq[6] + sq[7]));
-  st.finite = std::isfinite(st.sum) && std::isfinite(st.sumsq);
+}
+
+}  // namespace
+
+GradientStats gradient_stats(const float* g, int64_t n) {
+  const int64_t blocks = reduce_blocks(n);
+  std::vector<double> sums(static_cast<size_t>(blocks)), squares(static_cast<size_t>(blocks));
   float m = 0.0f;
-  for (int j = 0; j < kLanes; ++j) m = std::max(m, mx[j]);
+  for (int64_t b = 0; b < blocks; ++b) {
+    double sum[kLanes], sq[kLanes];
+    float mx[kLanes];
+    block_stats(g + b * kBlock, std::min(kBlock, n - b * kBlock), sum, sq, mx);
+    sums[b] = combine_lanes(sum);
+    squares[b] = combine_lanes(sq);
+    for (int j = 0; j < kLanes; ++j) m = std::max(m, mx[j]);
+  }
+  GradientStats st;
+  st.sum = pairwise_tree(sums.data(), blocks);
+  st.sumsq = pairwise_tree(squares.data(), blocks);
+  st.finite = std::isfinite(st.sum) && std::isfinite(st.sumsq);
   st.maxabs = st.finite ? m : 0.0f;
   return st;
 }

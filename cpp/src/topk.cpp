@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "hvdext/common.h"
+#include "hvdext/reduce.h"
 
 namespace hvdext {
 namespace {
@@ -93,22 +94,37 @@ float half_to_float(uint16_t h) {
   return f;
 }
 
-HVDEXT_VECTOR_CLONES double ef_accumulate(const float* g, float* r, int64_t n) {
-  double sq[8] = {0};
-  const int64_t full = n / 8 * 8;
-  for (int64_t i = 0; i < full; i += 8) {
-    for (int j = 0; j < 8; ++j) {
+namespace {
+
+// r += g over one block; lane sums of r^2 (lane j: elements i = j mod 8, in order).
+HVDEXT_VECTOR_CLONES void block_accumulate(const float* g, float* r, int64_t m, double* sq) {
+  for (int j = 0; j < kLanes; ++j) sq[j] = 0.0;
+  const int64_t full = m / kLanes * kLanes;
+  for (int64_t i = 0; i < full; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
       const float v = r[i + j] + g[i + j];
       r[i + j] = v;
       sq[j] += static_cast<double>(v) * static_cast<double>(v);
     }
   }
-  for (int64_t i = full; i < n; ++i) {
+  for (int64_t i = full; i < m; ++i) {
     const float v = r[i] + g[i];
     r[i] = v;
     sq[i - full] += static_cast<double>(v) * static_cast<double>(v);
   }
-  return ((sq[0] + sq[1]) + (sq[2] + sq[3])) + ((sq[4] + sq[5]) + (sq[6] + sq[7]));
+}
+
+}  // namespace
+
+double ef_accumulate(const float* g, float* r, int64_t n) {
+  const int64_t blocks = reduce_blocks(n);
+  std::vector<double> squares(static_cast<size_t>(blocks));
+  for (int64_t b = 0; b < blocks; ++b) {
+    double sq[kLanes];
+    block_accumulate(g + b * kBlock, r + b * kBlock, std::min(kBlock, n - b * kBlock), sq);
+    squares[b] = combine_lanes(sq);
+  }
+  return pairwise_tree(squares.data(), blocks);
 }
 
 void topk_select(const float* x, int64_t n, int64_t k, int32_t* out) {

@@ -3,8 +3,9 @@ Communication in Distributed Deep Learning", NeurIPS 2017). This module is the d
 
 Per tensor g (float32, n elements), on each rank:
 
-1. Statistics, accumulated in float64 over 8 interleaved lanes (lane j sums elements i = j mod 8 in order, the lanes
-   are combined as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))), so that every implementation gets the same bits:
+1. Statistics, accumulated in float64 in the order of reduce.py (8 interleaved lanes per 4096-element block, the
+   lanes combined as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), the blocks pairwise), so that every implementation,
+   CPU or GPU, gets the same bits:
        mean = sum(g)/n,  sigma = sqrt(max(sum(g^2)/n - mean^2, 0)),  maxabs = max|g|.
    A rank whose gradient holds NaN or Inf is flagged (its scale becomes +inf, see below).
 2. Clipping (paper, section 3.3): t = float32(c * sigma); g_c = clip(g, -t, t). c = 2.5 by default; clip=None, or
@@ -27,8 +28,8 @@ import math
 import numpy as np
 
 from .philox import uniform01
+from .reduce import LANES, block_tree_sum  # noqa: F401  (LANES: the lanes of the statistics)
 
-LANES = 8
 PACKINGS = ("2bit", "base3")
 HEADER_BYTES = 4  # the float32 scale
 CODE_PLUS, CODE_MINUS = 1, 2
@@ -38,17 +39,8 @@ def gradient_stats(g):
     """(sum, sumsq, maxabs, finite) of a float32 vector, summed as the module docstring defines."""
     g = np.ascontiguousarray(g, dtype=np.float32).reshape(-1)
     n = g.size
-    padded = np.zeros(((n + LANES - 1) // LANES) * LANES, dtype=np.float64)
-    padded[:n] = g
-    lanes = padded.reshape(-1, LANES)
-    # Reducing over the outer axis of a C-contiguous array adds rows in order: each lane is a sequential sum.
-    lane_sum = np.add.reduce(lanes, axis=0)
-    lane_sq = np.add.reduce(lanes * lanes, axis=0)
-
-    def combine(x):
-        return ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]))
-
-    total, total_sq = float(combine(lane_sum)), float(combine(lane_sq))
+    g64 = g.astype(np.float64)
+    total, total_sq = block_tree_sum(g64), block_tree_sum(g64 * g64)
     finite = math.isfinite(total) and math.isfinite(total_sq)
     maxabs = np.float32(np.max(np.abs(g))) if (n and finite) else np.float32(0.0)
     return total, total_sq, maxabs, finite

@@ -1,6 +1,6 @@
 // TernGrad (Wen et al., NeurIPS 2017): stochastic, unbiased ternary gradients with a per-tensor scale.
 //
-//   statistics:  mean, sigma over float64 in 8 interleaved lanes; maxabs = max|g|
+//   statistics:  mean, sigma over float64 in the order of hvdext/reduce.h; maxabs = max|g|
 //   clipping:    t = float32(c * sigma) (c = 0 or sigma = 0: t = +inf); g_c = clamp(g, -t, t)
 //   scale:       s = min(maxabs, t)   (with a shared scale: the max of every rank's s)
 //   ternarize:   b_k = [u_k < |g_c,k| / s] with u_k from Philox under (seed, step, tensor, rank, k);

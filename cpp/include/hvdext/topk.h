@@ -20,7 +20,7 @@ inline int64_t topk_payload_bytes(int64_t k, ValueType t) { return k * (4 + valu
 uint16_t float_to_half(float f);
 float half_to_float(uint16_t h);
 
-// r += g over n elements; returns sum(r^2) after the update (float64, 8 interleaved lanes as gradient_stats).
+// r += g over n elements; returns sum(r^2) after the update (float64, in the order of hvdext/reduce.h).
 double ef_accumulate(const float* g, float* r, int64_t n);
 
 // The k (1 <= k <= n < 2^31) indices of the largest |x|, ascending. A sampled threshold picks candidates in one
