@@ -3,6 +3,10 @@
 The native op library in cpp/ is framework-free; this file builds its PyTorch binding as the extension
 ``horovod_ext._torch_ops`` and, where TensorFlow is installed, its TensorFlow binding as the custom-op library
 ``horovod_ext/tensorflow/_tf_ops.so`` (compiled with TensorFlow's own flags, rebuilt only when a source changed).
+
+Where torch is a CUDA build and nvcc is found (CUDA_HOME), the PyTorch extension also holds the GPU kernels of
+cpp/cuda/ (sm_80 and sm_90 by default, TORCH_CUDA_ARCH_LIST overrides) and dispatches CUDA tensors to them;
+HVDEXT_WITH_CUDA=0 forces a CPU-only build, HVDEXT_WITH_CUDA=1 fails loudly where CUDA cannot be built.
 """
 import glob
 import os
@@ -14,20 +18,38 @@ from setuptools import find_packages, setup
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CORE_SOURCES = sorted(glob.glob("cpp/src/*.cpp"))
 CORE_HEADERS = sorted(glob.glob("cpp/include/hvdext/*.h"))
+CUDA_SOURCES = sorted(glob.glob("cpp/cuda/*.cu"))
+CUDA_HEADERS = sorted(glob.glob("cpp/cuda/*.cuh"))
 # Bit-identity with the NumPy reference needs IEEE arithmetic as written: no fused multiply-add, no fast-math.
 CXX_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math"]
+NVCC_FLAGS = ["-O3", "-std=c++17", "--fmad=false", "-Xcompiler", "-ffp-contract=off"]
+
+
+def cuda_wanted():
+    """True where the CUDA kernels can and should be built (see the module docstring)."""
+    choice = os.environ.get("HVDEXT_WITH_CUDA", "auto")
+    if choice == "0":
+        return False
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    available = torch.version.cuda is not None and CUDA_HOME is not None
+    if choice == "1" and not available:
+        raise RuntimeError("HVDEXT_WITH_CUDA=1, but torch is a CPU build or nvcc (CUDA_HOME) was not found")
+    return available
 
 
 def torch_extension():
-    from torch.utils.cpp_extension import CppExtension
+    from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
-    return CppExtension(
-        "horovod_ext._torch_ops",
-        sources=CORE_SOURCES + ["cpp/torch/ops.cpp"],
-        include_dirs=[os.path.join(ROOT, "cpp", "include")],
-        depends=CORE_HEADERS,
-        extra_compile_args=CXX_FLAGS,
-    )
+    common = dict(include_dirs=[os.path.join(ROOT, "cpp", "include")], depends=CORE_HEADERS + CUDA_HEADERS)
+    if cuda_wanted():
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+        return CUDAExtension("horovod_ext._torch_ops", sources=CORE_SOURCES + CUDA_SOURCES + ["cpp/torch/ops.cpp"],
+                             define_macros=[("HVDEXT_WITH_CUDA", "1")],
+                             extra_compile_args={"cxx": CXX_FLAGS, "nvcc": NVCC_FLAGS}, **common)
+    return CppExtension("horovod_ext._torch_ops", sources=CORE_SOURCES + ["cpp/torch/ops.cpp"],
+                        extra_compile_args=CXX_FLAGS, **common)
 
 
 TF_OPS_SOURCES = CORE_SOURCES + ["cpp/tensorflow/ops.cc"]

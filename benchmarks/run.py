@@ -4,12 +4,14 @@
     python benchmarks/run.py              # the full run recorded in benchmarks/RESULTS.md (about an hour here)
     python benchmarks/run.py --only wire,link
 
-Benchmarks: kernels (native ops vs torch ops / NumPy), tf_kernels (vs TF ops), wire (bytes per step of every
+Benchmarks: kernels (native ops vs torch ops / NumPy), tf_kernels (vs TF ops), gpu_kernels (the CUDA kernels as a
+fraction of the GPU's memory bandwidth, top-k vs torch.topk; skipped where no GPU is), wire (bytes per step of every
 compressor and optimizer, 2-64 ranks), link (step time on loopback shaped to 100 Mbit/s and 1 Gbit/s, 2 and 4 ranks,
 beside Horovod dense/fp16 and PyTorch DDP with its fp16 and PowerSGD hooks) and tta (test accuracy against
 wall-clock time on digits for every compressor and optimizer). Each writes JSON, a markdown table and PNG plots to
 benchmarks/out/ (or $HVDEXT_BENCH_OUT); this script adds summary.md with every table. link and tta create a network
-namespace (root); where that is not allowed they say why and are skipped, not failed.
+namespace (root); where that is not allowed they say why and are skipped, not failed; so does gpu_kernels without
+a GPU.
 """
 import argparse
 import os
@@ -21,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import OUT_DIR, progress  # noqa: E402
 
-BENCHMARKS = ["kernels", "tf_kernels", "wire", "link", "tta"]
+BENCHMARKS = ["kernels", "tf_kernels", "gpu_kernels", "wire", "link", "tta"]
 
 
 def main(argv=None):

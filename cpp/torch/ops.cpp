@@ -1,4 +1,8 @@
 // PyTorch binding of the horovod-ext op library: converts tensors and calls the framework-free core, nothing else.
+// Ops that have a GPU kernel dispatch on the tensor's device: CUDA tensors go to hvdext::cuda (cpp/cuda/*.cu) on
+// the stream the caller passes (torch.cuda.current_stream().cuda_stream), with device scratch from torch's caching
+// allocator; host results (a scale, a count) are read back with a torch copy on that stream. Built with
+// HVDEXT_WITH_CUDA where torch has CUDA and nvcc is present (setup.py); the CUDA branch needs no CUDA header.
 #include <torch/extension.h>
 
 #include <tuple>
@@ -6,8 +10,40 @@
 #include "hvdext/ternary.h"
 #include "hvdext/topk.h"
 #include "hvdext/two_phase.h"
+#ifdef HVDEXT_WITH_CUDA
+#include "hvdext/cuda.h"
+#endif
 
 namespace {
+
+bool built_with_cuda() {
+#ifdef HVDEXT_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+// A CUDA tensor reached an op: fine in a CUDA build, a clear error otherwise.
+bool on_gpu(const torch::Tensor& t, const char* op) {
+  if (!t.is_cuda()) return false;
+  TORCH_CHECK(built_with_cuda(), op, ": horovod_ext was built without CUDA (no nvcc, or a CPU build of torch, when "
+              "it was installed); reinstall it where both are present, or pass CPU tensors");
+  return true;
+}
+
+[[maybe_unused]] const float* cuda_float_data(const torch::Tensor& t, const char* what, const torch::Tensor& like) {
+  TORCH_CHECK(t.is_cuda() && t.device() == like.device(), what, " must be on ", like.device(), ", got ", t.device());
+  TORCH_CHECK(t.scalar_type() == torch::kFloat32, what, " must be float32, got ", t.scalar_type());
+  TORCH_CHECK(t.is_contiguous(), what, " must be contiguous");
+  return t.data_ptr<float>();
+}
+
+[[maybe_unused]] torch::Tensor device_bytes(int64_t bytes, const torch::Tensor& like) {
+  return torch::empty({bytes}, like.options().dtype(torch::kUInt8));
+}
+
+[[maybe_unused]] void* as_stream(int64_t stream) { return reinterpret_cast<void*>(stream); }
 
 const float* cpu_float_data(const torch::Tensor& t, const char* what) {
   TORCH_CHECK(t.device().is_cpu(), what, " must be a CPU tensor, got ", t.device());
@@ -21,7 +57,18 @@ hvdext::Packing to_packing(int64_t packing) {
   return static_cast<hvdext::Packing>(packing);
 }
 
-std::tuple<double, double> ternary_local_scale(const torch::Tensor& g, double clip) {
+std::tuple<double, double> ternary_local_scale(const torch::Tensor& g, double clip, int64_t stream) {
+  if (on_gpu(g, "ternary_local_scale")) {
+#ifdef HVDEXT_WITH_CUDA
+    const float* data = cuda_float_data(g, "gradient", g);
+    auto scratch = device_bytes(hvdext::cuda::ternary_scale_workspace_bytes(g.numel()), g);
+    auto out = torch::empty({2}, g.options());
+    hvdext::cuda::ternary_local_scale(data, g.numel(), clip, out.data_ptr<float>(), scratch.data_ptr(),
+                                      as_stream(stream));
+    const auto host = out.cpu();
+    return {host[0].item<float>(), host[1].item<float>()};
+#endif
+  }
   const float* data = cpu_float_data(g, "gradient");
   hvdext::TernaryScale s;
   {
@@ -44,9 +91,18 @@ std::tuple<double, double, double, bool> gradient_stats(const torch::Tensor& g) 
 int64_t ternary_payload_bytes(int64_t n, int64_t packing) { return hvdext::ternary_payload_bytes(n, to_packing(packing)); }
 
 torch::Tensor ternary_encode(const torch::Tensor& g, double threshold, double scale, uint64_t seed, uint32_t step,
-                             uint32_t tensor, uint32_t rank, int64_t packing) {
-  const float* data = cpu_float_data(g, "gradient");
+                             uint32_t tensor, uint32_t rank, int64_t packing, int64_t stream) {
   const hvdext::Packing p = to_packing(packing);
+  if (on_gpu(g, "ternary_encode")) {
+#ifdef HVDEXT_WITH_CUDA
+    auto payload = device_bytes(hvdext::ternary_payload_bytes(g.numel(), p), g);
+    hvdext::cuda::ternary_encode(cuda_float_data(g, "gradient", g), g.numel(), static_cast<float>(threshold),
+                                 static_cast<float>(scale), hvdext::RandomKey{seed, step, tensor, rank}, p,
+                                 payload.data_ptr<uint8_t>(), as_stream(stream));
+    return payload;
+#endif
+  }
+  const float* data = cpu_float_data(g, "gradient");
   auto payload = torch::empty({hvdext::ternary_payload_bytes(g.numel(), p)}, torch::kUInt8);
   const hvdext::RandomKey key{seed, step, tensor, rank};
   {
@@ -58,8 +114,23 @@ torch::Tensor ternary_encode(const torch::Tensor& g, double threshold, double sc
 }
 
 int64_t ternary_decode_average(const torch::Tensor& gathered, int64_t nranks, int64_t n, int64_t packing,
-                               double divisor, torch::Tensor& out) {
+                               double divisor, torch::Tensor& out, int64_t stream) {
   const hvdext::Packing p = to_packing(packing);
+  if (on_gpu(gathered, "ternary_decode_average")) {
+#ifdef HVDEXT_WITH_CUDA
+    TORCH_CHECK(gathered.scalar_type() == torch::kUInt8 && gathered.is_contiguous(),
+                "gathered payloads must be a contiguous uint8 tensor");
+    TORCH_CHECK(gathered.numel() == nranks * hvdext::ternary_payload_bytes(n, p), "gathered payloads hold ",
+                gathered.numel(), " bytes, expected ", nranks, " x ", hvdext::ternary_payload_bytes(n, p));
+    TORCH_CHECK(out.numel() == n, "out holds ", out.numel(), " elements, expected ", n);
+    auto flags = torch::empty({2}, gathered.options().dtype(torch::kInt32));
+    hvdext::cuda::ternary_decode_average(gathered.data_ptr<uint8_t>(), static_cast<int>(nranks), n, p,
+                                         static_cast<float>(divisor),
+                                         const_cast<float*>(cuda_float_data(out, "out", gathered)),
+                                         flags.data_ptr<int32_t>(), as_stream(stream));
+    return flags.cpu()[0].item<int32_t>();
+#endif
+  }
   TORCH_CHECK(gathered.device().is_cpu() && gathered.scalar_type() == torch::kUInt8 && gathered.is_contiguous(),
               "gathered payloads must be a contiguous CPU uint8 tensor");
   TORCH_CHECK(gathered.numel() == nranks * hvdext::ternary_payload_bytes(n, p), "gathered payloads hold ",
@@ -143,7 +214,17 @@ const int32_t* cpu_int32_data(const torch::Tensor& t, const char* what) {
   return t.data_ptr<int32_t>();
 }
 
-double ef_accumulate(const torch::Tensor& g, torch::Tensor& r) {
+double ef_accumulate(const torch::Tensor& g, torch::Tensor& r, int64_t stream) {
+  TORCH_CHECK(g.numel() == r.numel(), "residual holds ", r.numel(), " elements, the gradient ", g.numel());
+  if (on_gpu(g, "ef_accumulate")) {
+#ifdef HVDEXT_WITH_CUDA
+    auto scratch = device_bytes(hvdext::cuda::ef_accumulate_workspace_bytes(g.numel()), g);
+    auto sumsq = torch::empty({1}, g.options().dtype(torch::kFloat64));
+    hvdext::cuda::ef_accumulate(cuda_float_data(g, "gradient", g), const_cast<float*>(cuda_float_data(r, "residual", g)),
+                                g.numel(), sumsq.data_ptr<double>(), scratch.data_ptr(), as_stream(stream));
+    return sumsq.cpu().item<double>();
+#endif
+  }
   const float* gd = cpu_float_data(g, "gradient");
   float* rd = const_cast<float*>(cpu_float_data(r, "residual"));
   TORCH_CHECK(g.numel() == r.numel(), "residual holds ", r.numel(), " elements, the gradient ", g.numel());
@@ -151,7 +232,17 @@ double ef_accumulate(const torch::Tensor& g, torch::Tensor& r) {
   return hvdext::ef_accumulate(gd, rd, g.numel());
 }
 
-torch::Tensor topk_select(const torch::Tensor& x, int64_t k) {
+torch::Tensor topk_select(const torch::Tensor& x, int64_t k, int64_t stream) {
+  if (on_gpu(x, "topk_select")) {
+#ifdef HVDEXT_WITH_CUDA
+    const int64_t bytes = hvdext::cuda::topk_workspace_bytes(x.numel(), k);
+    auto scratch = device_bytes(bytes, x);
+    auto out = torch::empty({k}, x.options().dtype(torch::kInt32));
+    hvdext::cuda::topk_select(cuda_float_data(x, "tensor", x), x.numel(), k, out.data_ptr<int32_t>(),
+                              scratch.data_ptr(), bytes, as_stream(stream));
+    return out;
+#endif
+  }
   const float* xd = cpu_float_data(x, "tensor");
   auto out = torch::empty({k}, torch::kInt32);
   int32_t* o = out.data_ptr<int32_t>();
@@ -178,7 +269,18 @@ double sum_squares_at(const torch::Tensor& x, const torch::Tensor& idx) {
   return hvdext::sum_squares_at(cpu_float_data(x, "tensor"), cpu_int32_data(idx, "indices"), idx.numel());
 }
 
-torch::Tensor topk_extract(torch::Tensor& r, const torch::Tensor& idx, int64_t value_type) {
+torch::Tensor topk_extract(torch::Tensor& r, const torch::Tensor& idx, int64_t value_type, int64_t stream) {
+  if (on_gpu(r, "topk_extract")) {
+#ifdef HVDEXT_WITH_CUDA
+    TORCH_CHECK(idx.device() == r.device() && idx.scalar_type() == torch::kInt32 && idx.is_contiguous(),
+                "indices must be a contiguous int32 tensor on ", r.device());
+    const hvdext::ValueType t = to_value_type(value_type);
+    auto payload = device_bytes(hvdext::topk_payload_bytes(idx.numel(), t), r);
+    hvdext::cuda::topk_extract(const_cast<float*>(cuda_float_data(r, "residual", r)), idx.data_ptr<int32_t>(),
+                               idx.numel(), t, payload.data_ptr<uint8_t>(), as_stream(stream));
+    return payload;
+#endif
+  }
   float* rd = const_cast<float*>(cpu_float_data(r, "residual"));
   const int32_t* id = cpu_int32_data(idx, "indices");
   const hvdext::ValueType t = to_value_type(value_type);
@@ -216,21 +318,29 @@ torch::Tensor half_bits(const torch::Tensor& x) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "horovod-ext native ops (PyTorch binding of cpp/)";
   m.def("gradient_stats", &gradient_stats, "(sum, sumsq, maxabs, finite) of a float32 tensor");
-  m.def("ternary_local_scale", &ternary_local_scale, "(threshold, scale) of one rank's gradient");
+  m.def("built_with_cuda", &built_with_cuda, "whether the CUDA kernels were built");
+  m.def("ternary_local_scale", &ternary_local_scale, "(threshold, scale) of one rank's gradient", py::arg("g"),
+        py::arg("clip"), py::arg("stream") = 0);
   m.def("ternary_payload_bytes", &ternary_payload_bytes);
-  m.def("ternary_encode", &ternary_encode, "clip + ternarize + pack into a uint8 payload");
-  m.def("ternary_decode_average", &ternary_decode_average,
+  m.def("ternary_encode", &ternary_encode, "clip + ternarize + pack into a uint8 payload", py::arg("g"),
+        py::arg("threshold"), py::arg("scale"), py::arg("seed"), py::arg("step"), py::arg("tensor"), py::arg("rank"),
+        py::arg("packing"), py::arg("stream") = 0);
+  m.def("ternary_decode_average", &ternary_decode_average, py::arg("gathered"), py::arg("nranks"), py::arg("n"),
+        py::arg("packing"), py::arg("divisor"), py::arg("out"), py::arg("stream") = 0,
         "decode N gathered payloads and average them into out; returns -1 or the first rank with a NaN/Inf gradient");
   m.def("ternary_encode_codes", &ternary_encode_codes, "the unpacked codes of a gradient (same draws as encode)");
   m.def("ternary_pack_codes", &ternary_pack_codes, "pack codes into out");
   m.def("ternary_sum_reencode", &ternary_sum_reencode, "sum N packed code streams exactly, re-encode at b bits");
   m.def("two_phase_decode", &two_phase_decode, "decode elements of a level stream, scaled, into out");
   m.def("two_phase_level_bits", &two_phase_level_bits, "fewest bits for the 2N+1 levels of N ranks");
-  m.def("ef_accumulate", &ef_accumulate, "r += g; returns sum(r^2)");
-  m.def("topk_select", &topk_select, "indices (ascending) of the k largest |x|, ties to the lower index");
+  m.def("ef_accumulate", &ef_accumulate, "r += g; returns sum(r^2)", py::arg("g"), py::arg("r"),
+        py::arg("stream") = 0);
+  m.def("topk_select", &topk_select, "indices (ascending) of the k largest |x|, ties to the lower index",
+        py::arg("x"), py::arg("k"), py::arg("stream") = 0);
   m.def("topk_select_among", &topk_select_among, "the top k among candidate indices");
   m.def("sum_squares_at", &sum_squares_at, "sum of x[idx]^2 in float64");
-  m.def("topk_extract", &topk_extract, "payload of the selected residual elements; leaves r = g_ef - sent there");
+  m.def("topk_extract", &topk_extract, "payload of the selected residual elements; leaves r = g_ef - sent there",
+        py::arg("r"), py::arg("idx"), py::arg("value_type"), py::arg("stream") = 0);
   m.def("topk_decode_average", &topk_decode_average, "scatter-add N payloads / divisor; -1 or a rank with bad indices");
   m.def("half_bits", &half_bits, "IEEE binary16 bits of each float (round to nearest even)");
 }

@@ -1,12 +1,18 @@
 """PyTorch codec of Compression.ternary: converts tensors and calls the native ops (cpp/, via _torch_ops).
 
-The math is in cpp/include/hvdext/ternary.h and, as a definition, python/hvdext_reference/terngrad.py.
+The math is in cpp/include/hvdext/ternary.h and, as a definition, python/hvdext_reference/terngrad.py. CUDA tensors
+run the GPU kernels (cpp/cuda/) on torch's current stream, with the same bits.
 """
 import torch
 
 from horovod_ext import _torch_ops as ops
 from horovod_ext.compression.specs import check_tensor
 from horovod_ext.compression.wire import tensor_key
+
+def stream_of(tensor):
+    """The CUDA stream a native op on `tensor` must run on (torch's current one for its device); 0 on the CPU."""
+    return torch.cuda.current_stream(tensor.device).cuda_stream if tensor.is_cuda else 0
+
 
 def check_gradient(name, tensor, what="ternary compression", **limits):
     """A clear error for gradients a payload compressor cannot take (every rank raises it)."""
@@ -35,11 +41,11 @@ class TernaryCodec:
 
     def local_scale(self, flat):
         """(threshold, scale) of this rank's gradient; scale = inf flags NaN/Inf."""
-        return ops.ternary_local_scale(flat, self.clip)
+        return ops.ternary_local_scale(flat, self.clip, stream_of(flat))
 
     def encode(self, name, flat, step, threshold, scale):
         return ops.ternary_encode(flat, threshold, scale, self.seed, step & 0xFFFFFFFF, tensor_key(name),
-                                  self.rank, self.packing)
+                                  self.rank, self.packing, stream_of(flat))
 
     def encode_codes(self, name, flat, step, threshold, scale, codes):
         """The unpacked codes of one tensor into `codes` (a uint8 view), with the same draws as encode()."""
@@ -58,4 +64,5 @@ class TernaryCodec:
 
     def decode_average(self, gathered, nranks, numel, divisor, out):
         """Decode into out (float32, contiguous); returns -1 or the first rank that sent NaN/Inf."""
-        return ops.ternary_decode_average(gathered, nranks, numel, self.packing, float(divisor), out)
+        return ops.ternary_decode_average(gathered, nranks, numel, self.packing, float(divisor), out,
+                                          stream_of(gathered))

@@ -138,7 +138,7 @@ class TernaryTransport:
         """Where to decode: the gradient itself when it is contiguous float32, else a float32 buffer."""
         if grad.dtype == torch.float32 and grad.is_contiguous():
             return grad.view(-1)
-        return torch.empty(grad.numel(), dtype=torch.float32)
+        return torch.empty(grad.numel(), dtype=torch.float32, device=grad.device)
 
     def _two_phase(self, items, step):
         """Phase 1 alltoall of packed code chunks, exact sums re-encoded, phase 2 allgather, decode."""
@@ -248,9 +248,9 @@ class TopKTransport:
         self.round = 0
         self.last_finish = None
 
-    def _residual(self, name, numel):
+    def _residual(self, name, numel, device="cpu"):
         if name not in self.residuals:
-            self.residuals[name] = torch.zeros(numel, dtype=torch.float32)
+            self.residuals[name] = torch.zeros(numel, dtype=torch.float32, device=device)
         return self.residuals[name]
 
     def launch(self, name, param, step):
@@ -258,7 +258,7 @@ class TopKTransport:
         start = time.perf_counter()
         item.flat = TernaryCodec.as_float32(param.grad)
         if not self.adaptive:
-            residual = self._residual(name, item.flat.numel())
+            residual = self._residual(name, item.flat.numel(), item.flat.device)
             self.codec.accumulate(item.flat, residual)
             self._send(item, self.codec.select(residual, k_of(item.flat.numel(), 1.0 / self.spec.ratio)))
         self.stats.add(compress_seconds=time.perf_counter() - start)
@@ -291,7 +291,7 @@ class TopKTransport:
         theta_min, theta_c = self.controller.cfs()
         norms = [0.0, 0.0, 0.0]
         for item in items:
-            residual = self._residual(item.name, item.flat.numel())
+            residual = self._residual(item.name, item.flat.numel(), item.flat.device)
             norms[0] += self.codec.accumulate(item.flat, residual)
             first = self.codec.select(residual, k_of(residual.numel(), theta_min))
             second = self.codec.select(residual, k_of(residual.numel(), theta_c), among=first)
@@ -337,7 +337,7 @@ class TopKTransport:
                 grad.copy_(result.view_as(grad))
             else:
                 out = grad.view(-1) if (grad.dtype == torch.float32 and grad.is_contiguous()) else \
-                    torch.empty(grad.numel(), dtype=torch.float32)
+                    torch.empty(grad.numel(), dtype=torch.float32, device=grad.device)
                 bad_rank = self.codec.decode_average(result, self.nranks, item.k, grad.numel(), self.divisor, out)
                 if bad_rank >= 0:
                     errors.append(f"{item.name!r} (rank {bad_rank} sent indices outside the tensor)")

@@ -9,6 +9,8 @@
 #pragma once
 #include <cstdint>
 
+#include "hvdext/half.h"
+
 namespace hvdext {
 
 enum class ValueType : int { kFp16 = 0, kFp32 = 1 };
@@ -16,9 +18,7 @@ enum class ValueType : int { kFp16 = 0, kFp32 = 1 };
 inline int value_bytes(ValueType t) { return t == ValueType::kFp16 ? 2 : 4; }
 inline int64_t topk_payload_bytes(int64_t k, ValueType t) { return k * (4 + value_bytes(t)); }
 
-// IEEE binary16 conversions; float_to_half rounds to nearest even and matches NumPy's astype(float16) bit for bit.
-uint16_t float_to_half(float f);
-float half_to_float(uint16_t h);
+// float_to_half / half_to_float: hvdext/half.h (shared with the GPU kernels).
 
 // r += g over n elements; returns sum(r^2) after the update (float64, in the order of hvdext/reduce.h).
 double ef_accumulate(const float* g, float* r, int64_t n);

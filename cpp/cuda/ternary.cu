@@ -1,0 +1,224 @@
+// GPU kernels of TernGrad (Wen et al., NeurIPS 2017), bit-identical to the CPU kernels (cpp/src/ternary.cpp) and
+// to the definition (python/hvdext_reference/terngrad.py); see include/hvdext/ternary.h for the math.
+//
+//   statistics:  one thread per (4096-element block, lane), the float64 sums in the order of hvdext/reduce.h, max|g|
+//                by an order-free atomic max; a one-block kernel combines the blocks and computes t and s.
+//   encode:      a thread block stages 256 x 20 floats in shared memory (coalesced reads); each thread makes the codes
+//                of 20 elements (5 Philox blocks) and writes 4 base-3 bytes or 5 two-bit bytes.
+//   decode:      one thread per packed byte, all ranks' bytes of it in rank order; exact integer sums when every rank
+//                sent the same scale, else the float32 sum of s_r * v_r in rank order, as the CPU kernel.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "hvdext/cuda.h"
+#include "hvdext/philox.h"
+#include "reduce.cuh"
+
+namespace hvdext {
+namespace cuda {
+namespace {
+
+constexpr int kGroup = 20;  // elements per thread in encode: 5 Philox blocks, 4 base-3 or 5 two-bit bytes
+
+__global__ void stats_lanes_kernel(const float* g, int64_t n, int64_t blocks, double* sums, double* squares,
+                                   unsigned* maxbits) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t b = t / kLanes;
+  const int j = static_cast<int>(t % kLanes);
+  double s = 0.0, q = 0.0;
+  float mx = 0.0f;
+  if (b < blocks) {
+    const int64_t end = min(n, (b + 1) * kBlock);
+    for (int64_t i = b * kBlock + j; i < end; i += kLanes) {
+      const float x = g[i];
+      const double d = static_cast<double>(x);
+      s = __dadd_rn(s, d);
+      q = __dadd_rn(q, __dmul_rn(d, d));
+      mx = fmaxf(mx, fabsf(x));
+    }
+  }
+  s = combine_lanes_in_warp(s);
+  q = combine_lanes_in_warp(q);
+  for (int offset = 16; offset > 0; offset >>= 1) mx = fmaxf(mx, __shfl_down_sync(0xFFFFFFFFu, mx, offset));
+  if (b < blocks && j == 0) {
+    sums[b] = s;
+    squares[b] = q;
+  }
+  if ((threadIdx.x & 31u) == 0) atomicMax(maxbits, __float_as_uint(mx));  // non-negative floats order as integers
+}
+
+// t = float32(clip * sigma) (+inf when clipping is off or sigma = 0), s = min(max|g|, t); +inf for NaN/Inf input.
+__global__ void scale_finish_kernel(double* sums, double* squares, double* scratch, int64_t blocks,
+                                    const unsigned* maxbits, int64_t n, double clip, float* out) {
+  const double sum = pairwise_tree_in_block(sums, scratch, blocks);
+  const double sq = pairwise_tree_in_block(squares, scratch, blocks);
+  if (threadIdx.x != 0) return;
+  const float inf = __int_as_float(0x7F800000);
+  if (!isfinite(sum) || !isfinite(sq)) {
+    out[0] = inf;
+    out[1] = inf;
+    return;
+  }
+  float threshold = inf;
+  if (clip > 0.0 && n > 0) {
+    const double count = static_cast<double>(n);
+    const double mean = __ddiv_rn(sum, count);
+    const double var = fmax(__dsub_rn(__ddiv_rn(sq, count), __dmul_rn(mean, mean)), 0.0);
+    const double sigma = __dsqrt_rn(var);
+    if (sigma > 0.0) threshold = __double2float_rn(__dmul_rn(clip, sigma));
+  }
+  out[0] = threshold;
+  out[1] = fminf(__uint_as_float(*maxbits), threshold);
+}
+
+__global__ void encode_kernel(const float* g, int64_t n, float threshold, float scale, RandomKey key, int per,
+                              int64_t packed_bytes, bool zeros, uint8_t* payload) {
+  __shared__ float tile[kThreads * kGroup];
+  if (blockIdx.x == 0 && threadIdx.x == 0) {  // the header: the float32 scale, little-endian
+    const unsigned bits = __float_as_uint(scale);
+    for (int i = 0; i < 4; ++i) payload[i] = static_cast<uint8_t>(bits >> (8 * i));
+  }
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads * kGroup;
+  for (int i = threadIdx.x; i < kThreads * kGroup; i += kThreads) {
+    const int64_t k = first + i;
+    tile[i] = k < n ? g[k] : 0.0f;
+  }
+  __syncthreads();
+  const int64_t e0 = first + static_cast<int64_t>(threadIdx.x) * kGroup;
+  if (e0 >= n) return;
+  const float* x = tile + threadIdx.x * kGroup;
+  uint8_t codes[kGroup];
+#pragma unroll
+  for (int b = 0; b < kGroup / 4; ++b) {
+    const Philox4 r = philox_block(key, static_cast<uint32_t>(e0 / 4 + b));
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const int i = 4 * b + w;
+      const float xc = fminf(fmaxf(x[i], -threshold), threshold);
+      const float p = __fdiv_rn(fabsf(xc), scale);
+      const uint8_t keep = !zeros && (e0 + i < n) && (philox_uniform(r.v[w]) < p);
+      codes[i] = static_cast<uint8_t>(keep + (keep & (x[i] < 0.0f)));
+    }
+  }
+  uint8_t* out = payload + kTernaryHeaderBytes;
+  const int64_t byte0 = e0 / per;
+  for (int j = 0; j < kGroup / per && byte0 + j < packed_bytes; ++j) {
+    const uint8_t* c = codes + per * j;
+    out[byte0 + j] = per == 4 ? static_cast<uint8_t>(c[0] | (c[1] << 2) | (c[2] << 4) | (c[3] << 6))
+                              : static_cast<uint8_t>(c[0] + 3 * c[1] + 9 * c[2] + 27 * c[3] + 81 * c[4]);
+  }
+}
+
+__device__ __forceinline__ float load_float(const uint8_t* p) {  // payload scales are not 4-byte aligned
+  return __uint_as_float(static_cast<unsigned>(p[0]) | (static_cast<unsigned>(p[1]) << 8) |
+                         (static_cast<unsigned>(p[2]) << 16) | (static_cast<unsigned>(p[3]) << 24));
+}
+
+// {0: 0, 1: +1, 2: -1} of code j of a packed byte; base-3 bytes above 242 never occur and decode as zeros.
+__device__ __forceinline__ int code_value(uint8_t byte, int j, int per) {
+  int c;
+  if (per == 4) {
+    c = (byte >> (2 * j)) & 3;
+  } else {
+    int rest = byte < 243 ? byte : 0;
+    for (int t = 0; t < j; ++t) rest /= 3;
+    c = rest % 3;
+  }
+  return c == 1 ? 1 : (c == 2 ? -1 : 0);
+}
+
+__global__ void decode_flags_kernel(const uint8_t* gathered, int nranks, int64_t stride, int32_t* flags) {
+  const float first = load_float(gathered);
+  int bad = -1, shared = 1;
+  for (int r = 0; r < nranks; ++r) {
+    const float s = load_float(gathered + r * stride);
+    if (!isfinite(s)) {
+      bad = r;
+      break;
+    }
+    shared = shared && (s == first);
+  }
+  flags[0] = bad;
+  flags[1] = shared;
+}
+
+__global__ void decode_kernel(const uint8_t* gathered, int nranks, int64_t n, int per, int64_t stride,
+                              float divisor, const int32_t* flags, float* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= (n + per - 1) / per || flags[0] != -1) return;
+  const bool shared = flags[1] != 0;
+  const float first = load_float(gathered);
+  int count[5] = {0, 0, 0, 0, 0};
+  float acc[5] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  for (int r = 0; r < nranks; ++r) {
+    const uint8_t* base = gathered + r * stride;
+    const uint8_t byte = base[kTernaryHeaderBytes + i];
+    if (shared) {
+      for (int j = 0; j < per; ++j) count[j] += code_value(byte, j, per);
+    } else {
+      const float s = load_float(base);
+      for (int j = 0; j < per; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(s, static_cast<float>(code_value(byte, j, per))));
+    }
+  }
+  for (int j = 0; j < per; ++j) {
+    const int64_t k = per * i + j;
+    if (k < n) {
+      out[k] = shared ? __fdiv_rn(__fmul_rn(static_cast<float>(count[j]), first), divisor) : __fdiv_rn(acc[j], divisor);
+    }
+  }
+}
+
+int codes_per_byte(Packing packing) { return packing == Packing::kTwoBit ? 4 : 5; }
+
+}  // namespace
+
+int64_t ternary_scale_workspace_bytes(int64_t n) {
+  const int64_t blocks = reduce_blocks(n) > 0 ? reduce_blocks(n) : 1;
+  return 3 * blocks * static_cast<int64_t>(sizeof(double)) + 16;
+}
+
+void ternary_local_scale(const float* g, int64_t n, double clip, float* threshold_scale, void* workspace,
+                         void* stream) {
+  const cudaStream_t s = as_stream(stream);
+  const int64_t blocks = reduce_blocks(n), room = blocks > 0 ? blocks : 1;
+  double* sums = static_cast<double*>(workspace);
+  double* squares = sums + room;
+  double* scratch = squares + room;
+  unsigned* maxbits = reinterpret_cast<unsigned*>(scratch + room);
+  check(cudaMemsetAsync(maxbits, 0, sizeof(unsigned), s), "ternary_local_scale (memset)");
+  if (blocks > 0) {
+    stats_lanes_kernel<<<grid_for(lane_threads(n)), kThreads, 0, s>>>(g, n, blocks, sums, squares, maxbits);
+  }
+  scale_finish_kernel<<<1, 1024, 0, s>>>(sums, squares, scratch, blocks, maxbits, n, clip > 0.0 ? clip : 0.0,
+                                         threshold_scale);
+  check(cudaGetLastError(), "ternary_local_scale");
+}
+
+void ternary_encode(const float* g, int64_t n, float threshold, float scale, const RandomKey& key, Packing packing,
+                    uint8_t* payload, void* stream) {
+  const int per = codes_per_byte(packing);
+  const bool zeros = !(scale > 0.0f) || !std::isfinite(scale);
+  const int64_t groups = (n + kThreads * kGroup - 1) / (kThreads * kGroup);
+  encode_kernel<<<static_cast<unsigned>(groups > 0 ? groups : 1), kThreads, 0, as_stream(stream)>>>(
+      g, n, threshold, scale, key, per, ternary_packed_bytes(n, packing), zeros, payload);
+  check(cudaGetLastError(), "ternary_encode");
+}
+
+void ternary_decode_average(const uint8_t* gathered, int nranks, int64_t n, Packing packing, float divisor,
+                            float* out, int32_t* flags, void* stream) {
+  if (nranks <= 0) throw std::invalid_argument("nranks must be >= 1");
+  const cudaStream_t s = as_stream(stream);
+  const int per = codes_per_byte(packing);
+  const int64_t stride = ternary_payload_bytes(n, packing);
+  decode_flags_kernel<<<1, 1, 0, s>>>(gathered, nranks, stride, flags);
+  const int64_t bytes = ternary_packed_bytes(n, packing);
+  if (bytes > 0) {
+    decode_kernel<<<grid_for(bytes), kThreads, 0, s>>>(gathered, nranks, n, per, stride, divisor, flags, out);
+  }
+  check(cudaGetLastError(), "ternary_decode_average");
+}
+
+}  // namespace cuda
+}  // namespace hvdext

@@ -1,0 +1,144 @@
+"""GPU kernels (cpp/cuda/): every .cu file compiles with nvcc on every machine that has nvcc (CI's kind does, without
+a GPU), and the PyTorch binding's CUDA branch compiles; on a GPU with a CUDA build of horovod_ext the kernels give
+the CPU kernels' bits (ternary encode/decode, statistics, error feedback, top-k), and error feedback conserves
+g + r exactly."""
+import glob
+import math
+import os
+import shutil
+import subprocess
+import sysconfig
+
+import numpy as np
+import pytest
+import torch
+
+from hvdrun import ROOT
+from horovod_ext import _torch_ops as ops
+
+NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+CU_FILES = sorted(glob.glob(os.path.join(ROOT, "cpp", "cuda", "*.cu")))
+GPU = torch.cuda.is_available() and ops.built_with_cuda()
+NO_GPU = ("no GPU here: torch.cuda.is_available() is False" if not torch.cuda.is_available()
+          else "horovod_ext was built without CUDA (a CPU build of torch or no nvcc at install)")
+
+
+def test_there_are_cuda_sources():
+    names = sorted(os.path.basename(f) for f in CU_FILES)
+    assert names == ["ternary.cu", "topk.cu"]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed on this machine")
+@pytest.mark.parametrize("source", CU_FILES, ids=os.path.basename)
+def test_cuda_source_compiles_with_nvcc(source, tmp_path):
+    """The flags setup.py uses (--fmad=false keeps the arithmetic IEEE as written), for Hopper (sm_90)."""
+    cmd = [NVCC, "-std=c++17", "-O3", "--fmad=false", "-arch=sm_90", "-I", os.path.join(ROOT, "cpp", "include"),
+           "-c", source, "-o", str(tmp_path / "out.o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "warning" not in proc.stderr.lower(), proc.stderr[-4000:]
+
+
+def test_binding_cuda_branch_compiles(tmp_path):
+    """The binding's CUDA branch needs no CUDA header: it compiles against this (CPU) torch's headers too."""
+    from torch.utils.cpp_extension import include_paths
+
+    cmd = ["g++", "-std=c++17", "-fsyntax-only", "-DHVDEXT_WITH_CUDA", "-DTORCH_EXTENSION_NAME=_torch_ops",
+           "-I", os.path.join(ROOT, "cpp", "include"), "-I", sysconfig.get_paths()["include"],
+           *[f"-I{p}" for p in include_paths()], os.path.join(ROOT, "cpp", "torch", "ops.cpp")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_cpu_build_rejects_cuda_tensors_clearly():
+    if ops.built_with_cuda():
+        pytest.skip("this build has the CUDA kernels")
+    assert "built without CUDA" in open(os.path.join(ROOT, "cpp", "torch", "ops.cpp")).read()
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA tensor can be made here to pass to the op")
+    with pytest.raises(RuntimeError, match="built without CUDA"):
+        ops.topk_select(torch.randn(10, device="cuda"), 3)
+
+
+# ------------------------------------------------------------------------------------------------ on a GPU
+SIZES = [1, 5, 19, 20, 21, 4095, 4096, 4097, 65537, 1000003, 3 * 4096 * 64 + 11]
+
+
+def gradient(n, seed=0, heavy=True):
+    rng = np.random.default_rng(seed + n)
+    g = rng.standard_t(df=2, size=n) if heavy else rng.standard_normal(n)
+    return torch.from_numpy(g.astype(np.float32))
+
+
+@pytest.mark.skipif(not GPU, reason=NO_GPU)
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("packing", [0, 1], ids=["2bit", "base3"])
+def test_gpu_ternary_bit_identical_to_cpu(n, packing):
+    g = gradient(n)
+    stream = torch.cuda.current_stream().cuda_stream
+    for clip in (2.5, 0.0):
+        cpu_scale = ops.ternary_local_scale(g, clip)
+        gpu_scale = ops.ternary_local_scale(g.cuda(), clip, stream)
+        assert gpu_scale == cpu_scale
+        key = (n * 2654435761 % 2 ** 64, n % 17, 12345 + n, n % 5)
+        cpu = ops.ternary_encode(g, *cpu_scale, *key, packing)
+        gpu = ops.ternary_encode(g.cuda(), *gpu_scale, *key, packing, stream)
+        assert torch.equal(gpu.cpu(), cpu)
+        gathered = torch.cat([cpu, ops.ternary_encode(g * 0.5, *ops.ternary_local_scale(g * 0.5, clip),
+                                                      *key, packing)])
+        out_cpu, out_gpu = torch.empty(n), torch.empty(n, device="cuda")
+        assert ops.ternary_decode_average(gathered, 2, n, packing, 2.0, out_cpu) == -1
+        assert ops.ternary_decode_average(gathered.cuda(), 2, n, packing, 2.0, out_gpu, stream) == -1
+        assert torch.equal(out_gpu.cpu(), out_cpu)
+
+
+@pytest.mark.skipif(not GPU, reason=NO_GPU)
+def test_gpu_ternary_flags_nan_and_shared_scales():
+    n = 10000
+    g = gradient(n)
+    g[17] = float("nan")
+    thr, scale = ops.ternary_local_scale(g.cuda(), 2.5, torch.cuda.current_stream().cuda_stream)
+    assert math.isinf(scale)
+    payload = ops.ternary_encode(g.cuda(), thr, scale, 1, 2, 3, 0, 1)
+    good = ops.ternary_encode(gradient(n), *ops.ternary_local_scale(gradient(n), 2.5), 1, 2, 3, 1, 1).cuda()
+    out = torch.zeros(n, device="cuda")
+    assert ops.ternary_decode_average(torch.cat([good, payload]), 2, n, 1, 2.0, out) == 1
+    assert torch.count_nonzero(out) == 0  # untouched
+
+
+@pytest.mark.skipif(not GPU, reason=NO_GPU)
+@pytest.mark.parametrize("n", SIZES)
+def test_gpu_error_feedback_and_topk_bit_identical_to_cpu(n):
+    stream = torch.cuda.current_stream().cuda_stream
+    g, r0 = gradient(n, seed=1), gradient(n, seed=2) * 0.01
+    r_cpu, r_gpu = r0.clone(), r0.cuda()
+    assert ops.ef_accumulate(g.cuda(), r_gpu, stream) == ops.ef_accumulate(g, r_cpu)
+    assert torch.equal(r_gpu.cpu(), r_cpu)
+    for k in sorted({1, max(1, n // 1000), max(1, n // 100), max(1, n // 10), n}):
+        idx_cpu = ops.topk_select(r_cpu, k)
+        idx_gpu = ops.topk_select(r_gpu, k, stream)
+        assert torch.equal(idx_gpu.cpu(), idx_cpu), k
+        for value_type in (0, 1):
+            rc, rg = r_cpu.clone(), r_gpu.clone()
+            p_cpu = ops.topk_extract(rc, idx_cpu, value_type)
+            p_gpu = ops.topk_extract(rg, idx_gpu, value_type, stream)
+            assert torch.equal(p_gpu.cpu(), p_cpu) and torch.equal(rg.cpu(), rc)
+
+
+@pytest.mark.skipif(not GPU, reason=NO_GPU)
+def test_gpu_topk_ties_nan_inf_and_conservation():
+    stream = torch.cuda.current_stream().cuda_stream
+    x = torch.ones(50000)
+    x[::7] = 2.0
+    x[123], x[456], x[789] = float("nan"), float("inf"), -float("inf")
+    for k in (1, 3, 100, 7143, 7150, 49999):
+        assert torch.equal(ops.topk_select(x.cuda(), k, stream).cpu(), ops.topk_select(x, k)), k
+    g, r = gradient(300000, seed=5), torch.zeros(300000, device="cuda")
+    ops.ef_accumulate(g.cuda(), r, stream)
+    g_ef = r.clone()
+    idx = ops.topk_select(r, 3000, stream)
+    payload = ops.topk_extract(r, idx, 0, stream)
+    sent = torch.from_numpy(payload.cpu().numpy()[4 * 3000:].view(np.float16).astype(np.float32)).cuda()
+    rebuilt = r.clone()
+    rebuilt[idx.long()] += sent
+    assert torch.equal(rebuilt, g_ef)  # sent + r == g_ef exactly: error feedback loses nothing
