@@ -68,13 +68,27 @@ def progress(items, desc):
     return tqdm(items, desc=desc, unit="run", file=sys.stderr, dynamic_ncols=True)
 
 
-def bar_plot(path, title, groups, ylabel, log=False):
-    """Grouped bars: groups = {group label: {series label: value}}; saved as PNG."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(plt, fig, ax, path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def bar_plot(path, title, groups, ylabel, log=False):
+    """Grouped bars: groups = {group label: {series label: value}}; saved as PNG."""
+    plt = _pyplot()
     series = list(dict.fromkeys(s for values in groups.values() for s in values))
     width = 0.8 / max(len(series), 1)
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(groups) * max(1, len(series)) * 0.5), 4))
@@ -86,20 +100,12 @@ def bar_plot(path, title, groups, ylabel, log=False):
     ax.set(title=title, ylabel=ylabel)
     if log:
         ax.set_yscale("log")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path)
 
 
 def line_plot(path, title, xs, lines, xlabel, ylabel, logx=False, logy=False):
     """lines = {label: [y for each x]}; saved as PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for label, ys in lines.items():
         ax.plot(xs, ys, marker="o", label=label)
@@ -108,8 +114,4 @@ def line_plot(path, title, xs, lines, xlabel, ylabel, logx=False, logy=False):
         ax.set_xscale("log", base=2)
     if logy:
         ax.set_yscale("log")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path)

@@ -43,3 +43,14 @@ def write_result(rank, result):
     """Called by a worker: store this rank's result for the launching test."""
     with open(os.path.join(os.environ["HVDEXT_TEST_OUT"], f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
+
+
+def assert_error_cases(record, expected):
+    """A worker's record of bad-input cases ([{case, type, message}]) holds exactly the expected cases, each with the
+    expected exception type and message fragments: expected = {case: (type name, [fragments])}."""
+    cases = {c["case"]: c for c in record["cases"]}
+    assert set(cases) == set(expected)
+    for case, (etype, fragments) in expected.items():
+        assert cases[case]["type"] == etype, (record.get("rank"), case, cases[case])
+        for fragment in fragments:
+            assert fragment in cases[case]["message"], (record.get("rank"), case, fragment, cases[case]["message"])

@@ -53,25 +53,36 @@ const int8_t* ternary_byte_values(uint8_t byte, Packing packing) {
 
 namespace {
 
-// One block's lane sums of g and g^2 (lane j: elements i = j mod 8, in order) and its max |g|.
-HVDEXT_VECTOR_CLONES void block_stats(const float* g, int64_t m, double* sum, double* sq, float* mx) {
-  for (int j = 0; j < kLanes; ++j) sum[j] = sq[j] = 0.0, mx[j] = 0.0f;
-  const int64_t full = m / kLanes * kLanes;
-  for (int64_t i = 0; i < full; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      const double x = g[i + j];
-      sum[j] += x;
-      sq[j] += x * x;
-      mx[j] = std::max(mx[j], std::fabs(g[i + j]));
+// Every block's lane sums of g and g^2 (lane j: elements i = j mod 8 of the block, in order), combined per block
+// into sums[b] and squares[b]; returns max|g|. One multi-versioned function for all blocks: a call per block costs.
+HVDEXT_VECTOR_CLONES float block_stats(const float* g, int64_t n, double* sums, double* squares) {
+  float mx[kLanes] = {0};
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t m = std::min(kBlock, n - start);
+    const float* x = g + start;
+    double sum[kLanes] = {0}, sq[kLanes] = {0};
+    const int64_t full = m / kLanes * kLanes;
+    for (int64_t i = 0; i < full; i += kLanes) {
+      for (int j = 0; j < kLanes; ++j) {
+        const double v = x[i + j];
+        sum[j] += v;
+        sq[j] += v * v;
+        mx[j] = std::max(mx[j], std::fabs(x[i + j]));
+      }
     }
+    for (int64_t i = full; i < m; ++i) {
+      const int j = static_cast<int>(i - full);
+      const double v = x[i];
+      sum[j] += v;
+      sq[j] += v * v;
+      mx[j] = std::max(mx[j], std::fabs(x[i]));
+    }
+    sums[start / kBlock] = combine_lanes(sum);
+    squares[start / kBlock] = combine_lanes(sq);
   }
-  for (int64_t i = full; i < m; ++i) {
-    const int j = static_cast<int>(i - full);
-    const double x = g[i];
-    sum[j] += x;
-    sq[j] += x * x;
-    mx[j] = std::max(mx[j], std::fabs(g[i]));
-  }
+  float m = 0.0f;
+  for (int j = 0; j < kLanes; ++j) m = std::max(m, mx[j]);
+  return m;
 }
 
 }  // namespace
@@ -79,15 +90,7 @@ HVDEXT_VECTOR_CLONES void block_stats(const float* g, int64_t m, double* sum, do
 GradientStats gradient_stats(const float* g, int64_t n) {
   const int64_t blocks = reduce_blocks(n);
   std::vector<double> sums(static_cast<size_t>(blocks)), squares(static_cast<size_t>(blocks));
-  float m = 0.0f;
-  for (int64_t b = 0; b < blocks; ++b) {
-    double sum[kLanes], sq[kLanes];
-    float mx[kLanes];
-    block_stats(g + b * kBlock, std::min(kBlock, n - b * kBlock), sum, sq, mx);
-    sums[b] = combine_lanes(sum);
-    squares[b] = combine_lanes(sq);
-    for (int j = 0; j < kLanes; ++j) m = std::max(m, mx[j]);
-  }
+  const float m = block_stats(g, n, sums.data(), squares.data());
   GradientStats st;
   st.sum = pairwise_tree(sums.data(), blocks);
   st.sumsq = pairwise_tree(squares.data(), blocks);

@@ -42,35 +42,37 @@ void check_k(int64_t n, int64_t k) {
 
 namespace {
 
-// r += g over one block; lane sums of r^2 (lane j: elements i = j mod 8, in order).
-HVDEXT_VECTOR_CLONES void block_accumulate(const float* g, float* r, int64_t m, double* sq) {
-  for (int j = 0; j < kLanes; ++j) sq[j] = 0.0;
-  const int64_t full = m / kLanes * kLanes;
-  for (int64_t i = 0; i < full; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      const float v = r[i + j] + g[i + j];
-      r[i + j] = v;
-      sq[j] += static_cast<double>(v) * static_cast<double>(v);
+// r += g; every block's lane sums of r^2 (lane j: elements i = j mod 8 of the block, in order), combined per block
+// into squares[b]. One multi-versioned function for all blocks.
+HVDEXT_VECTOR_CLONES void block_accumulate(const float* g, float* r, int64_t n, double* squares) {
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t m = std::min(kBlock, n - start);
+    const float* x = g + start;
+    float* y = r + start;
+    double sq[kLanes] = {0};
+    const int64_t full = m / kLanes * kLanes;
+    for (int64_t i = 0; i < full; i += kLanes) {
+      for (int j = 0; j < kLanes; ++j) {
+        const float v = y[i + j] + x[i + j];
+        y[i + j] = v;
+        sq[j] += static_cast<double>(v) * static_cast<double>(v);
+      }
     }
-  }
-  for (int64_t i = full; i < m; ++i) {
-    const float v = r[i] + g[i];
-    r[i] = v;
-    sq[i - full] += static_cast<double>(v) * static_cast<double>(v);
+    for (int64_t i = full; i < m; ++i) {
+      const float v = y[i] + x[i];
+      y[i] = v;
+      sq[i - full] += static_cast<double>(v) * static_cast<double>(v);
+    }
+    squares[start / kBlock] = combine_lanes(sq);
   }
 }
 
 }  // namespace
 
 double ef_accumulate(const float* g, float* r, int64_t n) {
-  const int64_t blocks = reduce_blocks(n);
-  std::vector<double> squares(static_cast<size_t>(blocks));
-  for (int64_t b = 0; b < blocks; ++b) {
-    double sq[kLanes];
-    block_accumulate(g + b * kBlock, r + b * kBlock, std::min(kBlock, n - b * kBlock), sq);
-    squares[b] = combine_lanes(sq);
-  }
-  return pairwise_tree(squares.data(), blocks);
+  std::vector<double> squares(static_cast<size_t>(reduce_blocks(n)));
+  block_accumulate(g, r, n, squares.data());
+  return pairwise_tree(squares.data(), reduce_blocks(n));
 }
 
 void topk_select(const float* x, int64_t n, int64_t k, int32_t* out) {

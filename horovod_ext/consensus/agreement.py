@@ -50,3 +50,13 @@ def process_set_for(ranks, size, add_process_set):
         return add_process_set(ranks)
     except Exception as exc:  # Horovod raises different types for "dynamic process sets are off"
         raise RuntimeError(f"cannot create the Horovod process set {ranks}: {exc}; {DYNAMIC_HELP}") from exc
+
+
+def level_process_sets(sync, size, add_process_set):
+    """{level name: process set} of a configured LeaderSync's levels with more than one member. Every rank adds
+    every group, in the same order (Horovod's add_process_set is collective), not only its own."""
+    for group in sync.groups:
+        if len(group) > 1:
+            process_set_for(group, size, add_process_set)
+    return {level.name: process_set_for(level.members, size, add_process_set)
+            for level in sync.levels if len(level.members) > 1}

@@ -28,7 +28,7 @@ from horovod_ext.compression import CompressionStats
 from horovod_ext.compression.consistency import split_blobs
 from horovod_ext.compression.wire import allreduce_wire_bytes
 from horovod_ext.consensus import ElasticSync, LeaderSync
-from horovod_ext.consensus.agreement import build_on_every_rank, process_set_for
+from horovod_ext.consensus.agreement import build_on_every_rank, level_process_sets
 from .aggregator import collective_name, variable_names
 
 _ids = itertools.count()
@@ -91,11 +91,7 @@ class _LeaderState(_SyncState):
         with tf.init_scope():
             self.best_rank = tf.Variable(0, dtype=tf.int32, trainable=False, name="best_rank")
             self.last_election = tf.Variable(0, dtype=tf.int64, trainable=False, name="last_election")
-        for group in sync.groups:  # every rank adds every group in the same order (collective)
-            if len(group) > 1:
-                process_set_for(group, hvd.size(), hvd.add_process_set)
-        self.process_sets = {level.name: process_set_for(level.members, hvd.size(), hvd.add_process_set)
-                             for level in sync.levels if len(level.members) > 1}
+        self.process_sets = level_process_sets(sync, hvd.size(), hvd.add_process_set)
 
     def _due_mask(self, step, variables):
         """Bit i set: level i pulls at this step. Also counts this step's bytes."""

@@ -24,7 +24,7 @@ from horovod_ext.compression import CompressionStats
 from horovod_ext.compression.consistency import split_blobs
 from horovod_ext.compression.wire import allreduce_wire_bytes
 from horovod_ext.consensus import ElasticSync, LeaderSync
-from horovod_ext.consensus.agreement import build_on_every_rank, process_set_for
+from horovod_ext.consensus.agreement import build_on_every_rank, level_process_sets
 
 STATE_KEY = "horovod_ext"
 _ids = itertools.count()
@@ -136,12 +136,7 @@ class _Leader(_ParameterSync):
     _hx_what = "LeaderOptimizer"
 
     def _hx_make_process_sets(self):
-        sync = self._hx_sync
-        for group in sync.groups:  # every rank adds every group, in the same order (add_process_set is collective)
-            if len(group) > 1:
-                process_set_for(group, hvd.size(), hvd.add_process_set)
-        self._hx_sets = {level.name: process_set_for(level.members, hvd.size(), hvd.add_process_set)
-                         for level in sync.levels if len(level.members) > 1}
+        self._hx_sets = level_process_sets(self._hx_sync, hvd.size(), hvd.add_process_set)
 
     def _hx_broadcast(self, root, level_name):
         ps = self._hx_sets[level_name]
