@@ -26,8 +26,8 @@ import tensorflow as tf
 
 from horovod_ext.compression import CompressionStats
 from horovod_ext.compression.consistency import split_blobs
-from horovod_ext.compression.wire import allreduce_wire_bytes
 from horovod_ext.consensus import ElasticSync, LeaderSync
+from horovod_ext.consensus.accounting import account_dense_reference
 from horovod_ext.consensus.agreement import build_on_every_rank, level_process_sets
 from .aggregator import collective_name, variable_names
 
@@ -63,8 +63,7 @@ class _SyncState(tf.Module):
     def _account_step(self, variables):
         """Python, once per step (eagerly or from py_function): the dense reference and this step's rounds."""
         param_bytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in variables)
-        self.stats.add(elements=sum(int(np.prod(v.shape)) for v in variables), dense_bytes=param_bytes,
-                       dense_wire_bytes=allreduce_wire_bytes(param_bytes, hvd.size()))
+        account_dense_reference(self.stats, sum(int(np.prod(v.shape)) for v in variables), param_bytes, hvd.size())
         return param_bytes
 
     def _python(self, fn, inputs, tout):

@@ -22,8 +22,8 @@ import torch
 
 from horovod_ext.compression import CompressionStats
 from horovod_ext.compression.consistency import split_blobs
-from horovod_ext.compression.wire import allreduce_wire_bytes
 from horovod_ext.consensus import ElasticSync, LeaderSync
+from horovod_ext.consensus.accounting import account_dense_reference
 from horovod_ext.consensus.agreement import build_on_every_rank, level_process_sets
 
 STATE_KEY = "horovod_ext"
@@ -80,10 +80,9 @@ class _ParameterSync:
         self._hx_step += 1
         start = time.perf_counter()
         self._hx_communicate(self._hx_step)
-        elements = sum(p.numel() for p in self._hx_params)
-        self._hx_stats.add(comm_seconds=time.perf_counter() - start, elements=elements,
-                           dense_bytes=self._hx_param_bytes,
-                           dense_wire_bytes=allreduce_wire_bytes(self._hx_param_bytes, hvd.size()))
+        self._hx_stats.add(comm_seconds=time.perf_counter() - start)
+        account_dense_reference(self._hx_stats, sum(p.numel() for p in self._hx_params), self._hx_param_bytes,
+                                hvd.size())
         self._hx_stats.end_step()
         super().step()
         return loss
