@@ -123,13 +123,6 @@ def _bind(original, args, kwargs):
     return dict(bound.arguments)
 
 
-def _reject_unsupported(what, arguments, defaults):
-    for name, default in defaults.items():
-        if name in arguments and arguments[name] != default:
-            raise ValueError(f"horovod_ext.run: {what}({name}={arguments[name]!r}) is not supported by "
-                             f"horovod-ext's {what}; leave it at {default!r}")
-
-
 def torch_patch(module, choice, registry):
     original = module.DistributedOptimizer
 
@@ -143,9 +136,15 @@ def torch_patch(module, choice, registry):
         return optimizer
 
     DistributedOptimizer.__doc__ = original.__doc__
+    # Horovod's broadcast_optimizer_state compares an optimizer's module with this function's
+    DistributedOptimizer.__module__ = original.__module__
     module.DistributedOptimizer = DistributedOptimizer
     if "horovod.torch.optimizer" in sys.modules:
         sys.modules["horovod.torch.optimizer"].DistributedOptimizer = DistributedOptimizer
+    # the resume pattern's broadcast_optimizer_state also carries horovod-ext's compressor state
+    from horovod_ext.torch.functions import broadcast_optimizer_state
+
+    module.broadcast_optimizer_state = broadcast_optimizer_state
 
 
 def tensorflow_patch(module, choice, registry):
@@ -155,12 +154,8 @@ def tensorflow_patch(module, choice, registry):
         import horovod_ext.tensorflow as ext
 
         arguments = _bind(original, args, kwargs)
-        _reject_unsupported("DistributedGradientTape", arguments, {"gradient_predivide_factor": 1.0})
-        tape = ext.DistributedGradientTape(
-            arguments["gradtape"], compression=choice if not isinstance(choice, str) else getattr(ext.Compression, choice),
-            op=arguments.get("op"), process_set=arguments["process_set"],
-            device_dense=arguments.get("device_dense", ""), device_sparse=arguments.get("device_sparse", ""),
-            sparse_as_dense=arguments.get("sparse_as_dense", True))
+        arguments["compression"] = choice if not isinstance(choice, str) else getattr(ext.Compression, choice)
+        tape = ext.DistributedGradientTape(**arguments)
         registry.add(ext.rank(), tape.aggregator, timed=False)
         return tape
 
@@ -175,11 +170,8 @@ def keras_patch(module, choice, registry):
         import horovod_ext.tensorflow.keras as ext
 
         arguments = _bind(original, args, kwargs)
-        _reject_unsupported("DistributedOptimizer", arguments,
-                            {"gradient_predivide_factor": 1.0, "backward_passes_per_step": 1})
-        optimizer = ext.DistributedOptimizer(
-            arguments["optimizer"], compression=choice if not isinstance(choice, str) else getattr(ext.Compression, choice),
-            op=arguments.get("op"), process_set=arguments["process_set"], name=arguments.get("name"))
+        arguments["compression"] = choice if not isinstance(choice, str) else getattr(ext.Compression, choice)
+        optimizer = ext.DistributedOptimizer(**arguments)
         registry.add(ext.rank(), optimizer, timed=False)
         return optimizer
 

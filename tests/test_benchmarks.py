@@ -9,7 +9,8 @@ from hvdrun import ROOT
 
 EXPECTED = {"kernels": ["kernels_speedup.png"], "tf_kernels": ["tf_kernels_speedup.png"],
             "gpu_kernels": ["gpu_kernels.png"], "wire": ["wire_bytes.png"],
-            "link": ["link_step_seconds.png"], "tta": ["tta_accuracy.png", "tta_cf.png"]}
+            "link": ["link_step_seconds.png"], "tta": ["tta_accuracy.png", "tta_cf.png"],
+            "soak": ["soak_rss_growth.png"]}
 
 
 def test_quick_benchmarks_write_json_tables_and_plots(tmp_path):

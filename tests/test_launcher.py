@@ -39,13 +39,13 @@ def test_unmodified_script_runs_compressed(script, compression):
     lines = summaries(output)
     assert len(lines) == 1, output[-3000:]  # rank 0 only
     name, sent, dense, ratio, comm, steps = lines[0]
-    assert name == compression and int(steps) in (20, 21)  # broadcast_optimizer_state steps once to make state
+    assert name == compression and int(steps) == 20  # broadcast_optimizer_state takes no step of ours
     assert float(ratio) >= least_ratio, (compression, ratio)
     if compression == "none":
         assert float(ratio) == pytest.approx(1.0)
     assert "final loss" in output
     if "torch" in script:
-        assert "optimizer horovod_ext.torch.optimizer" in output  # the script's optimizer is horovod_ext's
+        assert "horovod_ext optimizer True" in output  # the script's optimizer is horovod_ext's
         assert float(comm) > 0
     else:
         assert comm is None  # said to be untimed, not reported as 0

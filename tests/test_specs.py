@@ -80,3 +80,19 @@ def test_topk_invalid_arguments(kwargs, fragment):
     with pytest.raises(ValueError) as err:
         TopK(**kwargs)
     assert fragment in str(err.value)
+
+
+def test_checkpoint_residuals_restore_only_on_their_own_rank_and_size():
+    from horovod_ext.compression.resume import adopted_offer, residuals_for, split_checkpoint
+
+    shared, per_rank = split_checkpoint({"step": 7, "seed": 3, "stats": None, "controller": {"step": 7},
+                                         "rank": 1, "size": 4, "residuals": {"w": [1.0]}})
+    assert shared == {"step": 7, "seed": 3, "stats": None, "controller": {"step": 7}}
+    assert residuals_for(per_rank, 1, 4) == {"w": [1.0]}
+    assert residuals_for(per_rank, 0, 4) is None  # another rank's residuals are never taken
+    assert residuals_for(per_rank, 1, 2) is None  # nor those of a job of another size
+    # the older layout kept residuals and the controller under "transport"
+    shared, per_rank = split_checkpoint({"step": 2, "seed": None, "stats": None,
+                                         "transport": {"residuals": {"w": [2.0]}, "controller": None}})
+    assert shared["step"] == 2 and residuals_for(per_rank, 0, 8) == {"w": [2.0]}
+    assert adopted_offer([None, {"step": 5}, {"step": 9}]) == {"step": 5} and adopted_offer([None, None]) is None

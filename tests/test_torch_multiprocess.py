@@ -79,7 +79,7 @@ def test_two_phase_equals_allgather_bit_for_bit(ranks):
             assert check["transports"] == ["allgather", "two_phase"]
             assert check["equal"] and check["nonzero"], (r["rank"], packing)
             # counted from the tensors handed to alltoall/allgather; the formula rounds each chunk's bytes only
-            assert check["wire_bytes"] == check["plan_wire_bytes"]
+            assert check["wire_bytes"] == pytest.approx(check["plan_wire_bytes"], rel=1e-12)  # fractional ring bytes
             assert abs(check["wire_bytes"] - check["formula_wire_bytes"]) <= 2 * ranks
 
 

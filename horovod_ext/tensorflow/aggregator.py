@@ -18,9 +18,11 @@ from horovod_ext import __version__
 from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_payload_compressor
 from horovod_ext.compression.consistency import agree, optimizer_settings, split_blobs
 from horovod_ext.compression.gravac import GravacController
+from horovod_ext.compression.horovod_args import check_predivide
 from horovod_ext.compression.specs import check_tensor, describe_compression, element_limit, k_of
 from horovod_ext.compression.two_phase import TwoPhasePlan, choose_transport, scale_sharing_bytes
-from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes, tensor_key
+from horovod_ext.compression.wire import (JOIN_CHECK_BYTES, allgather_wire_bytes, allreduce_wire_bytes,
+                                          join_check_wire_bytes, tensor_key)
 from .ops import TernaryCodec, TopKCodec, seed_tensor
 
 OP_NAMES = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Adasum: "Adasum"}
@@ -55,12 +57,25 @@ def _fail(message, condition):
 
 
 class GradientAggregator(tf.Module):
-    def __init__(self, compression, op, process_set, name="horovod_ext_aggregator"):
+    """Horovod's arguments, with Horovod's meaning: ``sparse_as_dense`` (IndexedSlices gradients, from tf.gather or
+    embeddings, are densified and compressed like any dense gradient; else they travel as Horovod sends them, an
+    allgather of values and indices, and stay IndexedSlices), ``gradient_predivide_factor`` (linear compressors:
+    the sum of g / f, times f / size), ``device_dense`` / ``device_sparse`` (where the collectives are placed),
+    ``scale_local_gradients`` (gradients of variables registered with register_local_var are not communicated and,
+    if True, are divided by the number of ranks)."""
+
+    def __init__(self, compression, op, process_set, name="horovod_ext_aggregator", sparse_as_dense=False,
+                 gradient_predivide_factor=1.0, device_dense="", device_sparse="", scale_local_gradients=True):
         super().__init__(name=name)
         if compression is None:
             compression = hvd.Compression.none
         if op is None:
             op = hvd.Average
+        self.predivide = check_predivide(gradient_predivide_factor, op == hvd.Average)
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self.device_dense, self.device_sparse = device_dense, device_sparse
+        self.scale_local_gradients = bool(scale_local_gradients)
+        self._local_refs = set()
         if not is_payload_compressor(compression) and not (hasattr(compression, "compress")
                                                             and hasattr(compression, "decompress")):
             raise TypeError(f"compression must be one of hvd.Compression.none, fp16, ternary (or a Horovod "
@@ -118,8 +133,35 @@ class GradientAggregator(tf.Module):
         self._agreed = names
 
     # ------------------------------------------------------------------------------------------ aggregation
+    def register_local_var(self, var):
+        """Horovod's register_local_var / register_local_source: this variable's gradient stays local."""
+        self._local_refs.add(id(var))
+
     def aggregate(self, grads, variables):
-        """The averaged (or summed) gradients, in the order given; None gradients stay None."""
+        """The averaged (or summed) gradients, in the order given; None gradients stay None. Gradients of local
+        variables stay local; IndexedSlices travel by Horovod's sparse allreduce unless sparse_as_dense."""
+        out = list(grads)
+        local = [i for i, v in enumerate(variables) if id(v) in self._local_refs and grads[i] is not None]
+        sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices) and not self.sparse_as_dense
+                  and i not in local]
+        dense = [i for i, g in enumerate(grads) if g is not None and i not in local and i not in sparse]
+        with tf.device(self.device_dense):
+            for i, g in zip(dense, self._aggregate_dense([grads[i] for i in dense], [variables[i] for i in dense])):
+                out[i] = g
+        with tf.device(self.device_sparse):
+            for n, i in enumerate(sparse):
+                out[i] = hvd.allreduce(grads[i], op=self.op, name=collective_name("hvdext.sparse", n, variables[i].name),
+                                       ignore_name_scope=True, process_set=self.process_set)
+        size = self.process_set.size()
+        for i in local:
+            g = grads[i]
+            if self.scale_local_gradients:
+                g = tf.IndexedSlices(g.values / size, g.indices, g.dense_shape) if isinstance(g, tf.IndexedSlices) \
+                    else g / size
+            out[i] = g
+        return out
+
+    def _aggregate_dense(self, grads, variables):
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         names = variable_names([v for _, v in pairs])
@@ -133,14 +175,44 @@ class GradientAggregator(tf.Module):
         self._agree(names, present)
         if not payload:
             out = self._linear(names, present)
-        elif self.compression.name == "ternary":
-            out = self._ternary(names, present)
         else:
-            out = self._topk(names, present)
+            compressed = self._ternary if self.compression.name == "ternary" else self._topk
+            out = self._unless_a_rank_joined(names, present, compressed)
         result, it = [], iter(out)
         for g in grads:
             result.append(None if g is None else next(it))
         return result
+
+    def _unless_a_rank_joined(self, names, grads, compressed):
+        """Eagerly: the compressed path, unless some rank has called hvd.join(); then every gradient goes dense by
+        allreduce (with error feedback g + r, after which r = 0), so the ranks still training apply Horovod's own
+        allreduce. Horovod runs only allreduce while a rank is joined, and a cached allgather then crashes the
+        joined rank, so one 4-byte allreduce (Sum of 1 per training rank) decides first (as in
+        horovod_ext.torch.optimizer). Inside tf.function no check is made: there Horovod 0.28.1's TensorFlow join
+        fails on its own once any allgather has run (measured, with and without its response cache), so a rank
+        that joins ends the job with Horovod's error; the README says so."""
+        if not tf.executing_eagerly():
+            return compressed(names, grads)
+        size = self.process_set.size()
+        training = hvd.allreduce(tf.constant([1], tf.int32), op=hvd.Sum, name="hvdext.training",
+                                 ignore_name_scope=True, process_set=self.process_set)
+        out = compressed(names, grads) if int(training[0]) == size else self._join_dense(names, grads)
+        self._count(payload_bytes=JOIN_CHECK_BYTES, wire_bytes=join_check_wire_bytes(size))
+        return out
+
+    def _join_dense(self, names, grads):
+        outs = []
+        for i, (name, g) in enumerate(zip(names, grads)):
+            send = g
+            residual = self.residuals.get(name)
+            if residual is not None and getattr(self.compression, "error_feedback", False):
+                send = g + tf.cast(tf.reshape(residual, g.shape), g.dtype)
+                residual.assign(tf.zeros_like(residual))
+            outs.append(hvd.allreduce(send, op=self.op, name=collective_name("hvdext.join", i, name),
+                                      ignore_name_scope=True, process_set=self.process_set))
+        with tf.control_dependencies(outs):
+            self.step.assign_add(1)
+            return [tf.identity(o) for o in outs]
 
     def _count(self, **amounts):
         for key, value in amounts.items():
@@ -151,9 +223,11 @@ class GradientAggregator(tf.Module):
         self._bytes_per_step = {}
         out = []
         for index, (name, g) in enumerate(zip(names, grads)):
+            scale = {} if self.predivide == 1.0 else {"prescale_factor": 1.0 / self.predivide,
+                                                       "postscale_factor": self.predivide}
             out.append(hvd.allreduce(g, op=self.op, compression=self.compression,
                                      name=collective_name("hvdext", index, name),
-                                     ignore_name_scope=True, process_set=self.process_set))
+                                     ignore_name_scope=True, process_set=self.process_set, **scale))
             dense = g.shape.num_elements() * g.dtype.size
             sent = dense // 2 if self.compression is hvd.Compression.fp16 and g.dtype.size == 4 else dense
             self._count(payload_bytes=sent, dense_bytes=dense, elements=g.shape.num_elements(),

@@ -4,36 +4,52 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 from horovod.common.process_sets import global_process_set
 
+from horovod_ext.compression.horovod_args import check_groups
+
 from .aggregator import GradientAggregator
 
 _aggregators = {}
 
 
-def aggregator_for(compression, op, process_set):
-    """One aggregator (step counter, seed, settings check) per (compression, op, process set): a script that wraps a
-    new tape every step continues one random key sequence. Compressor specs are hashable for this."""
-    key = (compression, op, process_set.process_set_id)
+def aggregator_for(compression, op, process_set, **options):
+    """One aggregator (step counter, seed, settings check) per (compression, op, process set, Horovod options): a
+    script that wraps a new tape every step continues one random key sequence. Compressor specs are hashable."""
+    key = (compression, op, process_set.process_set_id, tuple(sorted(options.items())))
     if key not in _aggregators:
         _aggregators[key] = GradientAggregator(compression, op, process_set,
-                                               name=f"horovod_ext_tape_{len(_aggregators)}")
+                                               name=f"horovod_ext_tape_{len(_aggregators)}", **options)
     return _aggregators[key]
 
 
 class DistributedGradientTape:
     """Wraps a tf.GradientTape: gradient() computes the local gradients, then averages them across ranks with
-    `compression` (hvd.Compression.none, fp16 by allreduce; ternary by allgather or two-phase).
+    `compression` (hvd.Compression.none, fp16 by allreduce; ternary, topk, adaptive_topk by their transports).
 
-    Use as with Horovod: ``tape = hvd.DistributedGradientTape(tape, compression=hvd.Compression.ternary)``.
+    Use as with Horovod: ``tape = hvd.DistributedGradientTape(tape, compression=hvd.Compression.ternary)``. The
+    signature is Horovod 0.28.1's; ``sparse_as_dense``, ``gradient_predivide_factor``, ``device_dense``,
+    ``device_sparse`` and ``scale_local_gradients`` have Horovod's meaning (see GradientAggregator); ``num_groups``
+    and ``groups`` are checked as Horovod checks them and only batch allreduces (tensor fusion batches them here).
     Everything else of the wrapped tape (watch, stop_recording, ...) is reached through this object.
     """
 
-    def __init__(self, gradtape, compression=None, op=None, process_set=global_process_set, device_dense="",
-                 device_sparse="", sparse_as_dense=True):
+    def __init__(self, gradtape, device_dense="", device_sparse="", compression=None, sparse_as_dense=False,
+                 op=None, gradient_predivide_factor=1.0, num_groups=0, groups=None, process_set=global_process_set,
+                 scale_local_gradients=True):
         if not isinstance(gradtape, tf.GradientTape):
             raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape, got {type(gradtape).__name__}")
+        check_groups(num_groups, groups)
         self._tape = gradtape
         self.aggregator = aggregator_for(compression if compression is not None else hvd.Compression.none,
-                                         op if op is not None else hvd.Average, process_set)
+                                         op if op is not None else hvd.Average, process_set,
+                                         sparse_as_dense=bool(sparse_as_dense),
+                                         gradient_predivide_factor=gradient_predivide_factor,
+                                         device_dense=device_dense, device_sparse=device_sparse,
+                                         scale_local_gradients=bool(scale_local_gradients))
+
+    def register_local_source(self, source):
+        """Horovod's: the gradient of this source is not communicated (divided by the number of ranks if
+        scale_local_gradients)."""
+        self.aggregator.register_local_var(source)
 
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):

@@ -2,8 +2,8 @@
 
 ``import horovod_ext.torch as hvd`` keeps everything of ``horovod.torch`` (rank, allreduce, broadcast_parameters,
 ...) and replaces ``Compression`` (adds ternary, topk, adaptive_topk), ``DistributedOptimizer`` (carries payload
-compressors by allgather, reports ``compression_stats()``, keeps its state in ``state_dict()``) and ``init``
-(enables dynamic process sets), and adds the parameter-space optimizers ``LeaderOptimizer`` (LSGD) and
+compressors by allgather, reports ``compression_stats()``, keeps its state in ``state_dict()``) ``init``
+(enables dynamic process sets) and ``broadcast_optimizer_state`` (also broadcasts the compressor's state), and adds the parameter-space optimizers ``LeaderOptimizer`` (LSGD) and
 ``ElasticAveragingOptimizer`` (EASGD).
 """
 import horovod.torch as _horovod
@@ -11,6 +11,7 @@ from horovod.torch import *  # noqa: F401,F403  (everything of horovod.torch is 
 
 from horovod_ext.consensus.init import make_init  # noqa: E402
 from .compression import Compression  # noqa: E402
+from .functions import broadcast_optimizer_state  # noqa: E402
 from .leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402
 from .optimizer import DistributedOptimizer  # noqa: E402
 

@@ -11,6 +11,7 @@ raises SettingsMismatchError. A NaN/Inf gradient raises FloatingPointError on ev
 """
 import contextlib
 import itertools
+import random
 import warnings
 
 import horovod.torch as hvd
@@ -19,13 +20,17 @@ from horovod.common.process_sets import global_process_set
 
 from horovod_ext import __version__
 from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_payload_compressor
-from horovod_ext.compression.consistency import agree, optimizer_settings, split_blobs
+from horovod_ext.compression.consistency import exchange, optimizer_settings, split_blobs
+from horovod_ext.compression.horovod_args import check_groups, check_predivide
+from horovod_ext.compression.resume import adopted_offer, residuals_for, split_checkpoint
 from horovod_ext.compression.specs import describe_compression, element_limit
 from .ternary import check_gradient
-from .transport import AllreduceTransport, TernaryTransport, TopKTransport
+from horovod_ext.compression.wire import JOIN_CHECK_BYTES, join_check_wire_bytes
+from .transport import AllreduceTransport, SparsePending, TernaryTransport, TopKTransport, drain_handles
 
 _optimizer_ids = itertools.count()
 STATE_KEY = "horovod_ext"
+HOROVOD_OPTIMIZER_MODULE = "horovod.torch.optimizer"
 
 
 def _op_name(op):
@@ -35,7 +40,7 @@ def _op_name(op):
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, process_set):
+                 gradient_predivide_factor, process_set, sparse_as_dense=False):
         super(self.__class__, self).__init__(params)
         self._hx_id = next(_optimizer_ids)
         self._hx_compression = compression
@@ -63,6 +68,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("named_parameters must name every parameter the optimizer updates "
                              "(pass model.named_parameters() of the model whose parameters it holds)")
         self._hx_names = {p: by_param.get(p, f"noname.{i}") for i, p in enumerate(all_params)}
+        self._parameter_names = dict(self._hx_names)  # Horovod's attribute, read by tools and Horovod's tests
+        self._hx_sparse_as_dense = bool(sparse_as_dense)
         self._hx_params = [p for p in all_params if p.requires_grad]
 
         if is_payload_compressor(compression):
@@ -78,8 +85,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_agreement = None  # None: not checked yet; True: agreed; an exception: re-raised
         self._hx_seed = None
         self._hx_step = 0
-        self._hx_transport_state = None  # restored before the transport exists
+        self._hx_loaded = None  # the shared part of a loaded checkpoint, offered to every rank at the next agreement
+        self._hx_residuals = None  # this rank's residuals from a checkpoint, restored once the transport exists
         self._hx_pending = {}
+        self._hx_training = None  # ranks still training this step (None: not asked yet this step)
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
         self._hx_should_synchronize = True
         self._hx_synchronized = False
@@ -94,7 +103,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return split_blobs(hvd.allgather(data, name=tag, process_set=ps).numpy().tobytes(), sizes)
 
     def _hx_agree(self):
-        """Exchange settings once (two small allgathers); raise SettingsMismatchError on every rank if they differ."""
+        """Exchange settings (two small allgathers) before the first collective, and again after a checkpoint was
+        loaded: raise SettingsMismatchError on every rank if they differ; adopt the seed proposed by rank 0, and the
+        shared state of the lowest rank that loaded a checkpoint (horovod_ext.compression.resume)."""
         if self._hx_agreement is True:
             return
         if isinstance(self._hx_agreement, Exception):
@@ -103,25 +114,56 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         settings = optimizer_settings(describe_compression(self._hx_compression), _op_name(self._hx_op), tensors,
                                       self._hx_process_set.size(), __version__,
                                       backward_passes_per_step=self._hx_backward_passes,
-                                      gradient_predivide_factor=self._hx_predivide)
+                                      gradient_predivide_factor=self._hx_predivide,
+                                      sparse_as_dense=self._hx_sparse_as_dense)
+        local = {"seed": random.SystemRandom().getrandbits(63), "offer": self._hx_loaded}
         try:
-            proposal = agree(settings, self._hx_allgather_blobs)
+            proposals = exchange(settings, local, self._hx_allgather_blobs)
         except SettingsMismatchError as exc:
             self._hx_agreement = exc
             raise
-        seed = getattr(self._hx_compression, "seed", None)
+        offer = adopted_offer([p["offer"] for p in proposals])
+        if offer is not None:
+            self._hx_adopt(offer)
         if self._hx_seed is None:
-            self._hx_seed = seed if seed is not None else proposal["seed"]
-        self._hx_transport = self._hx_make_transport()
+            seed = getattr(self._hx_compression, "seed", None)
+            self._hx_seed = seed if seed is not None else proposals[0]["seed"]
+        if self._hx_transport is None:
+            self._hx_transport = self._hx_make_transport()
+        self._hx_restore_transport_state(offer)
+        self._hx_loaded = None
         self._hx_agreement = True
+
+    def _hx_shared_state(self):
+        controller = getattr(self._hx_transport, "controller", None)
+        if controller is not None:
+            self._hx_controller_state = controller.state()
+        return {"step": self._hx_step, "seed": self._hx_seed, "stats": self._hx_stats.state(),
+                "controller": getattr(self, "_hx_controller_state", None)}
+
+    def _hx_adopt(self, shared):
+        """Take on a checkpoint's shared state (step counter, seed, statistics, GraVAC controller)."""
+        self._hx_step = int(shared["step"])
+        if shared.get("seed") is not None:
+            self._hx_seed = int(shared["seed"])
+            if self._hx_transport is not None and hasattr(self._hx_transport, "set_seed"):
+                self._hx_transport.set_seed(self._hx_seed)
+        if shared.get("stats") is not None:
+            self._hx_stats.load_state(shared["stats"])
+        self._hx_controller_state = shared.get("controller")
+
+    def _hx_restore_transport_state(self, offer):
+        controller = getattr(self._hx_transport, "controller", None)
+        if controller is not None and offer is not None and offer.get("controller") is not None:
+            controller.load_state(offer["controller"])
+        if self._hx_residuals is not None and hasattr(self._hx_transport, "load_residuals"):
+            self._hx_transport.load_residuals(self._hx_residuals)
+            self._hx_residuals = None
 
     def _hx_make_transport(self):
         comp, ps, stats = self._hx_compression, self._hx_process_set, self._hx_stats
         if is_payload_compressor(comp) and comp.name in ("topk", "adaptive_topk"):
-            transport = TopKTransport(comp, self._hx_op, ps, stats)
-            if self._hx_transport_state is not None:
-                transport.load_state(self._hx_transport_state)
-            return transport
+            return TopKTransport(comp, self._hx_op, ps, stats)
         if is_payload_compressor(comp):
             dense = AllreduceTransport(hvd.Compression.none, self._hx_op, self._hx_predivide, ps, stats)
             stats.extra["seed"] = self._hx_seed
@@ -129,7 +171,58 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return TernaryTransport(comp, self._hx_op, ps, stats, dense, self._hx_seed, sizes)
         return AllreduceTransport(comp, self._hx_op, self._hx_predivide, ps, stats)
 
+    def _hx_broadcast_state(self, root_rank):
+        """horovod_ext's part of broadcast_optimizer_state: every rank takes root_rank's shared state now (one
+        broadcast_object), and re-agrees settings at its next step. Residuals stay per rank (see resume.py)."""
+        shared = hvd.broadcast_object(self._hx_shared_state() if self._hx_loaded is None else self._hx_loaded,
+                                      root_rank=root_rank, name=f"horovod_ext.state.{self._hx_id}",
+                                      process_set=self._hx_process_set)
+        self._hx_adopt(shared)
+        self._hx_loaded = shared
+        if self._hx_agreement is True:
+            self._hx_agreement = None
+
     # -------------------------------------------------------------------------------------------- communication
+    def _hx_launch(self, p):
+        """Start one gradient's communication. A sparse gradient (nn.Embedding(sparse=True)) travels as Horovod
+        sends it: an allgather of its indices and values (``sparse_allreduce_async``), or densified with
+        ``sparse_as_dense=True``, after which it is an ordinary dense gradient (compressed like any other). In a step
+        after some rank called hvd.join(), every gradient goes dense by allreduce (see _hx_ranks_training)."""
+        dense_step = self._hx_ranks_training() < self._hx_process_set.size()
+        if p.grad is not None and p.grad.is_sparse:
+            if not (self._hx_sparse_as_dense or dense_step):
+                handle = hvd.sparse_allreduce_async(p.grad, name=f"sparse.{self._hx_names[p]}", op=self._hx_op,
+                                                    process_set=self._hx_process_set)
+                self._hx_stats.add(payload_bytes=p.grad._values().numel() * p.grad.element_size()
+                                   + p.grad._indices().numel() * 8)
+                return SparsePending(self._hx_names[p], p, handle)
+            p.grad = p.grad.to_dense()
+        if dense_step:
+            return self._hx_transport.launch_dense(self._hx_names[p], p, self._hx_step)
+        return self._hx_transport.launch(self._hx_names[p], p, self._hx_step)
+
+    def _hx_ranks_training(self):
+        """How many ranks of the process set are still training this step (the others called hvd.join()).
+
+        Horovod runs only allreduce while a rank is joined, the joined ranks contributing zeros and Average still
+        dividing by the process set's size. Its allgather, alltoall and broadcast then fail, and one whose name is in
+        Horovod's response cache crashes the joined rank's background loop (Horovod 0.28.1, "unordered_map::at"), so
+        the ranks must know before the step's first payload collective: one 4-byte allreduce (Sum of 1 per training
+        rank) at the step's first launch, for compressors whose payloads do not travel by allreduce. A step in which
+        a rank has joined sends every gradient by allreduce, so its result is Horovod's own. With Horovod's linear
+        compressors (none, fp16) nothing is asked, as in Horovod: there a sparse gradient under join needs
+        sparse_as_dense=True, as Horovod's own error says."""
+        if self._hx_training is None:
+            if is_payload_compressor(self._hx_compression):
+                count = hvd.allreduce(torch.ones(1, dtype=torch.int32), op=hvd.Sum,
+                                      name=f"horovod_ext.training.{self._hx_id}", process_set=self._hx_process_set)
+                self._hx_training = int(count.item())
+                self._hx_stats.add(payload_bytes=JOIN_CHECK_BYTES,
+                                   wire_bytes=join_check_wire_bytes(self._hx_process_set.size()))
+            else:
+                self._hx_training = self._hx_process_set.size()
+        return self._hx_training
+
     def _hx_hook(self, p):
         if p in self._hx_pending:
             raise AssertionError(
@@ -139,21 +232,34 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_passes_left[p] -= 1
         if self._hx_passes_left[p] == 0:
             self._hx_agree()
-            self._hx_pending[p] = self._hx_transport.launch(self._hx_names[p], p, self._hx_step)
+            self._hx_pending[p] = self._hx_launch(p)
 
     def synchronize(self):
         """Finish every gradient's communication and write the averaged gradients into .grad."""
+        if not self._hx_process_set.included():
+            self._hx_synchronized = True
+            return
         self._hx_agree()
         for p in self._hx_params:
             if p not in self._hx_pending:  # not reached by this backward (or fewer passes): send what is there
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                self._hx_pending[p] = self._hx_transport.launch(self._hx_names[p], p, self._hx_step)
+                self._hx_pending[p] = self._hx_launch(p)
         ordered = [self._hx_pending[p] for p in self._hx_params]
         self._hx_pending = {}
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
+        sparse = [item for item in ordered if isinstance(item, SparsePending)]
+        ordered = [item for item in ordered if not isinstance(item, SparsePending)]
+        dense_step, self._hx_training = self._hx_training is not None and \
+            self._hx_training < self._hx_process_set.size(), None
         try:
-            errors = self._hx_transport.finish(ordered, self._hx_step)
+            if dense_step:
+                errors = self._hx_transport.finish_dense(ordered, self._hx_step)
+                self._hx_stats.extra["join_dense_steps"] = self._hx_stats.extra.get("join_dense_steps", 0) + 1
+            else:
+                errors = self._hx_transport.finish(ordered, self._hx_step)
+            for item in sparse:
+                item.param.grad = item.handle()
         finally:
             self._hx_step += 1
             self._hx_stats.end_step()
@@ -202,26 +308,43 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # --------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self):
+        """The wrapped optimizer's state, plus horovod_ext's: the shared part (step counter, seed, statistics,
+        GraVAC controller) and this rank's residuals, tagged with its rank and the job's size (see resume.py)."""
         state = super(self.__class__, self).state_dict()
-        transport = self._hx_transport.state() if hasattr(self._hx_transport, "state") else self._hx_transport_state
-        state[STATE_KEY] = {"step": self._hx_step, "seed": self._hx_seed, "stats": self._hx_stats.state(),
-                            "transport": transport}
+        ours = dict(self._hx_loaded) if self._hx_loaded is not None and self._hx_transport is None \
+            else self._hx_shared_state()
+        residuals = self._hx_transport.residual_state() if hasattr(self._hx_transport, "residual_state") \
+            else (self._hx_residuals or {})
+        ours.update(rank=self._hx_process_set.rank(), size=self._hx_process_set.size(), residuals=residuals)
+        state[STATE_KEY] = ours
         return state
 
     def load_state_dict(self, state_dict):
+        """Load a checkpoint, on every rank or (Horovod's resume pattern) on one rank before
+        broadcast_optimizer_state: the shared state is offered to every rank at the next settings exchange, this
+        rank's own residuals are restored, anything in flight is dropped (as Horovod's load_state_dict does)."""
         state_dict = dict(state_dict)
         ours = state_dict.pop(STATE_KEY, None)
+        if self._hx_pending:
+            drain_handles(list(self._hx_pending.values()))
+        self._hx_pending = {}
+        self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
+        self._hx_synchronized = False
+        self._hx_should_synchronize = True
         super(self.__class__, self).load_state_dict(state_dict)
-        if ours is not None:
-            self._hx_step = int(ours["step"])
-            if ours["seed"] is not None and self._hx_transport is None:
-                self._hx_seed = int(ours["seed"])
-            self._hx_stats.load_state(ours["stats"])
-            if ours.get("transport") is not None:
-                if hasattr(self._hx_transport, "load_state"):
-                    self._hx_transport.load_state(ours["transport"])
-                else:
-                    self._hx_transport_state = ours["transport"]
+        if ours is None:
+            return
+        shared, per_rank = split_checkpoint(ours)
+        ps = self._hx_process_set
+        self._hx_residuals = residuals_for(per_rank, ps.rank(), ps.size())
+        if per_rank["residuals"] and self._hx_residuals is None:
+            warnings.warn(f"horovod_ext: this checkpoint holds the error-feedback residuals of rank "
+                          f"{per_rank['rank']} of {per_rank['size']}; rank {ps.rank()} of {ps.size()} starts from "
+                          f"zero residuals (what that rank had not yet sent is dropped once)")
+        self._hx_adopt(shared)
+        self._hx_loaded = shared
+        if self._hx_agreement is True:
+            self._hx_agreement = None  # re-agree at the next step: every rank adopts the same shared state
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None, backward_passes_per_step=1,
@@ -233,22 +356,23 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     fp16 (both by allreduce) or ternary (packed, by allgather; see horovod_ext.compression.Ternary).
     ``op`` is hvd.Average (default) or hvd.Sum (hvd.Adasum too with linear compressors). ``num_groups`` and
     ``groups`` (Horovod's grouping of allreduces) only tune how Horovod batches messages; Horovod's tensor fusion
-    batches them here, so they are accepted and change no result. ``sparse_as_dense`` is not needed: sparse
-    gradients are not supported by payload compressors and are rejected with a clear error.
+    batches them here, so they are checked as Horovod checks them and change no result. Sparse gradients
+    (``nn.Embedding(sparse=True)``) travel as Horovod sends them, by allgather of indices and values, or densified
+    (and then compressed like any dense gradient) with ``sparse_as_dense=True``.
     """
     if compression is None:
         compression = hvd.Compression.none
     if op is None:
         op = hvd.Average
-    if isinstance(gradient_predivide_factor, bool) or not isinstance(gradient_predivide_factor, (int, float)) \
-            or not gradient_predivide_factor > 0:
-        raise ValueError(f"gradient_predivide_factor must be a number > 0, got {gradient_predivide_factor!r}")
-    if gradient_predivide_factor != 1.0 and op != hvd.Average:
-        raise ValueError("gradient_predivide_factor != 1.0 is only allowed with op=hvd.Average")
-    del num_groups, groups, sparse_as_dense
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    check_predivide(gradient_predivide_factor, op == hvd.Average)
+    check_groups(num_groups, groups)
+    body = dict(_DistributedOptimizer.__dict__)
+    # Horovod's broadcast_optimizer_state recognizes its distributed optimizers by this module and, on a rank whose
+    # optimizer has no state yet, then runs the wrapped optimizer's own step() (no collective) to create it.
+    body["__module__"] = HOROVOD_OPTIMIZER_MODULE
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), body)
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-                  gradient_predivide_factor, process_set)
+                  gradient_predivide_factor, process_set, sparse_as_dense)
     wrapped.defaults = optimizer.defaults
     wrapped.state.update(optimizer.state)
     return wrapped

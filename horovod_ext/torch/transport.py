@@ -15,6 +15,7 @@ import time
 
 import horovod.torch as hvd
 import torch
+from horovod.common.exceptions import HorovodInternalError
 
 from horovod_ext.compression.gravac import GravacController
 from horovod_ext.compression.two_phase import TwoPhasePlan, choose_transport, scale_sharing_bytes
@@ -27,11 +28,35 @@ from .topk import TopKCodec
 class Pending:
     """One tensor's communication in flight (or, with a shared scale, waiting for the scale allreduce)."""
 
-    __slots__ = ("name", "param", "kind", "handle", "ctx", "flat", "threshold", "scale", "k", "candidates")
+    __slots__ = ("name", "param", "kind", "handle", "ctx", "flat", "threshold", "scale", "k", "candidates",
+                 "done")
 
     def __init__(self, name, param, kind, handle=None, ctx=None):
         self.name, self.param, self.kind, self.handle, self.ctx = name, param, kind, handle, ctx
         self.flat = self.threshold = self.scale = self.k = self.candidates = None
+        self.done = False  # the averaged gradient has been written into param.grad
+
+
+class SparsePending:
+    """A sparse gradient in flight as Horovod sends it: handle() waits for the allgathers of its indices and values
+    and returns the aggregated sparse gradient (horovod.torch.sparse_allreduce_async)."""
+
+    __slots__ = ("name", "param", "handle")
+
+    def __init__(self, name, param, handle):
+        self.name, self.param, self.handle = name, param, handle
+
+
+def drain_handles(items):
+    """Wait for (and discard) every collective still in flight, so that none is left in Horovod's handle map."""
+    for item in items:
+        handle = getattr(item, "handle", None)
+        if handle is None or getattr(item, "done", False):
+            continue
+        try:
+            handle() if callable(handle) else hvd.synchronize(handle)
+        except HorovodInternalError:
+            pass
 
 
 def wait(handle, stats):
@@ -73,8 +98,15 @@ class AllreduceTransport:
             output = wait(item.handle, self.stats)
             start = time.perf_counter()
             item.param.grad.set_(self.compression.decompress(output, item.ctx))
+            item.done = True
             self.stats.add(decompress_seconds=time.perf_counter() - start)
         return []
+
+    def launch_dense(self, name, param, step):
+        return self.launch(name, param, step)
+
+    def finish_dense(self, pendings, step):
+        return self.finish(pendings, step)
 
 
 class TernaryTransport:
@@ -97,6 +129,21 @@ class TernaryTransport:
 
     def is_compressed(self, param):
         return param.numel() >= self.spec.min_size
+
+    def set_seed(self, seed):
+        self.codec = TernaryCodec(self.spec, self.rank, seed)
+        self.stats.extra["seed"] = seed
+
+    def launch_dense(self, name, param, step):
+        """This step goes dense (a rank called hvd.join()): the gradient as it is, by allreduce."""
+        return self.dense.launch(name, param, step)
+
+    def finish_dense(self, pendings, step):
+        return self._finite_after_average(pendings, self.dense.finish(pendings, step))
+
+    @staticmethod
+    def _finite_after_average(pendings, errors):
+        return errors + [f"{p.name!r} (after averaging)" for p in pendings if not torch.isfinite(p.param.grad).all()]
 
     def launch(self, name, param, step):
         if not self.is_compressed(param):
@@ -209,9 +256,8 @@ class TernaryTransport:
             if bad or self.transport == "two_phase":
                 compressed = []
         dense = [p for p in pendings if p.kind == "allreduce"]
-        self.dense.finish(dense, step)
         # Small tensors travel dense: their average is the same on every rank, so every rank sees a NaN/Inf in it.
-        errors += [f"{p.name!r} (after averaging)" for p in dense if not torch.isfinite(p.param.grad).all()]
+        errors = self._finite_after_average(dense, errors + self.dense.finish(dense, step))
         gathered = [(item, wait(item.handle, self.stats)) for item in compressed]
         for item, payloads in gathered:
             start = time.perf_counter()
@@ -324,6 +370,29 @@ class TopKTransport:
         for residual in self.residuals.values():
             residual.zero_()
 
+    def launch_dense(self, name, param, step):
+        """This step goes dense (a rank called hvd.join()): g + r by allreduce, then r = 0, as GraVAC's dense path."""
+        item = Pending(name, param, "topk")
+        flat = TernaryCodec.as_float32(param.grad)
+        self.codec.accumulate(flat, self._residual(name, flat.numel(), flat.device))
+        self._send_dense(item)
+        return item
+
+    def finish_dense(self, pendings, step):
+        errors = []
+        for item in pendings:
+            grad = item.param.grad
+            grad.copy_(wait(item.handle, self.stats).view_as(grad))
+            if not torch.isfinite(grad).all():
+                errors.append(f"{item.name!r} (after averaging)")
+        return errors
+
+    def residual_state(self):
+        return {k: v.clone() for k, v in self.residuals.items()}
+
+    def load_residuals(self, residuals):
+        self.residuals = {k: v.clone().float() for k, v in residuals.items()}
+
     def finish(self, pendings, step):
         self.round += 1
         if self.adaptive:
@@ -335,6 +404,7 @@ class TopKTransport:
             grad = item.param.grad
             if item.kind == "dense":
                 grad.copy_(result.view_as(grad))
+                item.done = True
             else:
                 out = grad.view(-1) if (grad.dtype == torch.float32 and grad.is_contiguous()) else \
                     torch.empty(grad.numel(), dtype=torch.float32, device=grad.device)
@@ -344,6 +414,7 @@ class TopKTransport:
                     continue
                 if out.data_ptr() != grad.data_ptr():
                     grad.copy_(out.view_as(grad))
+            item.done = True
             if not torch.isfinite(grad).all():  # every rank decodes the same sum, so every rank sees it
                 errors.append(f"{item.name!r} (NaN/Inf on some rank, or beyond the fp16 range: try value_dtype='fp32')")
             self.stats.add(decompress_seconds=time.perf_counter() - start)
@@ -351,12 +422,3 @@ class TopKTransport:
             self.reset_residuals()
         self.last_finish = time.perf_counter()
         return errors
-
-    def state(self):
-        return {"residuals": {k: v.clone() for k, v in self.residuals.items()},
-                "controller": self.controller.state() if self.controller else None}
-
-    def load_state(self, state):
-        self.residuals = {k: v.clone().float() for k, v in state["residuals"].items()}
-        if self.controller is not None and state.get("controller") is not None:
-            self.controller.load_state(state["controller"])

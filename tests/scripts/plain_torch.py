@@ -31,4 +31,4 @@ for step in range(args.steps):
     loss.backward()
     optimizer.step()
 if hvd.rank() == 0:
-    print(f"plain_torch: final loss {loss.item():.4f}, optimizer {type(optimizer).__module__}")
+    print(f"plain_torch: final loss {loss.item():.4f}, horovod_ext optimizer {hasattr(optimizer, 'compression_stats')}")

@@ -6,6 +6,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import horovod_ext.torch as hvd  # noqa: E402
+from horovod_ext.compression.wire import join_check_wire_bytes  # noqa: E402
 from horovod_ext.compression.two_phase import TwoPhasePlan, formula_wire_bytes, scale_sharing_bytes  # noqa: E402
 from hvdrun import write_result  # noqa: E402
 
@@ -57,7 +58,8 @@ if __name__ == "__main__":
             "transports": [stats_a["transport"], stats_b["transport"]],
             "wire_bytes": stats_b["last_step"]["wire_bytes"],
             "plan_wire_bytes": TwoPhasePlan(sizes, SIZE, packing).wire_bytes(RANK)
-            + scale_sharing_bytes(len(sizes), SIZE),
-            "formula_wire_bytes": formula_wire_bytes(sum(sizes), SIZE, packing) + scale_sharing_bytes(len(sizes), SIZE),
+            + scale_sharing_bytes(len(sizes), SIZE) + join_check_wire_bytes(SIZE),
+            "formula_wire_bytes": formula_wire_bytes(sum(sizes), SIZE, packing) + scale_sharing_bytes(len(sizes), SIZE)
+            + join_check_wire_bytes(SIZE),
         }
     write_result(RANK, result)

@@ -1,0 +1,46 @@
+"""Soak: 10,000 steps at 4 ranks (two "nodes" of 2) with each compressor and each leader optimizer on a small MLP;
+resident memory per rank and steps per second at steps 1,000 and 10,000. Goal: memory flat within 5%.
+
+    python benchmarks/soak.py            # 10,000 steps per method (about 10 minutes on 2 cores)
+    python benchmarks/soak.py --quick    # 400 steps, checkpoints at 100 and 400
+"""
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import OUT_DIR, bar_plot, horovodrun_json, machine, markdown_table, progress, write_outputs  # noqa: E402
+from soak_worker import METHODS  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--ranks", type=int, default=4)
+    args = parser.parse_args()
+    steps, checkpoints = (400, "100,400") if args.quick else (10000, "1000,10000")
+    hosts = "localhost:2,127.0.0.1:2" if args.ranks == 4 else None
+    results, rows, growth = [], [], {}
+    for method in progress(METHODS, "soak"):
+        result = horovodrun_json([], args.ranks, os.path.join(HERE, "soak_worker.py"),
+                                 ["--method", method, "--steps", steps, "--checkpoints", checkpoints],
+                                 timeout=3600, hosts=hosts)
+        first, last = result["records"]
+        change = max(b / a - 1 for a, b in zip(first["rss_mib"], last["rss_mib"]))
+        growth[method] = {"RSS growth %": 100 * change}
+        results.append({**result, "rss_growth": change})
+        rows.append([method, f"{max(first['rss_mib']):.0f}", f"{max(last['rss_mib']):.0f}", f"{100 * change:+.1f}%",
+                     f"{first['steps_per_second']:.0f}", f"{last['steps_per_second']:.0f}",
+                     f"{last['steps_per_second'] / first['steps_per_second']:.2f}"])
+    a, b = checkpoints.split(",")
+    table = markdown_table(["method", f"max RSS MiB @ {a}", f"max RSS MiB @ {b}", "RSS growth (worst rank)",
+                            f"steps/s @ {a}", f"steps/s @ {b}", "steps/s ratio"], rows)
+    write_outputs("soak", {"machine": machine(), "ranks": args.ranks, "steps": steps, "results": results}, table)
+    bar_plot(os.path.join(OUT_DIR, "soak_rss_growth.png"), f"Resident memory growth, step {a} to {b}, "
+             f"{args.ranks} ranks", growth, "% (worst rank)")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

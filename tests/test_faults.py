@@ -1,0 +1,35 @@
+"""A rank killed with SIGKILL mid-step ends the whole job with an error, for every compressor and both leader
+optimizers, never a hang (each launch bounded by a timeout well under the test's)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from hvdrun import ROOT
+
+WORKER = "tests/workers/fault_worker.py"
+
+
+@pytest.mark.parametrize("method", ["none", "fp16", "ternary", "topk", "adaptive_topk", "lsgd", "easgd"])
+def test_killed_rank_ends_the_job_with_an_error(method):
+    out = tempfile.mkdtemp(prefix="hvdext-fault-")
+    env = dict(os.environ, HVDEXT_TEST_OUT=out, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3")
+    cmd = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, WORKER, method]
+    start = time.time()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"{method}: the job hung after a rank was killed:\n{output[-3000:]}")
+    assert proc.returncode != 0, output[-3000:]
+    assert time.time() - start < 120
+    outcomes = [json.load(open(os.path.join(out, f)))["outcome"] for f in os.listdir(out)]
+    assert "finished" not in outcomes  # no rank trained on as if nothing happened

@@ -1,0 +1,225 @@
+"""Horovod's documented PyTorch idioms against horovod_ext.torch, for every compressor (run by horovodrun -np 2).
+
+- resume: Horovod's pattern (rank 0 loads the checkpoint, then broadcast_parameters and broadcast_optimizer_state)
+  and the load-on-every-rank pattern, against an uninterrupted run of the same steps;
+- join: uneven numbers of batches per rank, the ranks that run out call hvd.join();
+- sparse: nn.Embedding(sparse=True) with SparseAdam, and with sparse_as_dense=True and Adam.
+Each rank records what it saw; tests/test_torch_idioms.py asserts on every rank's record.
+"""
+import os
+import sys
+import tempfile
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import horovod.torch as horovod_torch  # noqa: E402
+import horovod_ext.torch as hvd  # noqa: E402
+from hvdrun import write_result  # noqa: E402
+
+hvd.init()
+RANK, SIZE = hvd.rank(), hvd.size()
+torch.set_num_threads(1)
+COMPRESSIONS = {
+    "none": lambda: hvd.Compression.none,
+    "fp16": lambda: hvd.Compression.fp16,
+    "ternary": lambda: hvd.Compression.ternary,
+    "ternary_two_phase": lambda: hvd.Compression.ternary(shared_scale=True, transport="two_phase"),
+    "topk": lambda: hvd.Compression.topk(ratio=0.05),
+    # omega=0: the controller's decisions depend on the gains alone, not on measured step times (reproducible)
+    "adaptive_topk": lambda: hvd.Compression.adaptive_topk(window=2, epsilon=0.3, omega=0.0),
+}
+CKPT_STEPS, MORE_STEPS = 5, 4
+
+
+def mlp(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(40, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+
+
+def batch(step, rank=RANK):
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(16, 40, generator=gen), torch.randint(0, 10, (16,), generator=gen)
+
+
+def make(name, seed):
+    model = mlp(seed)
+    base = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(), compression=COMPRESSIONS[name]())
+    return model, opt
+
+
+def train(model, opt, first, count):
+    for step in range(first, first + count):
+        x, y = batch(step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+def snapshot(model, opt):
+    """Parameters and momentum buffers as flat lists of floats (for bit-for-bit comparison across ranks and runs)."""
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    buffers = [opt.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters() if p in opt.state]
+    return {"params": params.tolist(), "momentum": torch.cat(buffers).tolist() if buffers else []}
+
+
+def ours(opt):
+    """horovod_ext's shared state as the optimizer's state_dict() holds it, less measured seconds."""
+    state = opt.state_dict()["horovod_ext"]
+    controller = state["controller"]
+    if controller is not None:
+        controller = {**{k: v for k, v in controller.items() if k not in ("log", "window_throughput")},
+                      "history": [cf for cf, _ in controller["history"]],
+                      "paths": [(e["path"], e["cf"]) for e in controller["log"]]}
+    return {"step": state["step"], "seed": state["seed"], "stats_steps": state["stats"]["steps"],
+            "controller": controller}
+
+
+def check_resume(name, folder):
+    record = {}
+    # Uninterrupted run; every rank writes its own checkpoint at CKPT_STEPS, rank 0 also the shared one.
+    model, opt = make(name, seed=0)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    record["fresh_broadcast"] = ours(opt)  # advances nothing of ours
+    train(model, opt, 0, CKPT_STEPS)
+    state = {"model": model.state_dict(), "opt": opt.state_dict()}
+    torch.save(state, os.path.join(folder, f"{name}.rank{RANK}.pt"))
+    hvd.barrier()
+    record["at_checkpoint"] = ours(opt)
+    reference_zeroed = None
+    if name in ("topk", "adaptive_topk"):
+        # What the rank-0 pattern can restore: rank 0's residuals; every other rank's start from zero.
+        model_z, opt_z = make(name, seed=0)
+        opt_z.load_state_dict(torch.load(os.path.join(folder, f"{name}.rank{RANK}.pt"))["opt"])
+        model_z.load_state_dict(state["model"])
+        if RANK != 0:
+            opt_z._hx_residuals = None
+        train(model_z, opt_z, CKPT_STEPS, MORE_STEPS)
+        reference_zeroed = snapshot(model_z, opt_z)
+    train(model, opt, CKPT_STEPS, MORE_STEPS)
+    record["uninterrupted"] = snapshot(model, opt)
+    record["uninterrupted_ours"] = ours(opt)
+
+    # Horovod's resume pattern: fresh processes' state (other initial weights), rank 0 alone loads.
+    model, opt = make(name, seed=100 + RANK)
+    if RANK == 0:
+        checkpoint = torch.load(os.path.join(folder, f"{name}.rank0.pt"))
+        model.load_state_dict(checkpoint["model"])
+        opt.load_state_dict(checkpoint["opt"])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    record["after_broadcast"] = {**snapshot(model, opt), **ours(opt)}
+    train(model, opt, CKPT_STEPS, MORE_STEPS)
+    record["rank0_pattern"] = snapshot(model, opt)
+    record["rank0_pattern_ours"] = ours(opt)
+    record["rank0_reference"] = reference_zeroed or record["uninterrupted"]
+
+    # Every rank loads its own checkpoint: everything, residuals included, is restored.
+    model, opt = make(name, seed=200 + RANK)
+    checkpoint = torch.load(os.path.join(folder, f"{name}.rank{RANK}.pt"))
+    model.load_state_dict(checkpoint["model"])
+    opt.load_state_dict(checkpoint["opt"])
+    train(model, opt, CKPT_STEPS, MORE_STEPS)
+    record["every_rank_pattern"] = snapshot(model, opt)
+    record["every_rank_ours"] = ours(opt)
+    return record
+
+
+def check_stock_broadcast(folder):
+    """Horovod's own broadcast_optimizer_state (it knows nothing of horovod_ext's state): no hang, and the shared
+    state is agreed at the first step."""
+    model, opt = make("adaptive_topk", seed=300 + RANK)
+    if RANK == 0:
+        checkpoint = torch.load(os.path.join(folder, "adaptive_topk.rank0.pt"))
+        model.load_state_dict(checkpoint["model"])
+        opt.load_state_dict(checkpoint["opt"])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    horovod_torch.broadcast_optimizer_state(opt, root_rank=0)
+    train(model, opt, CKPT_STEPS, 1)
+    return {**ours(opt), **snapshot(model, opt)}
+
+
+def check_join(name):
+    """Rank r has 3 + 2r batches; a rank out of data calls hvd.join(), the others keep training. In a step where a
+    rank has joined, the gradient applied is Horovod's allreduce of what the training ranks send (the joined ranks
+    contribute zeros, Average divides by the size): (g + r) / size, r the residual with error feedback, else 0."""
+    model, opt = make(name, seed=0)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    steps, common = 3 + 2 * RANK, 3
+    train(model, opt, 0, common)
+    at_common = snapshot(model, opt)["params"]
+    errors = []
+    for step in range(common, steps):
+        x, y = batch(step)
+        local = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), y), list(model.parameters()))
+        residuals = getattr(opt._hx_transport, "residuals", {})
+        expected = [(g + residuals[n].view_as(g) if n in residuals else g) / SIZE
+                    for (n, _), g in zip(model.named_parameters(), local)]
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.synchronize()
+        errors.append(max(float((p.grad - e).abs().max()) for p, e in zip(model.parameters(), expected)))
+        with opt.skip_synchronize():
+            opt.step()
+    last = hvd.join()
+    return {"last_joined": last, "steps": steps, "at_common": at_common, "final": snapshot(model, opt)["params"],
+            "errors": errors, "dense_steps": opt.compression_stats().get("join_dense_steps", 0),
+            "residual_left": max([float(r.abs().max()) for r in getattr(opt._hx_transport, "residuals", {}).values()]
+                                 or [0.0])}
+
+
+def check_sparse(name, sparse_as_dense):
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(1000, 16, sparse=True)
+    head = torch.nn.Linear(16, 4)
+    model = torch.nn.Sequential(embedding, head)
+    if sparse_as_dense:
+        base = torch.optim.Adam(model.parameters(), lr=0.01)
+    else:
+        base = torch.optim.SparseAdam(list(embedding.parameters()), lr=0.01)
+    opt = hvd.DistributedOptimizer(base, named_parameters=[(n, p) for n, p in model.named_parameters()
+                                                            if any(p is q for g in base.param_groups
+                                                                   for q in g["params"])],
+                                   compression=COMPRESSIONS[name](), sparse_as_dense=sparse_as_dense)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    expected = []
+    for step in range(3):
+        gen = torch.Generator().manual_seed(step * 10 + RANK)
+        ids = torch.randint(0, 1000, (8,), generator=gen)
+        opt.zero_grad()
+        head(embedding(ids)).sum().backward()
+        local = embedding.weight.grad.coalesce().to_dense() if embedding.weight.grad.is_sparse \
+            else embedding.weight.grad.clone()
+        expected.append(hvd.allreduce(local, op=hvd.Average, name=f"check.{name}.{sparse_as_dense}.{step}"))
+        opt.synchronize()
+        grad = embedding.weight.grad
+        applied = grad.to_dense() if grad.is_sparse else grad
+        with opt.skip_synchronize():
+            opt.step()
+        expected[-1] = float((applied - expected[-1]).abs().max())
+    return {"max_error": max(expected), "sparse_after": bool(embedding.weight.grad.is_sparse),
+            "weights": embedding.weight.detach().reshape(-1)[:64].tolist()}
+
+
+def main():
+    result = {"rank": RANK, "parameter_names": None}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        folder = os.environ.get("HVDEXT_TEST_OUT") or tempfile.mkdtemp()
+        result["resume"] = {name: check_resume(name, folder) for name in COMPRESSIONS}
+        result["stock_broadcast"] = check_stock_broadcast(folder)
+    result["warnings"] = [str(w.message) for w in caught if "horovod_ext" in str(w.message)]
+    result["join"] = {name: check_join(name) for name in COMPRESSIONS}
+    result["sparse"] = {f"{name}.{dense}": check_sparse(name, dense) for name in COMPRESSIONS
+                        for dense in (False, True)}
+    model, opt = make("ternary", seed=0)
+    result["parameter_names"] = sorted(opt._parameter_names.values())
+    hvd.barrier()
+    write_result(RANK, result)
+
+
+if __name__ == "__main__":
+    main()
