@@ -101,3 +101,15 @@ def test_sparse_embedding_gradients(results, name, as_dense):
 
 def test_parameter_names_attribute(results):
     assert results[0]["parameter_names"] == ["0.bias", "0.weight", "2.bias", "2.weight"]
+
+
+@pytest.mark.parametrize("kind", ["lsgd", "easgd"])
+def test_resume_pattern_with_the_leader_optimizers(results, kind):
+    """Rank 0 loads, broadcasts: no hang; every rank holds rank 0's parameters, momentum and schedule, and the ranks
+    keep one schedule afterwards (the same leaders elected on every rank)."""
+    a, b = (r["leader_resume"][kind] for r in results)
+    for rec in (a, b):
+        assert rec["fresh_step"] == 0  # the state-creating step is the wrapped optimizer's, not the schedule's
+        assert rec["after"]["step"] == 5
+    assert a["after"] == b["after"]
+    assert a["sync"] == b["sync"]

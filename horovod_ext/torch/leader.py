@@ -100,10 +100,20 @@ class _ParameterSync:
     def _hx_load(self, state):
         pass
 
+    def _hx_ours(self):
+        return {"step": self._hx_step, "loss": list(self._hx_loss), "sync": self._hx_sync.state(),
+                "stats": self._hx_stats.state(), **self._hx_state()}
+
+    def _hx_load_ours(self, ours):
+        self._hx_step = int(ours["step"])
+        self._hx_loss = [float(ours["loss"][0]), int(ours["loss"][1])]
+        self._hx_sync.load_state(ours["sync"])
+        self._hx_stats.load_state(ours["stats"])
+        self._hx_load(ours)
+
     def state_dict(self):
         state = super().state_dict()
-        state[STATE_KEY] = {"step": self._hx_step, "loss": list(self._hx_loss), "sync": self._hx_sync.state(),
-                            "stats": self._hx_stats.state(), **self._hx_state()}
+        state[STATE_KEY] = self._hx_ours()
         return state
 
     def load_state_dict(self, state_dict):
@@ -111,11 +121,18 @@ class _ParameterSync:
         ours = state_dict.pop(STATE_KEY, None)
         super().load_state_dict(state_dict)
         if ours is not None:
-            self._hx_step = int(ours["step"])
-            self._hx_loss = [float(ours["loss"][0]), int(ours["loss"][1])]
-            self._hx_sync.load_state(ours["sync"])
-            self._hx_stats.load_state(ours["stats"])
-            self._hx_load(ours)
+            self._hx_load_ours(ours)
+
+    def _hx_base_step(self, closure=None):
+        """The wrapped optimizer's own step, without any collective (Horovod's state-creating step)."""
+        return super(_ParameterSync, self).step(closure)
+
+    def _hx_broadcast_state(self, root_rank):
+        """horovod_ext's part of broadcast_optimizer_state: root_rank's schedule (step counter, elected leaders,
+        statistics, EASGD's center) on every rank; the running loss since the last election stays each rank's own."""
+        ours = hvd.broadcast_object(self._hx_ours(), root_rank=root_rank, name=self._hx_tag("state"))
+        ours["loss"] = list(self._hx_loss)
+        self._hx_load_ours(ours)
 
     @contextlib.contextmanager
     def _hx_swapped_in(self, values):

@@ -171,6 +171,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return TernaryTransport(comp, self._hx_op, ps, stats, dense, self._hx_seed, sizes)
         return AllreduceTransport(comp, self._hx_op, self._hx_predivide, ps, stats)
 
+    def _hx_base_step(self, closure=None):
+        """The wrapped optimizer's own step, without any collective (Horovod's state-creating step)."""
+        return super(self.__class__, self).step(closure)
+
     def _hx_broadcast_state(self, root_rank):
         """horovod_ext's part of broadcast_optimizer_state: every rank takes root_rank's shared state now (one
         broadcast_object), and re-agrees settings at its next step. Residuals stay per rank (see resume.py)."""

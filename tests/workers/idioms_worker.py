@@ -128,6 +128,51 @@ def check_resume(name, folder):
     return record
 
 
+def make_leader(kind, seed):
+    model = mlp(seed)
+    base = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if kind == "lsgd":  # period 1: no running loss is pending at the checkpoint
+        return model, hvd.LeaderOptimizer(base, model.named_parameters(), period=1, global_period=2, groups=None)
+    return model, hvd.ElasticAveragingOptimizer(base, model.named_parameters(), period=1)
+
+
+def train_leader(model, opt, first, count):
+    for step in range(first, first + count):
+        x, y = batch(step)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.report_loss(loss)
+        opt.step()
+
+
+def check_leader_resume(kind, folder):
+    """The resume pattern with LeaderOptimizer / ElasticAveragingOptimizer: no hang, rank 0's schedule on every rank.
+    Workers' parameters differ by design, so rank 0's checkpoint restarts every worker from rank 0's parameters."""
+    model, opt = make_leader(kind, seed=0)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    fresh_step = opt._hx_step
+    train_leader(model, opt, 0, CKPT_STEPS)
+    path = os.path.join(folder, f"{kind}.pt")
+    if RANK == 0:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
+    hvd.barrier()
+    train_leader(model, opt, CKPT_STEPS, MORE_STEPS)
+    uninterrupted = snapshot(model, opt)
+    model, opt = make_leader(kind, seed=100 + RANK)
+    if RANK == 0:
+        checkpoint = torch.load(path)
+        model.load_state_dict(checkpoint["model"])
+        opt.load_state_dict(checkpoint["opt"])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    after = {"step": opt._hx_step, **snapshot(model, opt)}
+    train_leader(model, opt, CKPT_STEPS, MORE_STEPS)
+    return {"fresh_step": fresh_step, "after": after, "uninterrupted": uninterrupted, "resumed": snapshot(model, opt),
+            "sync": opt._hx_sync.state()}
+
+
 def check_stock_broadcast(folder):
     """Horovod's own broadcast_optimizer_state (it knows nothing of horovod_ext's state): no hang, and the shared
     state is agreed at the first step."""
@@ -211,6 +256,7 @@ def main():
         folder = os.environ.get("HVDEXT_TEST_OUT") or tempfile.mkdtemp()
         result["resume"] = {name: check_resume(name, folder) for name in COMPRESSIONS}
         result["stock_broadcast"] = check_stock_broadcast(folder)
+        result["leader_resume"] = {kind: check_leader_resume(kind, folder) for kind in ("lsgd", "easgd")}
     result["warnings"] = [str(w.message) for w in caught if "horovod_ext" in str(w.message)]
     result["join"] = {name: check_join(name) for name in COMPRESSIONS}
     result["sparse"] = {f"{name}.{dense}": check_sparse(name, dense) for name in COMPRESSIONS
