@@ -2,6 +2,7 @@
 resident memory per rank and steps per second at steps 1,000 and 10,000. Goal: memory flat within 5%.
 
     python benchmarks/soak.py            # 10,000 steps per method (about 10 minutes on 2 cores)
+    python benchmarks/soak.py --steps 3000   # read at steps 1,000 and 3,000
     python benchmarks/soak.py --quick    # 400 steps, checkpoints at 100 and 400
 """
 import argparse
@@ -18,8 +19,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=10000, help="steps per method; memory and speed are read at "
+                        "step 1,000 (a tenth of the steps below 10,000) and at the last step")
     args = parser.parse_args()
-    steps, checkpoints = (400, "100,400") if args.quick else (10000, "1000,10000")
+    steps = 400 if args.quick else args.steps
+    checkpoints = f"{min(1000, steps // 4)},{steps}"
     hosts = "localhost:2,127.0.0.1:2" if args.ranks == 4 else None
     results, rows, growth = [], [], {}
     for method in progress(METHODS, "soak"):

@@ -13,7 +13,7 @@ import os
 from common import OUT_DIR, horovodrun_json, line_plot, machine, markdown_table, write_outputs
 from horovod_ext.compression import CompressionStats
 from horovod_ext.compression.specs import k_of
-from horovod_ext.compression.wire import allgather_wire_bytes
+from horovod_ext.compression.wire import allgather_wire_bytes, join_check_wire_bytes
 from horovod_ext.consensus import ElasticSync, LeaderSync
 from horovod_ext.compression.two_phase import (TwoPhasePlan, allgather_transport_bytes, formula_wire_bytes,
                                                scale_sharing_bytes)
@@ -35,11 +35,12 @@ def planned(sizes, nranks, packing="base3"):
     small = 4 * sum(n for n in sizes if n < MIN_SIZE)
     dense_small = allreduce_wire_bytes(small, nranks)
     plan = TwoPhasePlan(big, nranks, packing)
+    join = join_check_wire_bytes(nranks)  # payload compressors' ranks-still-training check (hvd.join)
     return {"ranks": nranks, "dense": allreduce_wire_bytes(4 * sum(sizes), nranks),
-            "allgather": allgather_transport_bytes(big, nranks, packing) + dense_small,
-            "two_phase": plan.wire_bytes(0) + scale_sharing_bytes(len(big), nranks) + dense_small,
+            "allgather": allgather_transport_bytes(big, nranks, packing) + dense_small + join,
+            "two_phase": plan.wire_bytes(0) + scale_sharing_bytes(len(big), nranks) + dense_small + join,
             "two_phase_formula": formula_wire_bytes(sum(big), nranks, packing)
-            + scale_sharing_bytes(len(big), nranks) + dense_small}
+            + scale_sharing_bytes(len(big), nranks) + dense_small + join}
 
 
 def optimizer_bytes(sync, nranks, param_bytes, steps):
@@ -62,12 +63,13 @@ def others(sizes, nranks):
     single.configure(["n"] * nranks, 0)
     multi = LeaderSync(groups="node", size=nranks)
     multi.configure(nodes, 0)
+    join = join_check_wire_bytes(nranks)  # payload compressors' ranks-still-training check (hvd.join)
     return {"fp16": allreduce_wire_bytes(dense // 2, nranks),
-            "topk": allgather_wire_bytes(6 * sum(k_of(n, 100) for n in sizes), nranks),
+            "topk": allgather_wire_bytes(6 * sum(k_of(n, 100) for n in sizes), nranks) + join,
             "adaptive_cf10": allgather_wire_bytes(6 * sum(k_of(n, 10) for n in sizes), nranks)
-            + allreduce_wire_bytes(32, nranks),
+            + allreduce_wire_bytes(32, nranks) + join,
             "adaptive_cf1000": allgather_wire_bytes(6 * sum(k_of(n, 1000) for n in sizes), nranks)
-            + allreduce_wire_bytes(32, nranks),
+            + allreduce_wire_bytes(32, nranks) + join,
             "lsgd": optimizer_bytes(single, nranks, dense, 16),
             "multi_lsgd": optimizer_bytes(multi, nranks, dense, 16),
             "easgd": optimizer_bytes(ElasticSync(size=nranks), nranks, dense, 16)}
