@@ -16,7 +16,7 @@ EXPECTED = {"kernels": ["kernels_speedup.png"], "tf_kernels": ["tf_kernels_speed
 def test_quick_benchmarks_write_json_tables_and_plots(tmp_path):
     env = dict(os.environ, HVDEXT_BENCH_OUT=str(tmp_path), TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run([sys.executable, "benchmarks/run.py", "--quick"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = (tmp_path / "summary.md").read_text()
     for name, plots in EXPECTED.items():
