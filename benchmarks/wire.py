@@ -13,7 +13,8 @@ import os
 from common import OUT_DIR, horovodrun_json, line_plot, machine, markdown_table, write_outputs
 from horovod_ext.compression import CompressionStats
 from horovod_ext.compression.specs import k_of
-from horovod_ext.compression.wire import allgather_wire_bytes, join_check_wire_bytes
+from horovod_ext.compression.join import join_check_wire_bytes
+from horovod_ext.compression.wire import allgather_wire_bytes
 from horovod_ext.consensus import ElasticSync, LeaderSync
 from horovod_ext.compression.two_phase import (TwoPhasePlan, allgather_transport_bytes, formula_wire_bytes,
                                                scale_sharing_bytes)

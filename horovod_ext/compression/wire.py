@@ -31,11 +31,3 @@ def tensor_key(name):
     """The 32-bit tensor id in the random key: crc32 of the tensor's name, the same in every framework."""
     return zlib.crc32(name.encode("utf-8")) & 0xFFFFFFFF
 
-
-# Payload compressors ask once per step how many ranks are still training (a rank may have called hvd.join()):
-# a 4-byte allreduce (see horovod_ext.torch.optimizer._hx_ranks_training).
-JOIN_CHECK_BYTES = 4
-
-
-def join_check_wire_bytes(nranks):
-    return allreduce_wire_bytes(JOIN_CHECK_BYTES, nranks)

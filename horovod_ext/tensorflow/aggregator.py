@@ -21,8 +21,8 @@ from horovod_ext.compression.gravac import GravacController
 from horovod_ext.compression.horovod_args import check_predivide
 from horovod_ext.compression.specs import check_tensor, describe_compression, element_limit, k_of
 from horovod_ext.compression.two_phase import TwoPhasePlan, choose_transport, scale_sharing_bytes
-from horovod_ext.compression.wire import (JOIN_CHECK_BYTES, allgather_wire_bytes, allreduce_wire_bytes,
-                                          join_check_wire_bytes, tensor_key)
+from horovod_ext.compression.join import JOIN_CHECK_BYTES, a_rank_joined, join_check_wire_bytes
+from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes, tensor_key
 from .ops import TernaryCodec, TopKCodec, seed_tensor
 
 OP_NAMES = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Adasum: "Adasum"}
@@ -150,7 +150,8 @@ class GradientAggregator(tf.Module):
                 out[i] = g
         with tf.device(self.device_sparse):
             for n, i in enumerate(sparse):
-                out[i] = hvd.allreduce(grads[i], op=self.op, name=collective_name("hvdext.sparse", n, variables[i].name),
+                out[i] = hvd.allreduce(grads[i], op=self.op,
+                                       name=collective_name("hvdext.sparse", n, variables[i].name),
                                        ignore_name_scope=True, process_set=self.process_set)
         size = self.process_set.size()
         for i in local:
@@ -184,19 +185,14 @@ class GradientAggregator(tf.Module):
         return result
 
     def _unless_a_rank_joined(self, names, grads, compressed):
-        """Eagerly: the compressed path, unless some rank has called hvd.join(); then every gradient goes dense by
-        allreduce (with error feedback g + r, after which r = 0), so the ranks still training apply Horovod's own
-        allreduce. Horovod runs only allreduce while a rank is joined, and a cached allgather then crashes the
-        joined rank, so one 4-byte allreduce (Sum of 1 per training rank) decides first (as in
-        horovod_ext.torch.optimizer). Inside tf.function no check is made: there Horovod 0.28.1's TensorFlow join
-        fails on its own once any allgather has run (measured, with and without its response cache), so a rank
-        that joins ends the job with Horovod's error; the README says so."""
+        """The compressed path, unless some rank has called hvd.join(): then every gradient goes dense by allreduce.
+        Checked eagerly only (see horovod_ext.compression.join)."""
         if not tf.executing_eagerly():
             return compressed(names, grads)
         size = self.process_set.size()
         training = hvd.allreduce(tf.constant([1], tf.int32), op=hvd.Sum, name="hvdext.training",
                                  ignore_name_scope=True, process_set=self.process_set)
-        out = compressed(names, grads) if int(training[0]) == size else self._join_dense(names, grads)
+        out = self._join_dense(names, grads) if a_rank_joined(int(training[0]), size) else compressed(names, grads)
         self._count(payload_bytes=JOIN_CHECK_BYTES, wire_bytes=join_check_wire_bytes(size))
         return out
 

@@ -2,9 +2,9 @@
 
 ``import horovod_ext.torch as hvd`` keeps everything of ``horovod.torch`` (rank, allreduce, broadcast_parameters,
 ...) and replaces ``Compression`` (adds ternary, topk, adaptive_topk), ``DistributedOptimizer`` (carries payload
-compressors by allgather, reports ``compression_stats()``, keeps its state in ``state_dict()``) ``init``
-(enables dynamic process sets) and ``broadcast_optimizer_state`` (also broadcasts the compressor's state), and adds the parameter-space optimizers ``LeaderOptimizer`` (LSGD) and
-``ElasticAveragingOptimizer`` (EASGD).
+compressors by allgather, reports ``compression_stats()``, keeps its state in ``state_dict()``), ``init``
+(enables dynamic process sets) and ``broadcast_optimizer_state`` (also broadcasts the compressor's state), and
+adds the parameter-space optimizers ``LeaderOptimizer`` (LSGD) and ``ElasticAveragingOptimizer`` (EASGD).
 """
 import horovod.torch as _horovod
 from horovod.torch import *  # noqa: F401,F403  (everything of horovod.torch is still there)

@@ -25,7 +25,7 @@ from horovod_ext.compression.horovod_args import check_groups, check_predivide
 from horovod_ext.compression.resume import adopted_offer, residuals_for, split_checkpoint
 from horovod_ext.compression.specs import describe_compression, element_limit
 from .ternary import check_gradient
-from horovod_ext.compression.wire import JOIN_CHECK_BYTES, join_check_wire_bytes
+from horovod_ext.compression.join import JOIN_CHECK_BYTES, a_rank_joined, join_check_wire_bytes
 from .transport import AllreduceTransport, SparsePending, TernaryTransport, TopKTransport, drain_handles
 
 _optimizer_ids = itertools.count()
@@ -87,6 +87,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_step = 0
         self._hx_loaded = None  # the shared part of a loaded checkpoint, offered to every rank at the next agreement
         self._hx_residuals = None  # this rank's residuals from a checkpoint, restored once the transport exists
+        self._hx_controller_state = None  # a checkpoint's GraVAC controller, restored once the transport exists
         self._hx_pending = {}
         self._hx_training = None  # ranks still training this step (None: not asked yet this step)
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
@@ -135,11 +136,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_agreement = True
 
     def _hx_shared_state(self):
+        """The shared state: a loaded checkpoint's until the next agreement has adopted it, else this rank's."""
+        if self._hx_loaded is not None:
+            return dict(self._hx_loaded)
         controller = getattr(self._hx_transport, "controller", None)
-        if controller is not None:
-            self._hx_controller_state = controller.state()
         return {"step": self._hx_step, "seed": self._hx_seed, "stats": self._hx_stats.state(),
-                "controller": getattr(self, "_hx_controller_state", None)}
+                "controller": controller.state() if controller is not None else self._hx_controller_state}
 
     def _hx_adopt(self, shared):
         """Take on a checkpoint's shared state (step counter, seed, statistics, GraVAC controller)."""
@@ -178,9 +180,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _hx_broadcast_state(self, root_rank):
         """horovod_ext's part of broadcast_optimizer_state: every rank takes root_rank's shared state now (one
         broadcast_object), and re-agrees settings at its next step. Residuals stay per rank (see resume.py)."""
-        shared = hvd.broadcast_object(self._hx_shared_state() if self._hx_loaded is None else self._hx_loaded,
-                                      root_rank=root_rank, name=f"horovod_ext.state.{self._hx_id}",
-                                      process_set=self._hx_process_set)
+        shared = hvd.broadcast_object(self._hx_shared_state(), root_rank=root_rank,
+                                      name=f"horovod_ext.state.{self._hx_id}", process_set=self._hx_process_set)
         self._hx_adopt(shared)
         self._hx_loaded = shared
         if self._hx_agreement is True:
@@ -192,7 +193,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         sends it: an allgather of its indices and values (``sparse_allreduce_async``), or densified with
         ``sparse_as_dense=True``, after which it is an ordinary dense gradient (compressed like any other). In a step
         after some rank called hvd.join(), every gradient goes dense by allreduce (see _hx_ranks_training)."""
-        dense_step = self._hx_ranks_training() < self._hx_process_set.size()
+        dense_step = a_rank_joined(self._hx_ranks_training(), self._hx_process_set.size())
         if p.grad is not None and p.grad.is_sparse:
             if not (self._hx_sparse_as_dense or dense_step):
                 handle = hvd.sparse_allreduce_async(p.grad, name=f"sparse.{self._hx_names[p]}", op=self._hx_op,
@@ -206,16 +207,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._hx_transport.launch(self._hx_names[p], p, self._hx_step)
 
     def _hx_ranks_training(self):
-        """How many ranks of the process set are still training this step (the others called hvd.join()).
-
-        Horovod runs only allreduce while a rank is joined, the joined ranks contributing zeros and Average still
-        dividing by the process set's size. Its allgather, alltoall and broadcast then fail, and one whose name is in
-        Horovod's response cache crashes the joined rank's background loop (Horovod 0.28.1, "unordered_map::at"), so
-        the ranks must know before the step's first payload collective: one 4-byte allreduce (Sum of 1 per training
-        rank) at the step's first launch, for compressors whose payloads do not travel by allreduce. A step in which
-        a rank has joined sends every gradient by allreduce, so its result is Horovod's own. With Horovod's linear
-        compressors (none, fp16) nothing is asked, as in Horovod: there a sparse gradient under join needs
-        sparse_as_dense=True, as Horovod's own error says."""
+        """How many ranks of the process set are still training this step (the others called hvd.join()): asked
+        once per step, at its first launch, for payload compressors (see horovod_ext.compression.join)."""
         if self._hx_training is None:
             if is_payload_compressor(self._hx_compression):
                 count = hvd.allreduce(torch.ones(1, dtype=torch.int32), op=hvd.Sum,
@@ -254,8 +247,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
         sparse = [item for item in ordered if isinstance(item, SparsePending)]
         ordered = [item for item in ordered if not isinstance(item, SparsePending)]
-        dense_step, self._hx_training = self._hx_training is not None and \
-            self._hx_training < self._hx_process_set.size(), None
+        dense_step = self._hx_training is not None and a_rank_joined(self._hx_training, self._hx_process_set.size())
+        self._hx_training = None
         try:
             if dense_step:
                 errors = self._hx_transport.finish_dense(ordered, self._hx_step)
@@ -315,8 +308,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """The wrapped optimizer's state, plus horovod_ext's: the shared part (step counter, seed, statistics,
         GraVAC controller) and this rank's residuals, tagged with its rank and the job's size (see resume.py)."""
         state = super(self.__class__, self).state_dict()
-        ours = dict(self._hx_loaded) if self._hx_loaded is not None and self._hx_transport is None \
-            else self._hx_shared_state()
+        ours = self._hx_shared_state()
         residuals = self._hx_transport.residual_state() if hasattr(self._hx_transport, "residual_state") \
             else (self._hx_residuals or {})
         ours.update(rank=self._hx_process_set.rank(), size=self._hx_process_set.size(), residuals=residuals)

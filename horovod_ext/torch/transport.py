@@ -28,13 +28,11 @@ from .topk import TopKCodec
 class Pending:
     """One tensor's communication in flight (or, with a shared scale, waiting for the scale allreduce)."""
 
-    __slots__ = ("name", "param", "kind", "handle", "ctx", "flat", "threshold", "scale", "k", "candidates",
-                 "done")
+    __slots__ = ("name", "param", "kind", "handle", "ctx", "flat", "threshold", "scale", "k", "candidates")
 
     def __init__(self, name, param, kind, handle=None, ctx=None):
         self.name, self.param, self.kind, self.handle, self.ctx = name, param, kind, handle, ctx
         self.flat = self.threshold = self.scale = self.k = self.candidates = None
-        self.done = False  # the averaged gradient has been written into param.grad
 
 
 class SparsePending:
@@ -51,12 +49,17 @@ def drain_handles(items):
     """Wait for (and discard) every collective still in flight, so that none is left in Horovod's handle map."""
     for item in items:
         handle = getattr(item, "handle", None)
-        if handle is None or getattr(item, "done", False):
+        if handle is None:
             continue
         try:
             handle() if callable(handle) else hvd.synchronize(handle)
         except HorovodInternalError:
             pass
+
+
+def nonfinite_after_average(pendings):
+    """Names of averaged gradients holding NaN/Inf: every rank holds the same average, so every rank sees it."""
+    return [f"{p.name!r} (after averaging)" for p in pendings if not torch.isfinite(p.param.grad).all()]
 
 
 def wait(handle, stats):
@@ -98,7 +101,6 @@ class AllreduceTransport:
             output = wait(item.handle, self.stats)
             start = time.perf_counter()
             item.param.grad.set_(self.compression.decompress(output, item.ctx))
-            item.done = True
             self.stats.add(decompress_seconds=time.perf_counter() - start)
         return []
 
@@ -139,11 +141,7 @@ class TernaryTransport:
         return self.dense.launch(name, param, step)
 
     def finish_dense(self, pendings, step):
-        return self._finite_after_average(pendings, self.dense.finish(pendings, step))
-
-    @staticmethod
-    def _finite_after_average(pendings, errors):
-        return errors + [f"{p.name!r} (after averaging)" for p in pendings if not torch.isfinite(p.param.grad).all()]
+        return self.dense.finish(pendings, step) + nonfinite_after_average(pendings)
 
     def launch(self, name, param, step):
         if not self.is_compressed(param):
@@ -257,7 +255,7 @@ class TernaryTransport:
                 compressed = []
         dense = [p for p in pendings if p.kind == "allreduce"]
         # Small tensors travel dense: their average is the same on every rank, so every rank sees a NaN/Inf in it.
-        errors = self._finite_after_average(dense, errors + self.dense.finish(dense, step))
+        errors += self.dense.finish(dense, step) + nonfinite_after_average(dense)
         gathered = [(item, wait(item.handle, self.stats)) for item in compressed]
         for item, payloads in gathered:
             start = time.perf_counter()
@@ -379,13 +377,9 @@ class TopKTransport:
         return item
 
     def finish_dense(self, pendings, step):
-        errors = []
         for item in pendings:
-            grad = item.param.grad
-            grad.copy_(wait(item.handle, self.stats).view_as(grad))
-            if not torch.isfinite(grad).all():
-                errors.append(f"{item.name!r} (after averaging)")
-        return errors
+            item.param.grad.copy_(wait(item.handle, self.stats).view_as(item.param.grad))
+        return nonfinite_after_average(pendings)
 
     def residual_state(self):
         return {k: v.clone() for k, v in self.residuals.items()}
@@ -404,7 +398,6 @@ class TopKTransport:
             grad = item.param.grad
             if item.kind == "dense":
                 grad.copy_(result.view_as(grad))
-                item.done = True
             else:
                 out = grad.view(-1) if (grad.dtype == torch.float32 and grad.is_contiguous()) else \
                     torch.empty(grad.numel(), dtype=torch.float32, device=grad.device)
@@ -414,7 +407,6 @@ class TopKTransport:
                     continue
                 if out.data_ptr() != grad.data_ptr():
                     grad.copy_(out.view_as(grad))
-            item.done = True
             if not torch.isfinite(grad).all():  # every rank decodes the same sum, so every rank sees it
                 errors.append(f"{item.name!r} (NaN/Inf on some rank, or beyond the fp16 range: try value_dtype='fp32')")
             self.stats.add(decompress_seconds=time.perf_counter() - start)

@@ -6,7 +6,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import horovod_ext.torch as hvd  # noqa: E402
-from horovod_ext.compression.wire import join_check_wire_bytes  # noqa: E402
+from horovod_ext.compression.join import join_check_wire_bytes  # noqa: E402
 from horovod_ext.compression.two_phase import TwoPhasePlan, formula_wire_bytes, scale_sharing_bytes  # noqa: E402
 from hvdrun import write_result  # noqa: E402
 
