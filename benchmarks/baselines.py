@@ -36,6 +36,14 @@ def ddp_wrap(model, method, rank, size, port=29533):
     return ddp, payload, allreduce_wire_bytes(payload, size)
 
 
-def powersgd_bytes(model, rank):
-    """PowerSGD allreduces P (m x r) and Q (n x r) of every matrix, and 1-D tensors dense."""
-    return sum(4 * (p.shape[0] + p.shape[1]) * rank if p.dim() == 2 else 4 * p.numel() for p in model.parameters())
+def powersgd_bytes(model, rank, min_compression_rate=2):
+    """PowerSGD allreduces P (m x r) and Q (n x r) of every tensor of 2 or more dimensions viewed as m = shape[0]
+    rows by n = numel / m columns, when that saves min_compression_rate (the hook's default 2: (m + n) r 2 < m n);
+    other tensors (1-D, and matrices too small to compress) travel dense."""
+    total = 0
+    for p in model.parameters():
+        m = p.shape[0] if p.dim() >= 2 else 0
+        n = p.numel() // m if m else 0
+        compressed = m and (m + n) * rank * min_compression_rate < m * n
+        total += 4 * (m + n) * rank if compressed else 4 * p.numel()
+    return total

@@ -104,11 +104,12 @@ def bar_plot(path, title, groups, ylabel, log=False):
 
 
 def line_plot(path, title, xs, lines, xlabel, ylabel, logx=False, logy=False):
-    """lines = {label: [y for each x]}; saved as PNG."""
+    """lines = {label: [y for each x]}, or with xs None {label: (its xs, its ys)}; saved as PNG."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for label, ys in lines.items():
-        ax.plot(xs, ys, marker="o", label=label)
+        line_xs, ys = ys if xs is None else (xs, ys)
+        ax.plot(line_xs, ys, marker="o" if len(ys) <= 50 else None, label=label)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     if logx:
         ax.set_xscale("log", base=2)

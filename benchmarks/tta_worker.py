@@ -1,4 +1,5 @@
-"""Runs under horovodrun: trains a digits MLP with one method and records test accuracy against training time
+"""Runs under horovodrun: trains one of benchmarks/gravac_models.py's models (the digits MLP by default, of width
+--hidden) with one method and records test accuracy against training time
 after every epoch, the step time and bytes per step. Methods: horovod_ext compressors (data-parallel SGD),
 horovod_ext's parameter-space optimizers (LSGD, multi-leader LSGD, EASGD: each worker samples from the whole
 training set, and the leader's parameters or the center are evaluated), or PyTorch DDP dense, with its fp16 hook
@@ -12,43 +13,37 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pytorch_digits import load_data  # noqa: E402
+from gravac_models import MODELS, build  # noqa: E402
 
 import horovod_ext.torch as hvd  # noqa: E402
 from baselines import DDP_METHODS, ddp_wrap  # noqa: E402
 
 METHODS = {"dense": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compression.fp16,
-           "topk-10x": lambda: hvd.Compression.topk(ratio=0.1), "topk-1000x": lambda: hvd.Compression.topk(ratio=0.001),
-           "adaptive_topk": lambda: hvd.Compression.adaptive_topk(epsilon=0.3, window=50),
+           "topk-10x": lambda: hvd.Compression.topk(ratio=0.1), "topk-100x": lambda: hvd.Compression.topk(ratio=0.01),
+           "topk-1000x": lambda: hvd.Compression.topk(ratio=0.001),
+           "adaptive_topk": lambda: hvd.Compression.adaptive_topk,  # GraVAC at its defaults
            "ternary": lambda: hvd.Compression.ternary}
 OPTIMIZERS = {"lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups=None),
               "multi_lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups="node"),
               "easgd": lambda opt, named: hvd.ElasticAveragingOptimizer(opt, named)}
 
 
-def make_model(hidden):
-    return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden // 2),
-                               torch.nn.ReLU(), torch.nn.Linear(hidden // 2, 10))
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--method", choices=list(METHODS) + list(OPTIMIZERS) + list(DDP_METHODS), required=True)
     parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--model", choices=MODELS, default="mlp")
+    parser.add_argument("--hidden", type=int, default=1024, help="the MLP's width")
+    parser.add_argument("--lr", type=float, default=None, help="default: the model's own (gravac_models.py)")
     parser.add_argument("--json", required=True)
     args = parser.parse_args()
     hvd.init()
     torch.set_num_threads(1)
-    x_train, y_train, x_test, y_test = load_data(42)
-    torch.manual_seed(42)
-    model = make_model(args.hidden)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    model, (x_train, y_train, x_test, y_test), loss_fn, accuracy_of, lr = build(args.model, hidden=args.hidden)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr or lr, momentum=0.9)
     if args.method in DDP_METHODS:
         model, payload, wire = ddp_wrap(model, args.method, hvd.rank(), hvd.size())
     elif args.method in OPTIMIZERS:
@@ -73,7 +68,7 @@ def main():
             idx = order[i:i + 32]
             t0 = time.perf_counter()
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
+            loss = loss_fn(model(x_train[idx]), y_train[idx])
             loss.backward()
             if parameter_space:
                 optimizer.report_loss(loss)
@@ -83,9 +78,9 @@ def main():
         train_seconds += time.perf_counter() - start
         evaluated = optimizer.evaluation_parameters() if parameter_space else contextlib.nullcontext()
         with torch.no_grad(), evaluated:  # LSGD: the best worker; EASGD: the center
-            accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
+            accuracy = accuracy_of(model, x_test, y_test)
         curve.append({"epoch": epoch + 1, "seconds": train_seconds, "accuracy": accuracy})
-    result = {"method": args.method, "ranks": hvd.size(), "hidden": args.hidden,
+    result = {"method": args.method, "model": args.model, "ranks": hvd.size(), "hidden": args.hidden,
               "parameters": sum(p.numel() for p in model.parameters()), "curve": curve,
               # the mean: periodic methods (LSGD, EASGD) communicate on some steps only, which a median would hide
               "step_seconds": statistics.fmean(step_times[5:] or step_times),
@@ -96,7 +91,9 @@ def main():
         stats = optimizer.compression_stats()
         total, steps = stats["total"], max(stats["steps"], 1)
         result.update(payload_bytes=total["payload_bytes"] / steps, wire_bytes=total["wire_bytes"] / steps,
-                      cf_log=[e["cf"] for e in stats.get("log", [])])
+                      cf_log=[e["cf"] for e in stats.get("log", [])],
+                      throughput={str(k): v for k, v in stats.get("throughput", {}).items()},
+                      theta_ideal=stats.get("theta_ideal"))
     result["dense_bytes"] = 4 * result["parameters"]
     if hvd.rank() == 0:
         with open(args.json, "w") as f:

@@ -27,9 +27,7 @@ COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compre
                 "ternary": lambda: hvd.Compression.ternary,
                 "ternary-shared": lambda: hvd.Compression.ternary(shared_scale=True),
                 "topk": lambda: hvd.Compression.topk(ratio=0.1),
-                # GraVAC with epsilon 0.3 / window 50: this small MLP's top-10% keeps ~80% of the energy, so the
-                # paper's epsilon 0.9 would send everything dense (see horovod_ext/compression/gravac.py)
-                "adaptive_topk": lambda: hvd.Compression.adaptive_topk(epsilon=0.3, window=50)}
+                "adaptive_topk": lambda: hvd.Compression.adaptive_topk}  # GraVAC at its defaults
 OPTIMIZERS = {"dp": None,
               "lsgd": lambda opt: hvd.LeaderOptimizer(opt, groups=None),
               "multi_lsgd": lambda opt: hvd.LeaderOptimizer(opt, groups="node"),
@@ -183,7 +181,9 @@ def main():
                         "epochs_checked": len(identical), "steps": stats["steps"],
                         "bytes_per_step": total["payload_bytes"] / steps,
                         "dense_bytes_per_step": total["dense_bytes"] / steps,
-                        "bits_per_element": total["bits_per_element"]})
+                        "bits_per_element": total["bits_per_element"],
+                        "cf_log": [e["cf"] for e in stats.get("log", [])],
+                        "paths": [e["path"] for e in stats.get("log", [])]})
     if hvd.rank() == 0:
         print(f"{args.data} MLP (Keras 3, {args.loop}, hidden {HIDDEN[0]}), {hvd.size()} ranks, {args.epochs} epochs")
         print(f"{'compression':<15} {'test acc':>8} {'bytes/step':>11} {'dense bytes':>11} {'ratio':>6} {'bits/elem':>9}")

@@ -30,8 +30,7 @@ COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compre
                 "topk": lambda: hvd.Compression.topk(ratio=0.1),
                 "topk-1000x": lambda: hvd.Compression.topk(ratio=0.001),
                 "adaptive_topk": lambda: hvd.Compression.adaptive_topk(**ADAPTIVE)}
-# GraVAC's defaults (epsilon 0.9, window 500) suit long runs; 30 epochs of digits are ~700 steps.
-ADAPTIVE = {}
+ADAPTIVE = {}  # GraVAC at its defaults unless --adaptive says otherwise
 # Parameter-space optimizers: each rank steps on its own gradient and is pulled every `period` steps.
 OPTIMIZERS = {"dp": None,
               "lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups=None),

@@ -1,16 +1,48 @@
-"""GraVAC's controller: the decision truth table, the CF sequences of the policies, windows, settling, state."""
+"""GraVAC's controller: the decision truth table, the CF sequences of the policies, windows, the throughput table
+filed under the CF actually sent, settling and its fallback, the EWMA, state; and, under horovodrun, that the step
+time it sees includes communication (torch and TF) and that its defaults compress the digits MLP."""
+import json
+import math
+
 import pytest
 
-from horovod_ext.compression.gravac import GravacController
+from horovod_ext.compression.gravac import GravacController, ewma_weight
 from horovod_ext.compression.specs import AdaptiveTopK
+from hvdrun import horovodrun
 
 
-def controller(**kwargs):
-    return GravacController(AdaptiveTopK(**kwargs))
+def controller(nranks=1, **kwargs):
+    return GravacController(AdaptiveTopK(**kwargs), nranks)
+
+
+def squared(gain):
+    """The squared norm |C(g_ef)|^2 a compressed gradient keeps for a given gain (|g_ef|^2 = 1)."""
+    return gain * gain
+
+
+class Workload:
+    """A model whose compression gain depends on the CF and whose step time on the path: gain(cf) and
+    seconds(cf) (cf 1 = dense). Feeds the controller as an adapter does: each decision gets the time of the step
+    before it, which ran at the CF that step sent."""
+
+    def __init__(self, gain, seconds):
+        self.gain, self.seconds = gain, seconds
+        self.sent = []  # (cf, gain of what was sent, seconds that step took)
+
+    def run(self, ctl, steps):
+        last = 0.0
+        for _ in range(steps):
+            theta_min, theta_c = ctl.cfs()
+            path, cf, gain_min, gain_c = ctl.decide(1.0, squared(self.gain(theta_min)), squared(self.gain(theta_c)),
+                                                    last)
+            sent_gain = {"candidate": gain_c, "min": gain_min, "dense": 1.0}[path]
+            last = self.seconds(cf)
+            self.sent.append((cf, sent_gain, last))
+        return ctl
 
 
 @pytest.mark.parametrize("gain_min, gain_c, path", [
-    (0.95, 0.92, "candidate"),  # the candidate keeps enough energy
+    (0.95, 0.92, "candidate"),  # the candidate keeps enough
     (0.95, 0.90, "candidate"),  # >= epsilon counts
     (0.95, 0.85, "min"),        # only theta_min does
     (0.90, 0.50, "min"),
@@ -18,7 +50,7 @@ def controller(**kwargs):
 ])
 def test_decision_truth_table(gain_min, gain_c, path):
     c = controller(epsilon=0.9, window=100)
-    got, cf, g_min, g_c = c.decide(1.0, gain_min, gain_c, 0.1)
+    got, cf, g_min, g_c = c.decide(1.0, squared(gain_min), squared(gain_c), 0.1)
     assert got == path and (g_min, g_c) == (pytest.approx(gain_min), pytest.approx(gain_c))
     assert cf == {"candidate": 20.0, "min": 10.0, "dense": 1.0}[path]
 
@@ -28,7 +60,7 @@ def candidates_over_windows(policy, windows, min_cf=10, max_cf=1000):
     seen = []
     for step in range(3 * windows):
         seen.append(c.candidate_cf())
-        c.decide(1.0, 0.95, 0.5, 0.1 * (1 + step))  # throughputs differ: no settling
+        c.decide(1.0, squared(0.95), squared(0.5), 0.1 * (1 + step))  # always theta_min: one CF, no settling
     return seen[::3]
 
 
@@ -46,29 +78,87 @@ def test_never_exceeds_max_cf():
 
 
 def test_no_scale_up_before_a_window_ends():
-    c = controller(window=5)
+    c = controller(window=5, omega=0.0)
     for _ in range(4):
-        c.decide(1.0, 0.95, 0.95, 0.1)
+        c.decide(1.0, squared(0.95), squared(0.5), 0.1)
         assert c.candidate_cf() == 20.0
-    c.decide(1.0, 0.95, 0.95, 0.1)
-    assert c.candidate_cf() != 20.0
+    c.decide(1.0, squared(0.95), squared(0.5), 0.1)
+    assert c.candidate_cf() == 40.0
 
 
 def test_theta_min_rises_when_the_candidate_loses_nothing():
     c = controller(window=2, omega=0.05)
     for step in range(2):
-        c.decide(1.0, 0.95, 0.94, 0.1 * (1 + step))  # |0.95 - 0.94| / 0.95 < 0.05
+        c.decide(1.0, squared(0.95), squared(0.94), 0.1 * (1 + step))  # |0.95 - 0.94| / 0.95 < 0.05
     assert c.theta_min == 20.0 and c.candidate_cf() == 80.0  # theta_s 2 -> 4
 
 
-def test_settles_on_the_lower_cf_when_throughputs_match():
-    c = controller(window=2, omega=0.05)
-    for _ in range(4):  # the same throughput in two windows (candidates 20, then 40)
-        c.decide(1.0, 0.95, 0.5, 0.1)
-    assert c.settled and c.theta_min == 20.0 and c.candidate_cf() == 20.0
-    for _ in range(10):
-        c.decide(1.0, 0.95, 0.5, 0.1)
-    assert c.candidate_cf() == 20.0
+def test_compressing_at_10x_every_step_never_settles_on_dense():
+    """Only CF 10 keeps epsilon; every step sends it, so dense has no throughput and cannot be chosen."""
+    work = Workload(gain=lambda cf: 0.8 if cf <= 10 else 0.5, seconds=lambda cf: 1.0 if cf == 1 else 0.1)
+    ctl = work.run(controller(window=10, omega=0.5), 400)
+    assert {cf for cf, _, _ in work.sent} == {10.0}
+    assert set(ctl.throughput_table()) == {10.0} and ctl.theta_ideal != 1.0
+    assert [e["path"] for e in ctl.log] == ["min"] * 400
+
+
+def test_always_dense_never_settles_on_a_compressed_cf():
+    work = Workload(gain=lambda cf: 0.3, seconds=lambda cf: 0.1 if cf == 1 else 0.01)
+    ctl = work.run(controller(window=10, omega=0.5), 400)
+    assert {cf for cf, _, _ in work.sent} == {1.0} and set(ctl.throughput_table()) == {1.0}
+    assert ctl.theta_ideal is None and not ctl.settled
+
+
+def test_throughput_is_the_mean_over_the_steps_that_sent_each_cf():
+    """gain x steps/s, filed under the CF the step sent (candidate, theta_min or dense), from the next decision's
+    step time."""
+    gains = {1.0: 1.0, 10.0: 0.9, 20.0: 0.8, 40.0: 0.72, 160.0: 0.5, 1000.0: 0.2}
+    seconds = {1.0: 0.5, 10.0: 0.11, 20.0: 0.07, 40.0: 0.05, 160.0: 0.045, 1000.0: 0.04}
+    work = Workload(gain=lambda cf: gains[cf], seconds=lambda cf: seconds[cf])
+    ctl = work.run(controller(window=7, omega=0.0, epsilon=0.75), 60)
+    expected = {}
+    for (cf, gain, seconds), _ in zip(work.sent, work.sent[1:]):  # the last step's time is not known yet
+        expected.setdefault(cf, []).append(gain / seconds)
+    table = ctl.throughput_table()
+    assert set(table) == set(expected) and len(expected) >= 2
+    for cf, values in expected.items():
+        assert table[cf] == (pytest.approx(sum(values) / len(values)), len(values))
+
+
+def test_settles_on_the_lower_of_two_saturated_cfs_and_keeps_theta_min_as_fallback():
+    # CF 20 and CF 40 give the same gain x speed (0.8 / 0.1 = 0.72 / 0.09): saturation, settle on 20
+    gains = {10.0: 0.9, 20.0: 0.8, 40.0: 0.72, 160.0: 0.5, 1000.0: 0.2}
+    seconds = {10.0: 0.2, 20.0: 0.1, 40.0: 0.09}
+    work = Workload(gain=lambda cf: gains.get(cf, 1.0), seconds=lambda cf: seconds.get(cf, 1.0))
+    ctl = work.run(controller(window=5, omega=0.01, epsilon=0.7), 10)
+    assert ctl.theta_ideal == 20.0 and ctl.cfs() == (10.0, 20.0)
+    # the settled CF now fails epsilon: theta_min (the fallback) is sent, not dense
+    path, cf, _, _ = ctl.decide(1.0, squared(0.9), squared(0.2), 0.1)
+    assert ctl.candidate_cf() == 20.0
+    for _ in range(300):  # the candidate's EWMA falls below epsilon
+        path, cf, _, _ = ctl.decide(1.0, squared(0.9), squared(0.2), 0.1)
+    assert (path, cf) == ("min", 10.0) and ctl.cfs() == (10.0, 20.0)
+
+
+def test_ewma_weight_is_ranks_over_100_and_restarts_when_the_cf_changes():
+    assert [ewma_weight(n) for n in (1, 2, 8, 100, 1000)] == [0.01, 0.02, 0.08, 1.0, 1.0]
+    c = controller(nranks=8, window=2, omega=0.0)
+    c.decide(1.0, squared(0.9), squared(0.5), 0.0)
+    _, _, gain_min, gain_c = c.decide(1.0, squared(0.8), squared(0.3), 0.0)
+    assert gain_min == pytest.approx(math.sqrt(0.92 * 0.81 + 0.08 * 0.64))
+    assert c.candidate_cf() == 40.0  # a new candidate: its EWMA starts again from its first reading
+    _, _, _, gain_c = c.decide(1.0, squared(0.8), squared(0.3), 0.0)
+    assert gain_c == pytest.approx(0.3)
+
+
+def test_forgotten_step_time_records_nothing():
+    c = controller(window=100)
+    c.decide(1.0, squared(0.95), squared(0.5), 0.0)
+    c.forget_step_time()  # e.g. the steps between went dense because a rank joined
+    c.decide(1.0, squared(0.95), squared(0.5), 0.3)
+    assert c.throughput_table() == {}
+    c.decide(1.0, squared(0.95), squared(0.5), 0.2)
+    assert c.throughput_table() == {10.0: (pytest.approx(0.95 / 0.2), 1)}
 
 
 def test_nonfinite_norms_raise():
@@ -77,13 +167,12 @@ def test_nonfinite_norms_raise():
 
 
 def test_state_round_trip():
-    c = controller(window=3)
-    for step in range(7):
-        c.decide(1.0 + step, 0.9, 0.6, 0.1)
-    d = controller(window=3)
-    d.load_state(c.state())
-    for step in range(5):
-        assert c.decide(2.0, 0.95, 0.91, 0.2) == d.decide(2.0, 0.95, 0.91, 0.2)
+    work = Workload(gain=lambda cf: {10.0: 0.9, 20.0: 0.8}.get(cf, 0.3), seconds=lambda cf: 0.01 * cf ** 0.5)
+    c = work.run(controller(window=3, epsilon=0.75), 7)
+    d = controller(window=3, epsilon=0.75)
+    d.load_state(json.loads(json.dumps(c.state())))  # TF keeps it as JSON
+    for step in range(12):
+        assert c.decide(2.0, 1.2, 0.9, 0.2) == d.decide(2.0, 1.2, 0.9, 0.2)
     assert c.state() == d.state()
 
 
@@ -96,3 +185,16 @@ def test_invalid_arguments(kwargs, fragment):
     with pytest.raises(ValueError) as err:
         AdaptiveTopK(**kwargs)
     assert fragment in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------------- under horovodrun
+@pytest.mark.parametrize("framework", ["torch", "tf"])
+def test_step_time_includes_communication(framework):
+    """A 0.25 s delay injected into every payload collective shows in every step time the controller is fed
+    (the first step has none), in both frameworks."""
+    results, _ = horovodrun(2, "tests/workers/gravac_worker.py", framework, "0.25", timeout=300)
+    for r in results:
+        times = r["step_seconds"]
+        assert times[0] is None and len(times) == r["steps"] >= 6
+        assert all(t >= 0.25 for t in times[1:]), times
+    assert results[0]["step_seconds"] == results[1]["step_seconds"]  # averaged over ranks: the same decision input

@@ -171,5 +171,7 @@ def test_topk_resume_from_checkpoint_is_bit_identical(compression):
     m_resumed, opt_resumed = train(3, compression, resume_from=checkpoint, first_batch=3)
     assert torch.equal(flat(m_full), flat(m_resumed))
     if compression.name == "adaptive_topk":
-        assert opt_resumed.compression_stats()["log"] == opt_full.compression_stats()["log"]
+        def decisions(opt):  # the step times are wall-clock readings; every decision must repeat
+            return [{k: v for k, v in e.items() if k != "step_seconds"} for e in opt.compression_stats()["log"]]
+        assert decisions(opt_resumed) == decisions(opt_full)
         assert {e["path"] for e in opt_full.compression_stats()["log"]} != {"dense"}

@@ -93,8 +93,8 @@ class GradientAggregator(tf.Module):
             # GraVAC's controller state as JSON: the source of truth, so that restoring a checkpoint restores it
             self.controller_state = tf.Variable("", dtype=tf.string, trainable=False, name="controller_state")
         self.residuals = {}
-        self.controller = GravacController(compression) if getattr(compression, "name", "") == "adaptive_topk" \
-            else None
+        self.controller = GravacController(compression, process_set.size()) \
+            if getattr(compression, "name", "") == "adaptive_topk" else None
         self._sizes = []
         self._last_decision = None
         self._agreed = None
@@ -197,6 +197,9 @@ class GradientAggregator(tf.Module):
         return out
 
     def _join_dense(self, names, grads):
+        if self.controller is not None:  # this step is no decision: the next step's time is not the last CF's
+            self.controller.forget_step_time()
+            self._last_decision = None
         outs = []
         for i, (name, g) in enumerate(zip(names, grads)):
             send = g
@@ -433,6 +436,7 @@ class GradientAggregator(tf.Module):
             if state["step"] != self.controller.step:
                 log = self.controller.log[:state["step"]]
                 self.controller.load_state({**state, "log": log})
+                self._last_decision = None  # the time across a restore is no step's
 
     def _cfs(self):
         self._sync_controller()
@@ -482,7 +486,7 @@ class GradientAggregator(tf.Module):
             totals.update(payload_bytes=sum(sent), wire_bytes=sum(wire))
         stats = self.stats.as_dict()
         if self.controller is not None:
-            stats["log"] = [dict(e) for e in self.controller.log]
+            stats.update(self.controller.observations())
         stats.update(steps=steps, ranks=self.process_set.size(), seed=int(self.seed.numpy()) % 2 ** 64,
                      last_step=CompressionStats._summary({**per_step, "compress_seconds": 0.0,
                                                           "decompress_seconds": 0.0, "comm_seconds": 0.0}),

@@ -158,6 +158,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         controller = getattr(self._hx_transport, "controller", None)
         if controller is not None and offer is not None and offer.get("controller") is not None:
             controller.load_state(offer["controller"])
+            self._hx_transport.last_decision = None  # the time across a restore is no step's
         if self._hx_residuals is not None and hasattr(self._hx_transport, "load_residuals"):
             self._hx_transport.load_residuals(self._hx_residuals)
             self._hx_residuals = None
@@ -295,12 +296,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Bytes this rank sent vs dense, bits per element, bytes on the wire (ring formulas, see
         horovod_ext.compression.wire) and seconds compressing, decompressing and waiting on communication, for
         the last step and since the start. With adaptive_topk also the CF, both gains and the path of the last
-        step, and "log": one entry per step (step, cf, path, gain_min, gain_c, theta_min, candidate_cf) to plot."""
+        step, "log": one entry per step (step, cf, path, gain_min, gain_c, theta_min, candidate_cf, step_seconds)
+        to plot, and "throughput": the table the controller settles from ({cf sent: (mean gain x steps/s, steps)}),
+        with "theta_ideal", the CF it settled on (None while exploring)."""
         stats = self._hx_stats.as_dict()
         stats["ranks"] = self._hx_process_set.size()
         controller = getattr(self._hx_transport, "controller", None)
         if controller is not None:
-            stats["log"] = [dict(e) for e in controller.log]
+            stats.update(controller.observations())
         return stats
 
     # --------------------------------------------------------------------------------------------- checkpoints

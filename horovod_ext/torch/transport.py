@@ -287,10 +287,10 @@ class TopKTransport:
         self.divisor = float(self.nranks) if op == hvd.Average else 1.0
         self.codec = TopKCodec(spec)
         self.adaptive = spec.name == "adaptive_topk"
-        self.controller = GravacController(spec) if self.adaptive else None
+        self.controller = GravacController(spec, self.nranks) if self.adaptive else None
         self.residuals = {}
         self.round = 0
-        self.last_finish = None
+        self.last_decision = None  # when the controller last decided: its step time runs from there
 
     def _residual(self, name, numel, device="cpu"):
         if name not in self.residuals:
@@ -343,7 +343,7 @@ class TopKTransport:
             norms[2] += self.codec.energy(residual, second)
             item.candidates = (first, second)
         now = time.perf_counter()
-        step_seconds = now - self.last_finish if self.last_finish is not None else 0.0
+        step_seconds = now - self.last_decision if self.last_decision is not None else 0.0
         self.stats.add(compress_seconds=now - start)
         agreed = hvd.allreduce(torch.tensor(norms + [step_seconds], dtype=torch.float64), op=hvd.Average,
                                name=f"adaptive_topk.norms.{self.round}", process_set=self.process_set).tolist()
@@ -353,6 +353,7 @@ class TopKTransport:
         except FloatingPointError:
             self.reset_residuals()
             raise
+        self.last_decision = time.perf_counter()
         self.stats.extra.update(cf=cf, path=path, gain_min=gain_min, gain_c=gain_c, theta_min=theta_min,
                                 candidate_cf=theta_c, settled=self.controller.settled)
         start = time.perf_counter()
@@ -371,6 +372,9 @@ class TopKTransport:
     def launch_dense(self, name, param, step):
         """This step goes dense (a rank called hvd.join()): g + r by allreduce, then r = 0, as GraVAC's dense path."""
         item = Pending(name, param, "topk")
+        if self.controller is not None:  # this step is no decision: the next step's time is not the last CF's
+            self.controller.forget_step_time()
+            self.last_decision = None
         flat = TernaryCodec.as_float32(param.grad)
         self.codec.accumulate(flat, self._residual(name, flat.numel(), flat.device))
         self._send_dense(item)
@@ -412,5 +416,4 @@ class TopKTransport:
             self.stats.add(decompress_seconds=time.perf_counter() - start)
         if errors:
             self.reset_residuals()
-        self.last_finish = time.perf_counter()
         return errors

@@ -70,8 +70,7 @@ def ours(opt):
     state = opt.state_dict()["horovod_ext"]
     controller = state["controller"]
     if controller is not None:
-        controller = {**{k: v for k, v in controller.items() if k not in ("log", "window_throughput")},
-                      "history": [cf for cf, _ in controller["history"]],
+        controller = {**{k: v for k, v in controller.items() if k not in ("log", "throughput")},
                       "paths": [(e["path"], e["cf"]) for e in controller["log"]]}
     return {"step": state["step"], "seed": state["seed"], "stats_steps": state["stats"]["steps"],
             "controller": controller}

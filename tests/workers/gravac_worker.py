@@ -1,0 +1,64 @@
+"""GraVAC's step time under horovodrun -np 2: argv[1] torch or tf, argv[2] a delay in seconds injected into every
+payload collective (torch: waiting on the allgather; TF: the eager allgather). Trains a small MLP for 8 steps
+with adaptive_topk and records the step time the controller was fed at each decision (its log's step_seconds)."""
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from hvdrun import write_result  # noqa: E402
+
+FRAMEWORK, DELAY, STEPS = sys.argv[1], float(sys.argv[2]), 8
+
+
+def delayed(fn):
+    def call(*args, **kwargs):
+        time.sleep(DELAY)
+        return fn(*args, **kwargs)
+    return call
+
+
+def run_torch():
+    import torch
+    import horovod_ext.torch as hvd
+    import horovod_ext.torch.transport as transport
+    hvd.init()
+    transport.wait = delayed(transport.wait)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                   compression=hvd.Compression.adaptive_topk(window=3))
+    gen = torch.Generator().manual_seed(hvd.rank())
+    for _ in range(STEPS):
+        opt.zero_grad()
+        model(torch.randn(8, 16, generator=gen)).pow(2).mean().backward()
+        opt.step()
+    return hvd, opt.compression_stats()
+
+
+def run_tf():
+    import horovod.tensorflow as horovod_tf
+    import numpy as np
+    import tensorflow as tf
+    import horovod_ext.tensorflow as hvd
+    hvd.init()
+    horovod_tf.allgather = delayed(horovod_tf.allgather)  # what the aggregator calls, eagerly
+    tf.random.set_seed(0)
+    weights = [tf.Variable(tf.random.normal([16, 32], stddev=0.2)), tf.Variable(tf.random.normal([32, 4], stddev=0.2))]
+    rng = np.random.default_rng(hvd.rank())
+    compression = hvd.Compression.adaptive_topk(window=3)  # one aggregator (and controller) per compression
+    for _ in range(STEPS):
+        x = tf.constant(rng.standard_normal((8, 16)), tf.float32)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.nn.relu(x @ weights[0]) @ weights[1]))
+        tape = hvd.DistributedGradientTape(tape, compression=compression)
+        for w, g in zip(weights, tape.gradient(loss, weights)):
+            w.assign_sub(0.1 * g)
+    return hvd, tape.compression_stats()
+
+
+hvd, stats = run_torch() if FRAMEWORK == "torch" else run_tf()
+write_result(hvd.rank(), {"steps": len(stats["log"]), "step_seconds": [e["step_seconds"] for e in stats["log"]],
+                          "paths": [e["path"] for e in stats["log"]], "throughput": {str(k): v for k, v in
+                                                                                    stats["throughput"].items()}})
