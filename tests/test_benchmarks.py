@@ -1,5 +1,5 @@
 """The benchmark suite's quick mode runs in the test suite, so that it cannot rot: every benchmark writes its JSON,
-markdown table and PNG plots (link and tta need a network namespace: where one cannot be made, they must say why)."""
+markdown table and PNG plots (link, tta and gravac need a network namespace: where one cannot be made, they must say why)."""
 import json
 import os
 import subprocess
@@ -10,6 +10,7 @@ from hvdrun import ROOT
 EXPECTED = {"kernels": ["kernels_speedup.png"], "tf_kernels": ["tf_kernels_speedup.png"],
             "gpu_kernels": ["gpu_kernels.png"], "wire": ["wire_bytes.png"],
             "link": ["link_step_seconds.png"], "tta": ["tta_accuracy.png", "tta_cf.png"],
+            "gravac": ["gravac_cf.png", "gravac_cnn_2_accuracy.png"],
             "soak": ["soak_rss_growth.png"]}
 
 
@@ -22,7 +23,7 @@ def test_quick_benchmarks_write_json_tables_and_plots(tmp_path):
     for name, plots in EXPECTED.items():
         line = next(l for l in proc.stdout.splitlines() if l.startswith(f"[run] {name}:"))
         if "skipped" in line:  # no namespace here (not root), or no GPU: a reason, not a crash
-            assert (name in ("link", "tta") and ("namespace" in line or "root" in line)) or \
+            assert (name in ("link", "tta", "gravac") and ("namespace" in line or "root" in line)) or \
                 (name == "gpu_kernels" and ("GPU" in line or "without CUDA" in line)), line
             continue
         assert ": ok in" in line, line
