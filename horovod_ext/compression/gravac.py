@@ -52,6 +52,7 @@ candidate is tried (the EWMA needs about 100 / N steps to forget); omega is the 
 The state (theta_min, theta_s, theta_ideal, EWMAs, the throughput table, the log) is a plain dict.
 """
 import math
+import time
 
 PATHS = ("candidate", "min", "dense")
 
@@ -74,6 +75,7 @@ class GravacController:
         self.ewma_cf = {"min": None, "candidate": None}  # the CF each EWMA belongs to
         self.throughput = {}  # cf sent -> [sum of gain / t_iter, steps]
         self.previous = None  # (cf, gain) of the last decision, until its step time is known
+        self.decided_at = None  # this rank's clock at the last decision (not state: a restore starts it again)
         self.step = 0
         self.log = []  # per step: step, cf sent, path, gain_min, gain_c, theta_min, candidate, t_iter
 
@@ -124,7 +126,7 @@ class GravacController:
             path, cf, gain = "min", theta_min, gain_min
         else:
             path, cf, gain = "dense", 1.0, 1.0
-        self.previous = (cf, gain)
+        self.previous, self.decided_at = (cf, gain), time.perf_counter()
         self.log.append({"step": self.step, "cf": cf, "path": path, "gain_min": gain_min, "gain_c": gain_c,
                          "theta_min": theta_min, "candidate_cf": theta_c,
                          "step_seconds": step_seconds if step_seconds > 0 else None})
@@ -133,10 +135,15 @@ class GravacController:
             self._end_window(gain_min, gain_c)
         return path, cf, gain_min, gain_c
 
+    def seconds_since_decision(self):
+        """This rank's step time so far: wall seconds since its last decision (0: unknown). The adapters average it
+        over ranks with the norms and pass it to decide()."""
+        return time.perf_counter() - self.decided_at if self.decided_at is not None else 0.0
+
     def forget_step_time(self):
-        """The next step's time does not belong to this decision (the steps between went dense, or training
-        paused): record no throughput for it."""
-        self.previous = None
+        """The next step's time does not belong to this decision (the steps between went dense because a rank
+        joined): record no throughput for it."""
+        self.previous = self.decided_at = None
 
     def throughput_table(self):
         """{cf sent: (mean gain x steps/s, steps recorded)}: what the settling rule compares."""
@@ -177,4 +184,5 @@ class GravacController:
         self.ewma_cf = {k: None if v is None else float(v) for k, v in state["ewma_cf"].items()}
         self.throughput = {float(cf): [float(total), int(count)] for cf, total, count in state["throughput"]}
         self.previous = None if state["previous"] is None else tuple(float(v) for v in state["previous"])
+        self.decided_at = None  # the time across a restore is no step's
         self.log = [dict(e) for e in state["log"]]

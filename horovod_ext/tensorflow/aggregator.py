@@ -8,7 +8,6 @@ eager, tf.errors.InvalidArgumentError with the same message inside tf.function.
 """
 import json
 import re
-import time
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -96,7 +95,6 @@ class GradientAggregator(tf.Module):
         self.controller = GravacController(compression, process_set.size()) \
             if getattr(compression, "name", "") == "adaptive_topk" else None
         self._sizes = []
-        self._last_decision = None
         self._agreed = None
         self._transport = None
         self._bytes_per_step = {}
@@ -199,7 +197,6 @@ class GradientAggregator(tf.Module):
     def _join_dense(self, names, grads):
         if self.controller is not None:  # this step is no decision: the next step's time is not the last CF's
             self.controller.forget_step_time()
-            self._last_decision = None
         outs = []
         for i, (name, g) in enumerate(zip(names, grads)):
             send = g
@@ -436,7 +433,6 @@ class GradientAggregator(tf.Module):
             if state["step"] != self.controller.step:
                 log = self.controller.log[:state["step"]]
                 self.controller.load_state({**state, "log": log})
-                self._last_decision = None  # the time across a restore is no step's
 
     def _cfs(self):
         self._sync_controller()
@@ -444,9 +440,7 @@ class GradientAggregator(tf.Module):
         return tf.constant(theta_min, tf.float64), tf.constant(theta_c, tf.float64)
 
     def _elapsed(self):
-        now = time.perf_counter()
-        elapsed = now - self._last_decision if self._last_decision is not None else 0.0
-        return tf.constant(elapsed, tf.float64)
+        return tf.constant(self.controller.seconds_since_decision(), tf.float64)
 
     def _decide(self, agreed):
         values = agreed.numpy().tolist()
@@ -455,7 +449,6 @@ class GradientAggregator(tf.Module):
         except FloatingPointError:
             self._reset_residuals()
             raise
-        self._last_decision = time.perf_counter()
         state = self.controller.state()
         state.pop("log")
         self.controller_state.assign(json.dumps(state))

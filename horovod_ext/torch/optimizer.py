@@ -158,7 +158,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         controller = getattr(self._hx_transport, "controller", None)
         if controller is not None and offer is not None and offer.get("controller") is not None:
             controller.load_state(offer["controller"])
-            self._hx_transport.last_decision = None  # the time across a restore is no step's
         if self._hx_residuals is not None and hasattr(self._hx_transport, "load_residuals"):
             self._hx_transport.load_residuals(self._hx_residuals)
             self._hx_residuals = None

@@ -290,7 +290,6 @@ class TopKTransport:
         self.controller = GravacController(spec, self.nranks) if self.adaptive else None
         self.residuals = {}
         self.round = 0
-        self.last_decision = None  # when the controller last decided: its step time runs from there
 
     def _residual(self, name, numel, device="cpu"):
         if name not in self.residuals:
@@ -342,9 +341,8 @@ class TopKTransport:
             norms[1] += self.codec.energy(residual, first)
             norms[2] += self.codec.energy(residual, second)
             item.candidates = (first, second)
-        now = time.perf_counter()
-        step_seconds = now - self.last_decision if self.last_decision is not None else 0.0
-        self.stats.add(compress_seconds=now - start)
+        self.stats.add(compress_seconds=time.perf_counter() - start)
+        step_seconds = self.controller.seconds_since_decision()
         agreed = hvd.allreduce(torch.tensor(norms + [step_seconds], dtype=torch.float64), op=hvd.Average,
                                name=f"adaptive_topk.norms.{self.round}", process_set=self.process_set).tolist()
         self.stats.add(payload_bytes=32, wire_bytes=allreduce_wire_bytes(32, self.nranks))
@@ -353,7 +351,6 @@ class TopKTransport:
         except FloatingPointError:
             self.reset_residuals()
             raise
-        self.last_decision = time.perf_counter()
         self.stats.extra.update(cf=cf, path=path, gain_min=gain_min, gain_c=gain_c, theta_min=theta_min,
                                 candidate_cf=theta_c, settled=self.controller.settled)
         start = time.perf_counter()
@@ -374,7 +371,6 @@ class TopKTransport:
         item = Pending(name, param, "topk")
         if self.controller is not None:  # this step is no decision: the next step's time is not the last CF's
             self.controller.forget_step_time()
-            self.last_decision = None
         flat = TernaryCodec.as_float32(param.grad)
         self.codec.accumulate(flat, self._residual(name, flat.numel(), flat.device))
         self._send_dense(item)
