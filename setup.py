@@ -52,6 +52,15 @@ def torch_extension():
                         extra_compile_args=CXX_FLAGS, **common)
 
 
+def sizes_extension():
+    """horovod_ext._sizes: the core's payload-size functions for framework-free Python (no torch, no TF)."""
+    from setuptools import Extension
+
+    return Extension("horovod_ext._sizes", sources=CORE_SOURCES + ["cpp/python/sizes.cpp"],
+                     include_dirs=[os.path.join(ROOT, "cpp", "include")], depends=CORE_HEADERS,
+                     extra_compile_args=CXX_FLAGS, language="c++")
+
+
 TF_OPS_SOURCES = CORE_SOURCES + ["cpp/tensorflow/ops.cc"]
 TF_OPS_LIBRARY = os.path.join("horovod_ext", "tensorflow", "_tf_ops.so")
 
@@ -98,7 +107,7 @@ setup(
     package_dir={"hvdext_reference": "python/hvdext_reference"},
     python_requires=">=3.9",
     install_requires=["numpy", "torch", "horovod"],
-    ext_modules=[torch_extension()],
+    ext_modules=[torch_extension(), sizes_extension()],
     cmdclass={"build_ext": build_ext_class()},
     package_data={"horovod_ext.tensorflow": ["_tf_ops.so"]},
     zip_safe=False,

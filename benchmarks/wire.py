@@ -12,7 +12,7 @@ import os
 
 from common import OUT_DIR, horovodrun_json, line_plot, machine, markdown_table, write_outputs
 from horovod_ext.compression import CompressionStats
-from horovod_ext.compression.specs import k_of
+from horovod_ext.compression.plan import k_of
 from horovod_ext.compression.join import join_check_wire_bytes
 from horovod_ext.compression.wire import allgather_wire_bytes
 from horovod_ext.consensus import ElasticSync, LeaderSync

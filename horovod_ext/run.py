@@ -23,7 +23,7 @@ import os
 import runpy
 import sys
 
-from horovod_ext.compression.specs import payload_compressors
+from horovod_ext.compression.registry import payload_compressors
 
 LINEAR = ("none", "fp16")
 CHOICES = LINEAR + tuple(payload_compressors())

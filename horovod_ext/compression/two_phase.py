@@ -5,25 +5,23 @@ The step's compressed tensors, in parameter order, form one flat stream of T cod
 [bounds[j], bounds[j+1]), bounds[j] = floor(j*T/N). Phase 1 is one alltoall of packed code chunks, phase 2 one
 allgather of each rank's chunk sums re-encoded at b = ceil(log2(2N+1)) bits.
 """
-import math
-
+from . import sizes as sizes_
 from .wire import allgather_wire_bytes, allreduce_wire_bytes
 
-HEADER_BYTES = 4  # the float32 scale of an allgather payload
-CODES_PER_BYTE = {"2bit": 4, "base3": 5}
+CODES_PER_BYTE = {"2bit": 4, "base3": 5}  # the closed form below only; counts come from the C++ core
+PACKING_IDS = {"2bit": 0, "base3": 1}  # hvdext::Packing
 
 
 def packed_bytes(count, packing):
-    per = CODES_PER_BYTE[packing]
-    return (count + per - 1) // per
+    return sizes_.ternary_packed_bytes(count, PACKING_IDS[packing])
 
 
 def level_bits(nranks):
-    return max(1, math.ceil(math.log2(2 * nranks + 1)))
+    return sizes_.two_phase_level_bits(nranks)
 
 
 def stream_bytes(count, bits):
-    return (count * bits + 7) // 8
+    return sizes_.two_phase_stream_bytes(count, bits)
 
 
 class TwoPhasePlan:
@@ -69,9 +67,10 @@ def formula_wire_bytes(total, nranks, packing):
         + (nranks - 1) * total / nranks * level_bits(nranks) / 8
 
 
-def allgather_transport_bytes(sizes, nranks, packing):
+def allgather_transport_bytes(tensor_sizes, nranks, packing):
     """Bytes a rank sends when every tensor's payload (scale + packed codes) goes by ring allgather."""
-    return allgather_wire_bytes(sum(HEADER_BYTES + packed_bytes(n, packing) for n in sizes), nranks)
+    payload = sum(sizes_.ternary_payload_bytes(n, PACKING_IDS[packing]) for n in tensor_sizes)
+    return allgather_wire_bytes(payload, nranks)
 
 
 def choose_transport(requested, shared_scale, sizes, nranks, packing):

@@ -7,22 +7,20 @@ tf.train.Checkpoint(aggregator=...)). A NaN/Inf gradient fails the step on every
 eager, tf.errors.InvalidArgumentError with the same message inside tf.function.
 """
 import json
-import re
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
 from horovod_ext import __version__
-from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_payload_compressor
+from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_payload_compressor, method_for
 from horovod_ext.compression.consistency import agree, optimizer_settings, split_blobs
-from horovod_ext.compression.gravac import GravacController
 from horovod_ext.compression.horovod_args import check_predivide
-from horovod_ext.compression.specs import check_tensor, describe_compression, element_limit, k_of
-from horovod_ext.compression.two_phase import TwoPhasePlan, choose_transport, scale_sharing_bytes
 from horovod_ext.compression.join import JOIN_CHECK_BYTES, a_rank_joined, join_check_wire_bytes
-from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes, tensor_key
-from .ops import TernaryCodec, TopKCodec, seed_tensor
+from horovod_ext.compression.plan import Item
+from horovod_ext.compression.specs import check_tensor, describe_compression, element_limit
+from .backend import TFBackend, collective_name
+from .ops import seed_tensor
 
 OP_NAMES = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Adasum: "Adasum"}
 
@@ -37,22 +35,6 @@ def variable_names(variables):
         seen[name] = count + 1
         names.append(name if count == 0 else f"{name}.{count}")
     return names
-
-
-def collective_name(prefix, index, name):
-    """Horovod's name for a tensor's collective. Inside tf.function Horovod takes names containing '/' apart, so
-    'a/dense/bias' and 'a/dense_1/bias' collide ("a tensor with the same name ... is currently being processed");
-    the index keeps normalized names unique. (The random key uses the real name.)"""
-    return f"{prefix}.{index}." + re.sub(r"[^A-Za-z0-9_.]", "_", name)
-
-
-def _fail(message, condition):
-    """Raise on every rank: eagerly as FloatingPointError, in a graph through an assertion."""
-    if tf.executing_eagerly():
-        if not bool(condition):
-            raise FloatingPointError(message)
-        return []
-    return [tf.debugging.Assert(condition, [message])]
 
 
 class GradientAggregator(tf.Module):
@@ -91,14 +73,17 @@ class GradientAggregator(tf.Module):
             self.seed = tf.Variable(0, dtype=tf.int64, trainable=False, name="seed")
             # GraVAC's controller state as JSON: the source of truth, so that restoring a checkpoint restores it
             self.controller_state = tf.Variable("", dtype=tf.string, trainable=False, name="controller_state")
-        self.residuals = {}
-        self.controller = GravacController(compression, process_set.size()) \
-            if getattr(compression, "name", "") == "adaptive_topk" else None
-        self._sizes = []
+        self.residuals = {}  # error feedback's tf.Variables, by tensor name (tracked for tf.train.Checkpoint)
         self._agreed = None
-        self._transport = None
-        self._bytes_per_step = {}
         self.stats = CompressionStats(getattr(compression, "name", getattr(compression, "__name__", "custom")))
+        self.backend = TFBackend(self, process_set, op, self.predivide, self.stats)
+        self.backend.on_controller_loaded = self._sync_controller
+        self.backend.on_controller_saved = self._save_controller
+        self.method = None  # the compressor's plan (registry.method_for), made at the first step
+
+    @property
+    def controller(self):
+        return getattr(self.method, "controller", None)
 
     # --------------------------------------------------------------------------------------------- agreement
     def _allgather_blobs(self, blob):
@@ -165,324 +150,83 @@ class GradientAggregator(tf.Module):
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         names = variable_names([v for _, v in pairs])
         present = [g for g, _ in pairs]
-        payload = is_payload_compressor(self.compression)
-        if payload:
-            what = f"Compression.{self.compression.name}"
-            limit = element_limit(self.compression)
+        if is_payload_compressor(self.compression):
+            what, limit = f"Compression.{self.compression.name}", element_limit(self.compression)
             for name, g in zip(names, present):
                 check_tensor(what, name, g.dtype.name, g.shape.num_elements(), g.shape.as_list(), **limit)
         self._agree(names, present)
-        if not payload:
-            out = self._linear(names, present)
-        else:
-            compressed = self._ternary if self.compression.name == "ternary" else self._topk
-            out = self._unless_a_rank_joined(names, present, compressed)
+        if self.method is None:
+            self.method = method_for(self.compression)(self.compression, self.backend,
+                                                       [g.shape.num_elements() for g in present])
+        items = [Item(i, name, g, g.shape.num_elements(), g.dtype.size) for i, (name, g) in enumerate(zip(names,
+                                                                                                           present))]
+        out = self._communicate(items)
         result, it = [], iter(out)
         for g in grads:
             result.append(None if g is None else next(it))
         return result
 
-    def _unless_a_rank_joined(self, names, grads, compressed):
-        """The compressed path, unless some rank has called hvd.join(): then every gradient goes dense by allreduce.
-        Checked eagerly only (see horovod_ext.compression.join)."""
-        if not tf.executing_eagerly():
-            return compressed(names, grads)
-        size = self.process_set.size()
-        training = hvd.allreduce(tf.constant([1], tf.int32), op=hvd.Sum, name="hvdext.training",
-                                 ignore_name_scope=True, process_set=self.process_set)
-        out = self._join_dense(names, grads) if a_rank_joined(int(training[0]), size) else compressed(names, grads)
-        self._count(payload_bytes=JOIN_CHECK_BYTES, wire_bytes=join_check_wire_bytes(size))
-        return out
-
-    def _join_dense(self, names, grads):
-        if self.controller is not None:  # this step is no decision: the next step's time is not the last CF's
-            self.controller.forget_step_time()
-        outs = []
-        for i, (name, g) in enumerate(zip(names, grads)):
-            send = g
-            residual = self.residuals.get(name)
-            if residual is not None and getattr(self.compression, "error_feedback", False):
-                send = g + tf.cast(tf.reshape(residual, g.shape), g.dtype)
-                residual.assign(tf.zeros_like(residual))
-            outs.append(hvd.allreduce(send, op=self.op, name=collective_name("hvdext.join", i, name),
-                                      ignore_name_scope=True, process_set=self.process_set))
-        with tf.control_dependencies(outs):
-            self.step.assign_add(1)
-            return [tf.identity(o) for o in outs]
-
-    def _count(self, **amounts):
-        for key, value in amounts.items():
-            self._bytes_per_step[key] = self._bytes_per_step.get(key, 0) + value
-
-    def _linear(self, names, grads):
-        nranks = self.process_set.size()
-        self._bytes_per_step = {}
-        out = []
-        for index, (name, g) in enumerate(zip(names, grads)):
-            scale = {} if self.predivide == 1.0 else {"prescale_factor": 1.0 / self.predivide,
-                                                       "postscale_factor": self.predivide}
-            out.append(hvd.allreduce(g, op=self.op, compression=self.compression,
-                                     name=collective_name("hvdext", index, name),
-                                     ignore_name_scope=True, process_set=self.process_set, **scale))
-            dense = g.shape.num_elements() * g.dtype.size
-            sent = dense // 2 if self.compression is hvd.Compression.fp16 and g.dtype.size == 4 else dense
-            self._count(payload_bytes=sent, dense_bytes=dense, elements=g.shape.num_elements(),
-                        wire_bytes=allreduce_wire_bytes(sent, nranks), dense_wire_bytes=allreduce_wire_bytes(dense, nranks))
-        with tf.control_dependencies(out):
-            self.step.assign_add(1)
-        return out
-
-    def _ternary(self, names, grads):
-        spec, ps = self.compression, self.process_set
-        nranks, rank = ps.size(), ps.rank()
-        divisor = float(nranks) if self.op == hvd.Average else 1.0
-        codec = TernaryCodec(spec, rank)
-        sizes = [g.shape.num_elements() for g in grads]
-        if self._transport is None:
-            self._transport = choose_transport(spec.transport, spec.shared_scale,
-                                               [n for n in sizes if n >= spec.min_size], nranks, spec.packing)
-            self.stats.extra["transport"] = self._transport
-        self._bytes_per_step = {}
-        step, seed = self.step.read_value(), self.seed.read_value()
-        out = [None] * len(grads)
-        checks = []
-        compressed = []
-        for i, (name, g, n) in enumerate(zip(names, grads, sizes)):
-            dense = n * g.dtype.size
-            self._count(dense_bytes=dense, elements=n, dense_wire_bytes=allreduce_wire_bytes(dense, nranks))
-            if n < spec.min_size:
-                avg = hvd.allreduce(g, op=self.op, name=collective_name("hvdext", i, name), ignore_name_scope=True,
-                                    process_set=ps)
-                checks += _fail(f"NaN or Inf in the gradient of {name!r} (after averaging)",
-                                tf.reduce_all(tf.math.is_finite(avg)))
-                out[i] = avg
-                self._count(payload_bytes=dense, wire_bytes=allreduce_wire_bytes(dense, nranks))
-                continue
-            flat = tf.reshape(tf.cast(g, tf.float32), [-1])
-            threshold, scale = codec.local_scale(flat)
-            compressed.append([i, name, flat, threshold, scale])
-        if spec.shared_scale and compressed:
-            local = tf.stack([c[4] for c in compressed])
-            agreed = hvd.allreduce(local, op=hvd.Max, name="hvdext.shared_scales", ignore_name_scope=True,
-                                   process_set=ps)
-            self._count(payload_bytes=4 * len(compressed), wire_bytes=scale_sharing_bytes(len(compressed), nranks))
-            for j, c in enumerate(compressed):
-                checks += _fail(f"NaN or Inf in the gradient of {c[1]!r} (on at least one rank)",
-                                agreed[j] < np.inf)
-            with tf.control_dependencies(checks):
-                for j, c in enumerate(compressed):
-                    c[4] = tf.identity(agreed[j])
-        if self._transport == "two_phase" and compressed:
-            averaged = self._two_phase(codec, compressed, step, seed, nranks, rank, divisor)
+    def _communicate(self, items):
+        """The plan's two stages over every gradient; dense if some rank has called hvd.join() (checked eagerly
+        only, see horovod_ext.compression.join). Failed checks raise FloatingPointError on every rank when eager,
+        and fail the step through assertions in a graph."""
+        be, method = self.backend, self.method
+        be.begin(self.step.read_value(), self.seed.read_value())
+        dense = False
+        if method.needs_join_check and tf.executing_eagerly():
+            size = self.process_set.size()
+            training = hvd.allreduce(tf.constant([1], tf.int32), op=hvd.Sum, name="hvdext.training",
+                                     ignore_name_scope=True, process_set=self.process_set)
+            dense = a_rank_joined(int(training[0]), size)
+            be.count(payload_bytes=JOIN_CHECK_BYTES, wire_bytes=join_check_wire_bytes(size))
+        if dense:
+            for item in items:
+                method.launch_dense(be, item)
+            method.finish_dense(be, items)
         else:
-            averaged = []
-            for i, name, flat, threshold, scale in compressed:
-                payload = codec.encode(flat, threshold, scale, seed, step, tensor_key(name))
-                gathered = hvd.allgather(payload, name=collective_name("hvdext.ternary", i, name), ignore_name_scope=True,
-                                         process_set=ps)
-                avg, bad = codec.decode_average(gathered, nranks, flat.shape.num_elements(), divisor)
-                if tf.executing_eagerly():
-                    checks += _fail(f"NaN or Inf in the gradient of {name!r} (on rank {int(bad)})", bad == -1)
-                else:
-                    checks.append(tf.debugging.Assert(tf.equal(bad, -1), [
-                        f"NaN or Inf in the gradient of {name!r} on rank", bad]))
-                averaged.append(avg)
-                nbytes = payload.shape.num_elements() if payload.shape.num_elements() is not None else \
-                    4 + (flat.shape.num_elements() + 4) // 5
-                self._count(payload_bytes=nbytes, wire_bytes=allgather_wire_bytes(nbytes, nranks),
-                            compressed_elements=flat.shape.num_elements())
-        for (i, *_), avg in zip(compressed, averaged):
-            out[i] = tf.cast(tf.reshape(avg, grads[i].shape), grads[i].dtype)
-        with tf.control_dependencies(checks + [o for o in out if o is not None]):
+            for item in items:
+                method.launch(be, item)
+            method.finish(be, items)
+        if be.errors:
+            method.on_error(be)
+            raise FloatingPointError("NaN or Inf in the gradient of " + ", ".join(be.errors))
+        out = [item.result for item in items]
+        with tf.control_dependencies(be.guards + out):
             out = [tf.identity(o) for o in out]
             self.step.assign_add(1)
         return out
 
-    def _two_phase(self, codec, compressed, step, seed, nranks, rank, divisor):
-        """Phase 1 alltoall of packed code chunks, exact sums re-encoded, phase 2 allgather, decode."""
-        ps = self.process_set
-        sizes = [c[2].shape.num_elements() for c in compressed]
-        plan = TwoPhasePlan(sizes, nranks, self.compression.packing)
-        codes = tf.concat([codec.encode_codes(flat, threshold, scale, seed, step, tensor_key(name))
-                           for _, name, flat, threshold, scale in compressed], axis=0)
-        send = tf.concat([codec.pack(codes[plan.bounds[j]:plan.bounds[j + 1]]) for j in range(nranks)], axis=0)
-        received, _ = hvd.alltoall(send, splits=tf.constant(plan.send_splits, dtype=tf.int32),
-                                   name="hvdext.two_phase.alltoall", ignore_name_scope=True, process_set=ps)
-        stream = codec.sum_reencode(received, nranks, plan.counts[rank], plan.bits)
-        gathered = hvd.allgather(stream, name="hvdext.two_phase.allgather", ignore_name_scope=True, process_set=ps)
-        pieces = [[] for _ in compressed]
-        position = 0
-        for j, size in enumerate(plan.stream_sizes):
-            chunk = gathered[position:position + size]
-            position += size
-            for t, first, count, _ in plan.pieces(j):
-                pieces[t].append(codec.decode_levels(chunk, compressed[t][4], first, count, nranks, plan.bits,
-                                                     divisor))
-        self._count(payload_bytes=sum(plan.send_splits) + plan.stream_sizes[rank], wire_bytes=plan.wire_bytes(rank),
-                    compressed_elements=plan.total)
-        return [tf.concat(p, axis=0) if len(p) > 1 else p[0] for p in pieces]
-
-    # ------------------------------------------------------------------------------------------------- top-k
-    def _residual(self, name, numel):
-        if name not in self.residuals:
-            with tf.init_scope():
-                self.residuals[name] = tf.Variable(tf.zeros([numel]), trainable=False,
-                                                   name="residual_" + re.sub(r"[^A-Za-z0-9_]", "_", name))
-        return self.residuals[name]
-
-    def _topk(self, names, grads):
-        spec, ps = self.compression, self.process_set
-        nranks = ps.size()
-        divisor = float(nranks) if self.op == hvd.Average else 1.0
-        codec = TopKCodec(spec)
-        sizes = [g.shape.num_elements() for g in grads]
-        self._sizes = sizes
-        self._bytes_per_step = {}
-        checks, updates = [], []
-        work = []  # (index, name, n, g_ef, residual variable)
-        energy_ef = []
-        for i, (name, g, n) in enumerate(zip(names, grads, sizes)):
-            flat = tf.reshape(tf.cast(g, tf.float32), [-1])
-            residual = self._residual(name, n)
-            base = residual.read_value() if spec.error_feedback else tf.zeros([n])
-            g_ef, sumsq = codec.accumulate(flat, base)
-            work.append((i, name, n, g_ef, residual))
-            energy_ef.append(sumsq)
-
-        def gather(idx_of, tag):
-            """Send the selected elements of every tensor; returns the averaged flats."""
-            outs = []
-            for (i, name, n, g_ef, residual), idx in zip(work, idx_of):
-                payload, remainder = codec.extract(g_ef, idx)
-                if spec.error_feedback:
-                    residual.assign(remainder)
-                gathered = hvd.allgather(payload, name=collective_name(f"hvdext.{tag}", i, name),
-                                         ignore_name_scope=True, process_set=ps)
-                avg, _ = codec.decode_average(gathered, tf.size(idx), nranks, n, divisor)
-                outs.append(avg)
-            return outs
-
-        if self.controller is None:
-            ks = [k_of(n, 1.0 / spec.ratio) for n in sizes]
-            averaged = gather([codec.select(g_ef, k) for (_, _, _, g_ef, _), k in zip(work, ks)], "topk")
-            self._count(payload_bytes=sum(k * (4 + (2 if spec.value_dtype == "fp16" else 4)) for k in ks),
-                        dense_bytes=4 * sum(sizes), elements=sum(sizes), compressed_elements=sum(sizes),
-                        wire_bytes=allgather_wire_bytes(sum(k * 6 for k in ks), nranks),
-                        dense_wire_bytes=allreduce_wire_bytes(4 * sum(sizes), nranks))
-        else:
-            theta_min, theta_c = tf.py_function(self._cfs, [], [tf.float64, tf.float64])
-            firsts, seconds, energy_min, energy_c = [], [], [], []
-            for (_, _, n, g_ef, _) in work:
-                k1 = tf.clip_by_value(tf.cast(tf.math.ceil(n / theta_min), tf.int32), 1, n)
-                k2 = tf.clip_by_value(tf.cast(tf.math.ceil(n / theta_c), tf.int32), 1, k1)
-                first = codec.select(g_ef, k1)
-                second = codec.select(g_ef, k2, among=first)
-                firsts.append(first)
-                seconds.append(second)
-                energy_min.append(codec.energy(g_ef, first))
-                energy_c.append(codec.energy(g_ef, second))
-            elapsed = tf.py_function(self._elapsed, [], tf.float64)
-            norms = tf.stack([tf.add_n(energy_ef), tf.add_n(energy_min), tf.add_n(energy_c), elapsed])
-            agreed = hvd.allreduce(norms, op=hvd.Average, name="hvdext.adaptive_topk.norms", ignore_name_scope=True,
-                                   process_set=ps)
-            finite = tf.reduce_all(tf.math.is_finite(agreed))
-            message = "NaN or Inf in the gradients (their squared norms are not finite on some rank)"
-            if tf.executing_eagerly():
-                if not bool(finite):
-                    self._reset_residuals()
-                    raise FloatingPointError(message)
-                guard = []
-            else:
-                guard = [tf.debugging.Assert(finite, [message])]
-            with tf.control_dependencies(guard):
-                path = tf.py_function(self._decide, [agreed], tf.int32)
-
-            def dense():
-                outs = []
-                for (i, name, n, g_ef, residual) in work:
-                    outs.append(hvd.allreduce(g_ef, op=self.op, name=collective_name("hvdext.topk.dense", i, name),
-                                              ignore_name_scope=True, process_set=ps))
-                    residual.assign(tf.zeros([n]))
-                return outs
-
-            averaged = tf.switch_case(path, [lambda: gather(seconds, "topk.candidate"),
-                                             lambda: gather(firsts, "topk.min"), dense])
-        out = [None] * len(grads)
-        for (i, name, *_), avg in zip(work, averaged):
-            if tf.executing_eagerly():
-                checks += _fail(f"NaN or Inf in the gradient of {name!r} (on some rank, or beyond the fp16 range: "
-                                f"try value_dtype='fp32')", tf.reduce_all(tf.math.is_finite(avg)))
-            else:
-                checks.append(tf.debugging.Assert(tf.reduce_all(tf.math.is_finite(avg)), [
-                    f"NaN or Inf in the gradient of {name!r} (on some rank, or beyond the fp16 range)"]))
-            out[i] = tf.cast(tf.reshape(avg, grads[i].shape), grads[i].dtype)
-        with tf.control_dependencies(checks + updates + out):
-            out = [tf.identity(o) for o in out]
-            self.step.assign_add(1)
-        return out
-
-    def _reset_residuals(self):
-        for residual in self.residuals.values():
-            residual.assign(tf.zeros_like(residual))
-
-    def _sync_controller(self):
+    def _sync_controller(self, controller):
         """Reload the controller if its variable was restored from a checkpoint (it holds another step)."""
         saved = self.controller_state.numpy().decode()
         if saved:
             state = json.loads(saved)
-            if state["step"] != self.controller.step:
-                log = self.controller.log[:state["step"]]
-                self.controller.load_state({**state, "log": log})
+            if state["step"] != controller.step:
+                log = controller.log[:state["step"]]
+                controller.load_state({**state, "log": log})
 
-    def _cfs(self):
-        self._sync_controller()
-        theta_min, theta_c = self.controller.cfs()
-        return tf.constant(theta_min, tf.float64), tf.constant(theta_c, tf.float64)
-
-    def _elapsed(self):
-        return tf.constant(self.controller.seconds_since_decision(), tf.float64)
-
-    def _decide(self, agreed):
-        values = agreed.numpy().tolist()
-        try:
-            path, cf, gain_min, gain_c = self.controller.decide(*values)
-        except FloatingPointError:
-            self._reset_residuals()
-            raise
-        state = self.controller.state()
+    def _save_controller(self, controller):
+        """Keep the controller's state (its log aside) in its variable, so that a checkpoint holds it."""
+        state = controller.state()
         state.pop("log")
         self.controller_state.assign(json.dumps(state))
-        self.stats.extra.update(cf=cf, path=path, gain_min=gain_min, gain_c=gain_c)
-        return tf.constant(("candidate", "min", "dense").index(path), tf.int32)
 
     # -------------------------------------------------------------------------------------------- statistics
     def compression_stats(self):
-        """Bytes per step as counted when the step was built (the same every step) times the steps taken; for
-        adaptive_topk summed step by step from the controller's log, which is also returned as "log". Seconds are
-        not measured in TensorFlow (a tf.function runs as one graph) and read 0."""
+        """Bytes per step as counted when the step was built (the same every step) times the steps taken, plus the
+        bytes counted at each host decision (adaptive_topk's path and CF), as taken. With adaptive_topk also the
+        controller's observations ("log", "throughput", "theta_ideal"). Seconds are not measured in TensorFlow (a
+        tf.function runs as one graph) and read 0."""
+        be = self.backend
         steps = int(self.step.numpy())
-        per_step = {k: self._bytes_per_step.get(k, 0) for k in
-                    ("payload_bytes", "dense_bytes", "wire_bytes", "dense_wire_bytes", "elements",
-                     "compressed_elements")}
-        totals = {k: v * steps for k, v in per_step.items()}
-        if self.controller is not None and self.controller.log:
-            # GraVAC's bytes change with its CF: sum them step by step from the log
-            nranks, dense = self.process_set.size(), 4 * sum(self._sizes)
-            sent = [dense if e["path"] == "dense" else 6 * sum(k_of(n, e["cf"]) for n in self._sizes)
-                    for e in self.controller.log]
-            wire = [allreduce_wire_bytes(b, nranks) if e["path"] == "dense" else allgather_wire_bytes(b, nranks)
-                    for b, e in zip(sent, self.controller.log)]
-            per_step.update(payload_bytes=sent[-1], wire_bytes=wire[-1], dense_bytes=dense,
-                            dense_wire_bytes=allreduce_wire_bytes(dense, nranks), elements=sum(self._sizes),
-                            compressed_elements=sum(self._sizes))
-            totals = {k: v * len(sent) for k, v in per_step.items()}
-            totals.update(payload_bytes=sum(sent), wire_bytes=sum(wire))
+        fields = ("payload_bytes", "dense_bytes", "wire_bytes", "dense_wire_bytes", "elements", "compressed_elements")
+        seconds = {"compress_seconds": 0.0, "decompress_seconds": 0.0, "comm_seconds": 0.0}
+        last = {k: be.per_step.get(k, 0) + be.decided_last.get(k, 0) for k in fields}
+        total = {k: be.per_step.get(k, 0) * steps + be.decided_total.get(k, 0) for k in fields}
         stats = self.stats.as_dict()
         if self.controller is not None:
             stats.update(self.controller.observations())
         stats.update(steps=steps, ranks=self.process_set.size(), seed=int(self.seed.numpy()) % 2 ** 64,
-                     last_step=CompressionStats._summary({**per_step, "compress_seconds": 0.0,
-                                                          "decompress_seconds": 0.0, "comm_seconds": 0.0}),
-                     total=CompressionStats._summary({**totals, "compress_seconds": 0.0,
-                                                      "decompress_seconds": 0.0, "comm_seconds": 0.0}))
+                     last_step=CompressionStats._summary({**last, **seconds}),
+                     total=CompressionStats._summary({**total, **seconds}))
         return stats

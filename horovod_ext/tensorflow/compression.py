@@ -2,7 +2,7 @@
 (by allgather), with the same names and arguments as in PyTorch (the specs are framework-free)."""
 from horovod.tensorflow.compression import Compression as HorovodCompression
 
-from horovod_ext.compression.specs import payload_compressors
+from horovod_ext.compression.registry import expose
 
 
 class Compression(HorovodCompression):
@@ -12,5 +12,4 @@ class Compression(HorovodCompression):
     fp16 = HorovodCompression.fp16
 
 
-for _name, _spec in payload_compressors().items():  # ternary, topk, adaptive_topk: the same specs in every framework
-    setattr(Compression, _name, _spec)
+expose(Compression)  # ternary, topk, adaptive_topk and any registered later: the same specs in every framework

@@ -15,64 +15,63 @@ def seed_tensor(seed):
     return tf.constant(seed - 2 ** 64 if seed >= 2 ** 63 else seed, dtype=tf.int64)
 
 
-class TernaryCodec:
-    """Graph-safe TF counterpart of horovod_ext.torch.ternary.TernaryCodec (the same ops, the same bits)."""
-
-    def __init__(self, spec, rank):
-        self.spec = spec
-        self.rank = rank
-        self.clip = 0.0 if spec.clip is None else float(spec.clip)
-        self.packing = spec.packing_id
-
-    def local_scale(self, flat):
-        return lib.hvdext_ternary_local_scale(flat, clip=self.clip)
-
-    def encode(self, flat, threshold, scale, seed, step, key):
-        return lib.hvdext_ternary_encode(flat, threshold, scale, seed, step, tensor_key=key, rank=self.rank,
-                                         packing=self.packing)
-
-    def encode_codes(self, flat, threshold, scale, seed, step, key):
-        return lib.hvdext_ternary_encode_codes(flat, threshold, scale, seed, step, tensor_key=key, rank=self.rank)
-
-    def pack(self, codes):
-        return lib.hvdext_ternary_pack_codes(codes, packing=self.packing)
-
-    def decode_average(self, gathered, nranks, count, divisor):
-        return lib.hvdext_ternary_decode_average(gathered, nranks=nranks, count=count, packing=self.packing,
-                                                 divisor=divisor)
-
-    def sum_reencode(self, received, nranks, count, bits):
-        return lib.hvdext_ternary_sum_reencode(received, nranks=nranks, count=count, packing=self.packing, bits=bits)
+class TFKernels:
+    """The kernel table of the TensorFlow backend: each op under the uniform, functional signature the plan calls
+    (horovod_ext/compression/plan.py); graph-safe, the same bits as the PyTorch table. ``into`` is PyTorch's
+    write-in-place hint, unused here."""
 
     @staticmethod
-    def decode_levels(stream, scale, first, count, nranks, bits, divisor):
+    def ternary_local_scale(flat, clip):
+        return lib.hvdext_ternary_local_scale(flat, clip=clip)
+
+    @staticmethod
+    def ternary_encode(flat, threshold, scale, seed, step, key, rank, packing):
+        return lib.hvdext_ternary_encode(flat, threshold, scale, seed, step, tensor_key=key, rank=rank,
+                                         packing=packing)
+
+    @staticmethod
+    def ternary_encode_codes(flat, threshold, scale, seed, step, key, rank):
+        return lib.hvdext_ternary_encode_codes(flat, threshold, scale, seed, step, tensor_key=key, rank=rank)
+
+    @staticmethod
+    def ternary_pack(codes, packing):
+        return lib.hvdext_ternary_pack_codes(codes, packing=packing)
+
+    @staticmethod
+    def ternary_decode_average(gathered, nranks, numel, packing, divisor, into=None):
+        return lib.hvdext_ternary_decode_average(gathered, nranks=nranks, count=numel, packing=packing,
+                                                 divisor=divisor)
+
+    @staticmethod
+    def ternary_sum_reencode(received, nranks, count, packing, bits):
+        return lib.hvdext_ternary_sum_reencode(received, nranks=nranks, count=count, packing=packing, bits=bits)
+
+    @staticmethod
+    def two_phase_decode(stream, scale, first, count, nranks, bits, divisor):
         return lib.hvdext_two_phase_decode(stream, scale, first=first, count=count, nranks=nranks, bits=bits,
                                            divisor=divisor)
 
-
-class TopKCodec:
-    """Graph-safe TF counterpart of horovod_ext.torch.topk.TopKCodec (the same kernels, the same bits)."""
-
-    def __init__(self, spec):
-        from horovod_ext.compression.specs import VALUE_DTYPE_IDS
-
-        self.value_type = VALUE_DTYPE_IDS[spec.value_dtype]
-
     @staticmethod
-    def accumulate(flat, residual):
+    def ef_accumulate(flat, residual):
         return lib.hvdext_ef_accumulate(flat, residual)
 
     @staticmethod
-    def select(g_ef, k, among=None):
-        return lib.hvdext_topk_select(g_ef, k) if among is None else lib.hvdext_topk_select_among(g_ef, among, k)
+    def topk_select(x, k):
+        return lib.hvdext_topk_select(x, k)
 
     @staticmethod
-    def energy(g_ef, idx):
-        return lib.hvdext_sum_squares_at(g_ef, idx)
+    def topk_select_among(x, among, k):
+        return lib.hvdext_topk_select_among(x, among, k)
 
-    def extract(self, g_ef, idx):
-        return lib.hvdext_topk_extract(g_ef, idx, value_type=self.value_type)
+    @staticmethod
+    def sum_squares_at(x, idx):
+        return lib.hvdext_sum_squares_at(x, idx)
 
-    def decode_average(self, gathered, k, nranks, count, divisor):
-        return lib.hvdext_topk_decode_average(gathered, k, nranks=nranks, count=count, value_type=self.value_type,
+    @staticmethod
+    def topk_extract(x, idx, value_type):
+        return lib.hvdext_topk_extract(x, idx, value_type=value_type)
+
+    @staticmethod
+    def topk_decode_average(gathered, k, nranks, numel, value_type, divisor, into=None):
+        return lib.hvdext_topk_decode_average(gathered, k, nranks=nranks, count=numel, value_type=value_type,
                                               divisor=divisor)

@@ -5,7 +5,7 @@ seed=None)``; ``Compression.topk(ratio=0.01, error_feedback=True, value_dtype="f
 ``Compression.adaptive_topk(min_cf=10, max_cf=1000, epsilon=0.9, window=500, omega=0.01, policy="exponential")``."""
 from horovod.torch.compression import Compression as HorovodCompression
 
-from horovod_ext.compression.specs import payload_compressors
+from horovod_ext.compression.registry import expose
 
 
 class Compression(HorovodCompression):
@@ -15,5 +15,4 @@ class Compression(HorovodCompression):
     fp16 = HorovodCompression.fp16
 
 
-for _name, _spec in payload_compressors().items():  # ternary, topk, adaptive_topk: the same specs in every framework
-    setattr(Compression, _name, _spec)
+expose(Compression)  # ternary, topk, adaptive_topk and any registered later: the same specs in every framework

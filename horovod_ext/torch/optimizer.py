@@ -3,8 +3,9 @@
 As in horovod.torch, the wrapper is a subclass of the user's optimizer class; a hook on every parameter starts the
 gradient's communication as soon as backward has accumulated it (after ``backward_passes_per_step`` passes), and
 ``step()`` (or ``synchronize()``) waits for all of them, writes the averaged gradients and steps the optimizer.
-Linear compressors (Compression.none, fp16) travel by allreduce; payload compressors (Compression.ternary) by
-allgather, decoded and averaged natively (see transport.py).
+What happens to the gradients between the hooks and step() is the framework-free plan of the compressor
+(horovod_ext/compression/plan.py, registry.py), run on the PyTorch backend (backend.py): launch() in the hook,
+finish() in synchronize().
 
 Before the first collective of the first step, the ranks exchange their settings once; if they differ, every rank
 raises SettingsMismatchError. A NaN/Inf gradient raises FloatingPointError on every rank at that step.
@@ -19,14 +20,15 @@ import torch
 from horovod.common.process_sets import global_process_set
 
 from horovod_ext import __version__
-from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_payload_compressor
+from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_payload_compressor, method_for
 from horovod_ext.compression.consistency import exchange, optimizer_settings, split_blobs
 from horovod_ext.compression.horovod_args import check_groups, check_predivide
+from horovod_ext.compression.join import JOIN_CHECK_BYTES, a_rank_joined, join_check_wire_bytes
+from horovod_ext.compression.plan import Item
 from horovod_ext.compression.resume import adopted_offer, residuals_for, split_checkpoint
 from horovod_ext.compression.specs import describe_compression, element_limit
-from .ternary import check_gradient
-from horovod_ext.compression.join import JOIN_CHECK_BYTES, a_rank_joined, join_check_wire_bytes
-from .transport import AllreduceTransport, SparsePending, TernaryTransport, TopKTransport, drain_handles
+from .backend import TorchBackend, drain
+from .kernels import check_gradient
 
 _optimizer_ids = itertools.count()
 STATE_KEY = "horovod_ext"
@@ -71,6 +73,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._parameter_names = dict(self._hx_names)  # Horovod's attribute, read by tools and Horovod's tests
         self._hx_sparse_as_dense = bool(sparse_as_dense)
         self._hx_params = [p for p in all_params if p.requires_grad]
+        self._hx_index = {p: i for i, p in enumerate(self._hx_params)}
 
         if is_payload_compressor(compression):
             limit = element_limit(compression)
@@ -81,7 +84,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                             f"Compressor), got {compression!r}")
 
         self._hx_stats = CompressionStats(getattr(compression, "name", getattr(compression, "__name__", "custom")))
-        self._hx_transport = None  # made after the settings check (the seed may come from rank 0)
+        self._hx_method = None  # the compressor's plan, made after the settings check (the seed may come from rank 0)
+        self._hx_backend = TorchBackend(process_set, op, self._hx_predivide, self._hx_stats)
         self._hx_agreement = None  # None: not checked yet; True: agreed; an exception: re-raised
         self._hx_seed = None
         self._hx_step = 0
@@ -129,8 +133,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._hx_seed is None:
             seed = getattr(self._hx_compression, "seed", None)
             self._hx_seed = seed if seed is not None else proposals[0]["seed"]
-        if self._hx_transport is None:
-            self._hx_transport = self._hx_make_transport()
+        if self._hx_method is None:
+            self._hx_method = self._hx_make_method()
         self._hx_restore_transport_state(offer)
         self._hx_loaded = None
         self._hx_agreement = True
@@ -139,7 +143,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """The shared state: a loaded checkpoint's until the next agreement has adopted it, else this rank's."""
         if self._hx_loaded is not None:
             return dict(self._hx_loaded)
-        controller = getattr(self._hx_transport, "controller", None)
+        controller = getattr(self._hx_method, "controller", None)
         return {"step": self._hx_step, "seed": self._hx_seed, "stats": self._hx_stats.state(),
                 "controller": controller.state() if controller is not None else self._hx_controller_state}
 
@@ -148,30 +152,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_step = int(shared["step"])
         if shared.get("seed") is not None:
             self._hx_seed = int(shared["seed"])
-            if self._hx_transport is not None and hasattr(self._hx_transport, "set_seed"):
-                self._hx_transport.set_seed(self._hx_seed)
+            self._hx_set_seed(self._hx_seed)
         if shared.get("stats") is not None:
             self._hx_stats.load_state(shared["stats"])
         self._hx_controller_state = shared.get("controller")
 
     def _hx_restore_transport_state(self, offer):
-        controller = getattr(self._hx_transport, "controller", None)
+        controller = getattr(self._hx_method, "controller", None)
         if controller is not None and offer is not None and offer.get("controller") is not None:
             controller.load_state(offer["controller"])
-        if self._hx_residuals is not None and hasattr(self._hx_transport, "load_residuals"):
-            self._hx_transport.load_residuals(self._hx_residuals)
+        if self._hx_residuals is not None:
+            self._hx_method.load_state(self._hx_backend, self._hx_residuals)
             self._hx_residuals = None
 
-    def _hx_make_transport(self):
-        comp, ps, stats = self._hx_compression, self._hx_process_set, self._hx_stats
-        if is_payload_compressor(comp) and comp.name in ("topk", "adaptive_topk"):
-            return TopKTransport(comp, self._hx_op, ps, stats)
-        if is_payload_compressor(comp):
-            dense = AllreduceTransport(hvd.Compression.none, self._hx_op, self._hx_predivide, ps, stats)
-            stats.extra["seed"] = self._hx_seed
-            sizes = [p.numel() for p in self._hx_params if p.numel() >= comp.min_size]
-            return TernaryTransport(comp, self._hx_op, ps, stats, dense, self._hx_seed, sizes)
-        return AllreduceTransport(comp, self._hx_op, self._hx_predivide, ps, stats)
+    def _hx_make_method(self):
+        """The compressor's plan (registry.method_for): the same class TensorFlow runs, on the torch backend."""
+        comp = self._hx_compression
+        self._hx_set_seed(self._hx_seed)
+        sizes = [p.numel() for p in self._hx_params]
+        return method_for(comp)(comp, self._hx_backend, sizes)
+
+    def _hx_set_seed(self, seed):
+        self._hx_backend.seed = seed
+        if "seed" in getattr(self._hx_compression, "settings", {}):
+            self._hx_stats.extra["seed"] = seed
 
     def _hx_base_step(self, closure=None):
         """The wrapped optimizer's own step, without any collective (Horovod's state-creating step)."""
@@ -200,17 +204,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                                     process_set=self._hx_process_set)
                 self._hx_stats.add(payload_bytes=p.grad._values().numel() * p.grad.element_size()
                                    + p.grad._indices().numel() * 8)
-                return SparsePending(self._hx_names[p], p, handle)
+                item = Item(self._hx_index[p], self._hx_names[p], p.grad, p.numel(), p.element_size(), param=p)
+                item.kind, item.future = "sparse", handle
+                return item
             p.grad = p.grad.to_dense()
+        item = Item(self._hx_index[p], self._hx_names[p], p.grad, p.numel(), p.grad.element_size(), param=p)
+        self._hx_backend.step = self._hx_step
         if dense_step:
-            return self._hx_transport.launch_dense(self._hx_names[p], p, self._hx_step)
-        return self._hx_transport.launch(self._hx_names[p], p, self._hx_step)
+            return self._hx_method.launch_dense(self._hx_backend, item)
+        return self._hx_method.launch(self._hx_backend, item)
 
     def _hx_ranks_training(self):
         """How many ranks of the process set are still training this step (the others called hvd.join()): asked
         once per step, at its first launch, for payload compressors (see horovod_ext.compression.join)."""
         if self._hx_training is None:
-            if is_payload_compressor(self._hx_compression):
+            if self._hx_method.needs_join_check:
                 count = hvd.allreduce(torch.ones(1, dtype=torch.int32), op=hvd.Sum,
                                       name=f"horovod_ext.training.{self._hx_id}", process_set=self._hx_process_set)
                 self._hx_training = int(count.item())
@@ -245,25 +253,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         ordered = [self._hx_pending[p] for p in self._hx_params]
         self._hx_pending = {}
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
-        sparse = [item for item in ordered if isinstance(item, SparsePending)]
-        ordered = [item for item in ordered if not isinstance(item, SparsePending)]
+        sparse = [item for item in ordered if item.kind == "sparse"]
+        ordered = [item for item in ordered if item.kind != "sparse"]
         dense_step = self._hx_training is not None and a_rank_joined(self._hx_training, self._hx_process_set.size())
         self._hx_training = None
+        be = self._hx_backend
+        be.begin_finish()
         try:
             if dense_step:
-                errors = self._hx_transport.finish_dense(ordered, self._hx_step)
+                self._hx_method.finish_dense(be, ordered)
                 self._hx_stats.extra["join_dense_steps"] = self._hx_stats.extra.get("join_dense_steps", 0) + 1
             else:
-                errors = self._hx_transport.finish(ordered, self._hx_step)
+                self._hx_method.finish(be, ordered)
             for item in sparse:
-                item.param.grad = item.handle()
+                item.param.grad = item.future()
         finally:
             self._hx_step += 1
             self._hx_stats.end_step()
         self._hx_synchronized = True
+        errors = be.errors
         if errors:
+            self._hx_method.on_error(be)
+            name = getattr(self._hx_compression, "name", type(self._hx_compression).__name__)
             raise FloatingPointError(
-                f"Compression.{self._hx_compression.name}: NaN or Inf in the gradient of {', '.join(errors)} at "
+                f"Compression.{name}: NaN or Inf in the gradient of {', '.join(errors)} at "
                 f"step {self._hx_step - 1}; gradients must be finite (lower the learning rate, or clip gradients)")
 
     @contextlib.contextmanager
@@ -300,7 +313,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         with "theta_ideal", the CF it settled on (None while exploring)."""
         stats = self._hx_stats.as_dict()
         stats["ranks"] = self._hx_process_set.size()
-        controller = getattr(self._hx_transport, "controller", None)
+        controller = getattr(self._hx_method, "controller", None)
         if controller is not None:
             stats.update(controller.observations())
         return stats
@@ -311,7 +324,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         GraVAC controller) and this rank's residuals, tagged with its rank and the job's size (see resume.py)."""
         state = super(self.__class__, self).state_dict()
         ours = self._hx_shared_state()
-        residuals = self._hx_transport.residual_state() if hasattr(self._hx_transport, "residual_state") \
+        residuals = self._hx_method.state(self._hx_backend) if self._hx_method is not None \
             else (self._hx_residuals or {})
         ours.update(rank=self._hx_process_set.rank(), size=self._hx_process_set.size(), residuals=residuals)
         state[STATE_KEY] = ours
@@ -324,7 +337,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         ours = state_dict.pop(STATE_KEY, None)
         if self._hx_pending:
-            drain_handles(list(self._hx_pending.values()))
+            drain(list(item.future for item in self._hx_pending.values()))
         self._hx_pending = {}
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
         self._hx_synchronized = False

@@ -22,9 +22,9 @@ def delayed(fn):
 def run_torch():
     import torch
     import horovod_ext.torch as hvd
-    import horovod_ext.torch.transport as transport
+    from horovod_ext.torch.backend import TorchBackend
     hvd.init()
-    transport.wait = delayed(transport.wait)
+    TorchBackend.wait = delayed(TorchBackend.wait)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),

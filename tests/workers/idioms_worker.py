@@ -199,7 +199,7 @@ def check_join(name):
     for step in range(common, steps):
         x, y = batch(step)
         local = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), y), list(model.parameters()))
-        residuals = getattr(opt._hx_transport, "residuals", {})
+        residuals = opt.state_dict()["horovod_ext"]["residuals"]  # this rank's error-feedback residuals
         expected = [(g + residuals[n].view_as(g) if n in residuals else g) / SIZE
                     for (n, _), g in zip(model.named_parameters(), local)]
         opt.zero_grad()
@@ -211,7 +211,7 @@ def check_join(name):
     last = hvd.join()
     return {"last_joined": last, "steps": steps, "at_common": at_common, "final": snapshot(model, opt)["params"],
             "errors": errors, "dense_steps": opt.compression_stats().get("join_dense_steps", 0),
-            "residual_left": max([float(r.abs().max()) for r in getattr(opt._hx_transport, "residuals", {}).values()]
+            "residual_left": max([float(r.abs().max()) for r in opt.state_dict()["horovod_ext"]["residuals"].values()]
                                  or [0.0])}
 
 

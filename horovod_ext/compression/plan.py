@@ -1,0 +1,267 @@
+"""The per-step communication plan, written once for PyTorch and TensorFlow.
+
+What happens to a gradient between backward and the optimizer lives here and in each compressor's module
+(ternary.py, topk.py): the dense split (tensors below min_size), scale sharing, encoding, the collectives, decoding,
+error feedback, GraVAC's decision, the NaN/Inf checks and the byte accounting. A framework adapter supplies only a
+backend (horovod_ext/torch/backend.py, horovod_ext/tensorflow/backend.py): its collectives, its kernel table, its
+way of holding state, and how it checks and branches (eagerly in PyTorch; eagerly or as graph ops in TensorFlow).
+
+A step has two stages, so that PyTorch keeps its overlap with backward:
+
+- ``launch(item)``: one gradient is ready (PyTorch: its backward hook; TensorFlow: every gradient in turn). What
+  needs this tensor alone is done and its collective started (``backend.allgather`` returns a future).
+- ``finish(items)``: every gradient of the step is launched. What needs all of them (scale sharing, two-phase
+  chunks, GraVAC's norms and decision) is done, every future waited for, and the averages written
+  (``backend.write``). Returns the descriptions of the gradients that held NaN/Inf (identical on every rank: each is
+  decided from collective results); the adapter raises them as one error.
+
+A step in which some rank has called hvd.join() goes dense (``launch_dense`` / ``finish_dense``, see join.py).
+
+The backend's contract (both adapters implement exactly this):
+
+    nranks, rank, divisor          ranks of the process set; N for op Average, 1 for Sum
+    step, seed                     this step's counter and the random seed, as the kernels take them
+    kernels                        the kernel table (uniform, functional signatures; see the codecs)
+    flat32(g), copy(x), zeros(n), sub(a, b), stack(values, dtype), unstack(t), concat(parts)
+    all_finite(x) -> truth         a Python bool, or a boolean tensor in a graph
+    allreduce(x, name, op)         op "sum" / "average" / "max"; returns a future
+    allreduce_grad(item, name, compression=None)   the gradient with the user's op and predivide factor, through
+                                   a Horovod compressor's compress/decompress; sets item.payload_bytes
+    allgather(x, name), alltoall(x, splits, name), wait(future)
+    name(prefix, item), step_name(prefix)           collective names (unique per tensor / per step)
+    host(fn, args, dtypes)         run Python on host values (a tf.py_function in TensorFlow); returns a tuple
+    numpy(fn, args, dtypes)        run a NumPy function on the tensors' values (tf.numpy_function in TensorFlow):
+                                   how a codec outside the native library (a test's, a prototype) supplies kernels
+    switch(index, branches)        run branches[index]() (tf.switch_case in a graph)
+    k_of(numel, cf, upper=None)    top-k's k at compression factor cf (a tensor when cf is one)
+    residual(name, n, item), read(state), assign(state, value), reset(state), export(state),
+    imported_residual(name, values), imported(values)      error feedback's state, and checkpoints of it
+    size(x), equal(x, value), no_flag(), guarded(x), sum(values)
+    output_buffer(item), write(item, flat)
+    require(truth, detail, value=None)   record "detail" (its "{}" filled with value) unless truth
+    failed()                       whether a requirement failed so far this step (False in a graph)
+    timed(field)                   a context that adds its seconds to the statistics (no-op in a graph)
+    count(**amounts)               bytes known when the step is built
+    count_decided(**amounts)       bytes known only once a host decision is taken (GraVAC's path)
+"""
+import math
+
+from .wire import allgather_wire_bytes, allreduce_wire_bytes
+
+
+class Item:
+    """One gradient of the step: its position, name, the framework's tensor and what the stages leave on it."""
+
+    __slots__ = ("index", "name", "grad", "numel", "itemsize", "kind", "future", "flat", "scale", "threshold",
+                 "k", "candidates", "payload_bytes", "param", "result")
+
+    def __init__(self, index, name, grad, numel, itemsize, param=None):
+        self.index, self.name, self.grad, self.numel, self.itemsize = index, name, grad, int(numel), int(itemsize)
+        self.param = param
+        self.kind = self.future = self.flat = self.scale = self.threshold = self.k = self.candidates = None
+        self.result = None  # TensorFlow: the averaged gradient (PyTorch writes it into .grad)
+        self.payload_bytes = None
+
+
+def count_dense(be, item):
+    """What Horovod's dense allreduce of this gradient would have sent (the baseline of every ratio)."""
+    dense = item.numel * item.itemsize
+    be.count(dense_bytes=dense, elements=item.numel, dense_wire_bytes=allreduce_wire_bytes(dense, be.nranks))
+
+
+class Method:
+    """How one compressor moves a step's gradients; see the module docstring for the two stages. The default
+    dense path (a join step) sends each gradient (with error feedback, g + r, after which r = 0) by allreduce."""
+
+    needs_join_check = True  # payload compressors cannot run while a rank is joined (join.py)
+
+    def __init__(self, spec, be, sizes):
+        self.spec, self.sizes = spec, [int(n) for n in sizes]
+        self.feedback = None
+
+    def launch_dense(self, be, item):
+        if self.feedback is None:
+            return DenseSplit.launch(be, item)
+        item.kind = "small"
+        count_dense(be, item)
+        g_ef, _ = self.feedback.accumulate(be, item, be.flat32(item.grad))
+        send = be.copy(g_ef)
+        self.feedback.clear(be, item)
+        item.future = be.allreduce(send, be.name("dense", item), "sum" if be.divisor == 1.0 else "average")
+        be.count(payload_bytes=4 * item.numel, wire_bytes=allreduce_wire_bytes(4 * item.numel, be.nranks))
+        return item
+
+    def finish_dense(self, be, items):
+        DenseSplit.finish(be, items)
+
+    def state(self, be):
+        return self.feedback.state(be) if self.feedback is not None else {}
+
+    def load_state(self, be, residuals):
+        if self.feedback is not None:
+            self.feedback.load_state(be, residuals)
+
+    def on_error(self, be):
+        """A step failed on every rank: what error feedback kept is dropped, so that no NaN survives in it."""
+        if self.feedback is not None:
+            self.feedback.reset_all(be)
+
+
+class Linear(Method):
+    """Horovod's own linear compressors (Compression.none, fp16, or a user's Compressor): compress, allreduce with
+    the user's op and predivide factor, decompress, as horovod.torch and horovod.tensorflow do."""
+
+    needs_join_check = False
+
+    def launch(self, be, item):
+        item.kind = "linear"
+        with be.timed("compress_seconds"):
+            item.future = be.allreduce_grad(item, be.name("hvdext", item), compression=self.spec)
+        count_dense(be, item)
+        sent = item.payload_bytes  # what compress() made of it, measured by allreduce_grad
+        be.count(payload_bytes=sent, wire_bytes=allreduce_wire_bytes(sent, be.nranks))
+        return item
+
+    def finish(self, be, items):
+        for item in items:
+            be.write(item, be.wait(item.future))
+
+    launch_dense = launch
+
+    def finish_dense(self, be, items):
+        self.finish(be, items)
+
+
+class DenseSplit:
+    """Tensors below a compressor's min_size (biases, norms) travel dense by allreduce, with the user's op."""
+
+    @staticmethod
+    def launch(be, item):
+        item.kind = "small"
+        count_dense(be, item)
+        item.future = be.allreduce_grad(item, be.name("hvdext", item))
+        nbytes = item.numel * item.itemsize
+        be.count(payload_bytes=nbytes, wire_bytes=allreduce_wire_bytes(nbytes, be.nranks))
+        return item
+
+    @staticmethod
+    def finish(be, items):
+        for item in items:
+            avg = be.wait(item.future)
+            be.write(item, avg)
+            be.require(be.all_finite(avg), f"{item.name!r} (after averaging)")
+
+
+class Allgather(Method):
+    """Any codec whose payloads cannot be summed, by allgather: encode (with error feedback if the codec asks for
+    it) and start the allgather as soon as the gradient is ready; decode the N payloads into the average.
+
+    Bytes: the codec's payload_bytes(numel) per rank, (N-1) times on the ring (wire.py)."""
+
+    def __init__(self, spec, be, sizes):
+        super().__init__(spec, be, sizes)
+        self.codec = spec.codec(spec, be)
+        self.feedback = ErrorFeedback(self.codec) if getattr(spec, "error_feedback", False) else None
+
+    def compressed(self, item):
+        return item.numel >= getattr(self.spec, "min_size", 0)
+
+    def launch(self, be, item):
+        if not self.compressed(item):
+            return DenseSplit.launch(be, item)
+        item.kind = "payload"
+        count_dense(be, item)
+        with be.timed("compress_seconds"):
+            flat = be.flat32(item.grad)
+            if self.feedback is not None:
+                flat, _ = self.feedback.accumulate(be, item, flat)
+            payload, remainder = self.codec.encode(be, item, flat, want_remainder=self.feedback is not None)
+            if self.feedback is not None:
+                self.feedback.keep(be, item, remainder)
+            self._gather(be, item, payload)
+        return item
+
+    def _gather(self, be, item, payload):
+        item.future = be.allgather(payload, be.name(self.spec.name, item))
+        nbytes = self.codec.payload_bytes(item.numel)
+        be.count(payload_bytes=nbytes, wire_bytes=allgather_wire_bytes(nbytes, be.nranks),
+                 compressed_elements=item.numel)
+
+    def finish(self, be, items):
+        DenseSplit.finish(be, [i for i in items if i.kind == "small"])
+        self.decode_all(be, [i for i in items if i.kind == "payload"])
+
+    def decode_all(self, be, items):
+        gathered = [(item, be.wait(item.future)) for item in items]
+        for item, payloads in gathered:
+            with be.timed("decompress_seconds"):
+                avg, bad = self.codec.decode(be, item, payloads, be.output_buffer(item))
+                be.require(be.equal(bad, -1), self.codec.bad_payload % (repr(item.name),), bad)
+                be.write(item, avg)
+                if self.codec.nonfinite:
+                    be.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
+
+
+class Codec:
+    """One tensor's payload: ``encode(be, item, flat, want_remainder)`` -> (payload, flat - what was sent, or None);
+    ``decode(be, item, gathered, into)`` -> (average, -1 or the first rank whose payload is bad);
+    ``payload_bytes(numel)`` from the C++ core's size functions (horovod_ext.compression.sizes)."""
+
+    bad_payload = "%s (on rank {})"  # %s: the tensor's name; {}: the rank decode reported
+    nonfinite = "(NaN or Inf after averaging)"
+
+    def __init__(self, spec, be):
+        self.spec = spec
+
+
+class ErrorFeedback:
+    """Error feedback around any codec (Seide et al. 2014; Stich et al. 2018; BytePS's ErrorFeedback decorator,
+    GRACE's Memory):
+
+        g_ef = g + r;   payload = C(g_ef);   r = g_ef - decode(C(g_ef))
+
+    The residual r is per tensor and per rank, held by the backend (torch: a tensor in state_dict(); TensorFlow: a
+    tf.Variable). The codec returns the remainder g_ef - sent itself, computed where it is exact (top-k: the kept
+    values' rounding error, the rest untouched), so nothing is lost, only delayed."""
+
+    def __init__(self, codec):
+        self.codec = codec
+        self.residuals = {}
+
+    def _state(self, be, item):
+        if item.name not in self.residuals:
+            self.residuals[item.name] = be.residual(item.name, item.numel, item)
+        return self.residuals[item.name]
+
+    def accumulate(self, be, item, flat):
+        """(g_ef, |g_ef|^2): g + r into r's storage where the framework can (torch), else a new tensor."""
+        return be.kernels.ef_accumulate(flat, be.read(self._state(be, item)))
+
+    def keep(self, be, item, remainder):
+        be.assign(self._state(be, item), remainder)
+
+    def clear(self, be, item):
+        be.reset(self._state(be, item))
+
+    def reset_all(self, be):
+        for state in self.residuals.values():
+            be.reset(state)
+
+    def state(self, be):
+        return {name: be.export(state) for name, state in self.residuals.items()}
+
+    def load_state(self, be, residuals):
+        for name, values in residuals.items():
+            if name not in self.residuals:
+                self.residuals[name] = be.imported_residual(name, values)
+            else:
+                be.assign(self.residuals[name], be.imported(values))
+
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+def k_of(numel, cf):
+    """Elements top-k keeps of a tensor at compression factor cf (dense elements / kept): max(1, ceil(n / cf))."""
+    return max(1, min(numel, math.ceil(numel / cf)))

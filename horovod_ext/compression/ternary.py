@@ -1,0 +1,179 @@
+"""Compression.ternary, declared once: TernGrad (Wen et al., NeurIPS 2017).
+
+The spec (arguments and checks), the codec (kernels that encode and decode one tensor, payload sizes from the C++
+core) and the method (its transports: allgather, or two-phase with a shared scale). The math is in
+cpp/include/hvdext/ternary.h and two_phase.h; its definition in python/hvdext_reference/terngrad.py, two_phase.py.
+"""
+from . import sizes
+from .plan import Allgather, Codec, DenseSplit, count_dense
+from .specs import CompressorSpec, SEED_LIMIT, check_bool, check_choice, check_int, check_real
+from .two_phase import TwoPhasePlan, choose_transport, scale_sharing_bytes
+from .wire import tensor_key
+
+PACKINGS = ("2bit", "base3")
+TRANSPORTS = ("auto", "allgather", "two_phase")
+PACKING_IDS = {"2bit": 0, "base3": 1}  # the ids the C++ core takes (hvdext::Packing)
+
+
+class TernaryCodec(Codec):
+    """One tensor: clip to clip * std(g), scale s = max|clipped g| (or the max over ranks), codes
+    t_k = sign(g_k) with probability |g_k| / s (else 0), packed 4 or 5 per byte after the float32 s. Decoding sums
+    the N ranks' s_r * t_r and divides by the divisor, in one native pass."""
+
+    bad_payload = "%s (on rank {})"  # decode reports the first rank whose scale is not finite
+    nonfinite = None  # the decode's flag already covers every NaN/Inf
+
+    def __init__(self, spec, be):
+        super().__init__(spec, be)
+        self.clip = 0.0 if spec.clip is None else float(spec.clip)
+        self.packing = PACKING_IDS[spec.packing]
+
+    def payload_bytes(self, numel):
+        return sizes.ternary_payload_bytes(numel, self.packing)
+
+    def scale(self, be, item, flat):
+        """This rank's (threshold, scale); scale = inf flags NaN/Inf."""
+        item.threshold, item.scale = be.kernels.ternary_local_scale(flat, self.clip)
+
+    def encode(self, be, item, flat, want_remainder=False):
+        if item.scale is None:
+            self.scale(be, item, flat)
+        payload = be.kernels.ternary_encode(flat, item.threshold, item.scale, be.seed, be.step, tensor_key(item.name),
+                                            be.rank, self.packing)
+        return payload, None
+
+    def codes(self, be, item, flat):
+        """The unpacked codes (the same draws as encode), for the two-phase stream."""
+        return be.kernels.ternary_encode_codes(flat, item.threshold, item.scale, be.seed, be.step,
+                                               tensor_key(item.name), be.rank)
+
+    def decode(self, be, item, gathered, into):
+        return be.kernels.ternary_decode_average(gathered, be.nranks, item.numel, self.packing, be.divisor, into)
+
+
+class TernaryMethod(Allgather):
+    """Tensors below min_size go dense. Without a shared scale each payload is encoded and its allgather started
+    in launch(). With one, finish() first takes one allreduce(Max) of every compressed tensor's scale (a NaN/Inf
+    anywhere makes it +inf: that tensor fails on every rank), then encodes by allgather, or by two-phase: an
+    alltoall of packed code chunks, exact integer sums re-encoded at ceil(log2(2N+1)) bits, an allgather of those
+    (two_phase.py has the chunk plan and its bytes)."""
+
+    def __init__(self, spec, be, sizes_):
+        super().__init__(spec, be, sizes_)
+        compressed = [n for n in self.sizes if n >= spec.min_size]
+        self.transport = choose_transport(spec.transport, spec.shared_scale, compressed, be.nranks, spec.packing)
+        be.stats.extra["transport"] = self.transport
+        self.plan = None
+
+    def launch(self, be, item):
+        if not self.compressed(item):
+            return DenseSplit.launch(be, item)
+        if not self.spec.shared_scale:
+            return super().launch(be, item)
+        item.kind = "payload"
+        count_dense(be, item)
+        with be.timed("compress_seconds"):
+            item.flat = be.flat32(item.grad)
+            self.codec.scale(be, item, item.flat)
+        return item
+
+    def finish(self, be, items):
+        compressed = [i for i in items if i.kind == "payload"]
+        if self.spec.shared_scale and compressed:
+            self._share_scales(be, compressed)
+            if be.failed():
+                compressed = []
+            elif self.transport == "two_phase":
+                self._two_phase(be, compressed)
+                compressed = []
+            else:
+                with be.timed("compress_seconds"):
+                    for item in compressed:
+                        payload, _ = self.codec.encode(be, item, item.flat)
+                        item.flat = None
+                        self._gather(be, item, payload)
+        DenseSplit.finish(be, [i for i in items if i.kind == "small"])
+        self.decode_all(be, compressed)
+
+    def _share_scales(self, be, items):
+        """TernGrad's scaler sharing: every rank takes the max over ranks of each tensor's scale."""
+        agreed = be.wait(be.allreduce(be.stack([item.scale for item in items], "float32"),
+                                      be.step_name("ternary.shared_scales"), "max"))
+        be.count(payload_bytes=4 * len(items), wire_bytes=scale_sharing_bytes(len(items), be.nranks))
+        values = be.unstack(agreed, len(items))
+        for item, value in zip(items, values):
+            be.require(be.all_finite(value), f"{item.name!r} (on at least one rank)")
+        for item, value in zip(items, values):
+            item.scale = be.guarded(value)
+
+    def _two_phase(self, be, items):
+        sizes_ = [item.numel for item in items]
+        if self.plan is None or self.plan.sizes != sizes_:
+            self.plan = TwoPhasePlan(sizes_, be.nranks, self.spec.packing)
+        plan, k = self.plan, be.kernels
+        with be.timed("compress_seconds"):
+            codes = be.concat([self.codec.codes(be, item, item.flat) for item in items])
+            for item in items:
+                item.flat = None
+            send = be.concat([k.ternary_pack(codes[plan.bounds[j]:plan.bounds[j + 1]], self.codec.packing)
+                              for j in range(be.nranks)])
+        received = be.wait(be.alltoall(send, plan.send_splits, be.step_name("ternary.two_phase.alltoall")))
+        with be.timed("compress_seconds"):
+            stream = k.ternary_sum_reencode(received, be.nranks, plan.counts[be.rank], self.codec.packing, plan.bits)
+        gathered = be.wait(be.allgather(stream, be.step_name("ternary.two_phase.allgather")))
+        with be.timed("decompress_seconds"):
+            parts = [[] for _ in items]
+            position = 0
+            for j, size in enumerate(plan.stream_sizes):
+                chunk = gathered[position:position + size]
+                position += size
+                for t, first, count, _ in plan.pieces(j):
+                    parts[t].append(k.two_phase_decode(chunk, items[t].scale, first, count, be.nranks, plan.bits,
+                                                       be.divisor))
+            for item, pieces in zip(items, parts):
+                be.write(item, be.concat(pieces))
+        be.count(payload_bytes=plan.payload_bytes(be.rank), wire_bytes=plan.wire_bytes(be.rank),
+                 compressed_elements=plan.total)
+
+
+class Ternary(CompressorSpec):
+    """TernGrad (Wen et al., NeurIPS 2017): stochastic, unbiased ternarization with a per-tensor scale.
+
+    Each gradient g is clipped to +-clip*sigma(g), scaled by s = max|clipped g| (with ``shared_scale=True`` the max
+    over ranks, one batched allreduce(Max) per step), and every element becomes s*sign(g_k) with probability
+    |g_k|/s, else 0: unbiased, E[g~] = g. Codes travel packed, 4 per byte ("2bit") or 5 per byte ("base3",
+    1.6 bits per element), plus the 4-byte scale, by allgather; every rank decodes and averages all payloads.
+
+    Args:
+        clip: clip gradients to clip * std(g) before ternarizing (paper: 2.5); None disables clipping.
+        shared_scale: use the max of every rank's scale (TernGrad's "scaler sharing").
+        packing: "base3" (1.6 bits per element) or "2bit" (2 bits, simpler to decode).
+        min_size: tensors with fewer elements travel dense by allreduce (biases, norms); 0 compresses all.
+        seed: key of the counter-based generator (with step, tensor, rank, element); None lets rank 0 draw one.
+        transport: "allgather" (every rank receives every payload: bytes per rank grow with N), "two_phase" (needs
+            shared_scale: an alltoall of code chunks, exact integer sums re-encoded at ceil(log2(2N+1)) bits, and an
+            allgather of those: bytes per rank grow with log N), or "auto" (two_phase where it sends fewer bytes).
+    """
+
+    name = "ternary"
+    payload = True
+    method = TernaryMethod
+    codec = TernaryCodec
+
+    def __init__(self, clip=2.5, shared_scale=False, packing="base3", min_size=1024, seed=None, transport="auto"):
+        check_choice("ternary transport", transport, TRANSPORTS)
+        if transport == "two_phase" and shared_scale is not True:
+            raise ValueError("ternary transport='two_phase' needs shared_scale=True: it sums the codes of all ranks "
+                             "as integers, which is exact only when every rank uses the same scale")
+        super().__init__(
+            clip=check_real("ternary clip", clip, low=0.0, allow_none=True),
+            shared_scale=check_bool("ternary shared_scale", shared_scale),
+            packing=check_choice("ternary packing", packing, PACKINGS),
+            min_size=check_int("ternary min_size", min_size, low=0),
+            seed=check_int("ternary seed", seed, low=0, high=SEED_LIMIT, allow_none=True),
+            transport=transport,
+        )
+
+    @property
+    def packing_id(self):
+        return PACKING_IDS[self.packing]

@@ -1,0 +1,237 @@
+"""Compression.topk and Compression.adaptive_topk, declared once: top-k with error feedback (Stich et al. 2018; Lin
+et al. 2018) and GraVAC (Tyagi & Swany, IEEE CLOUD 2023) over it.
+
+The specs (arguments and checks), the codec (select, extract and decode kernels; payload sizes from the C++ core) and
+the methods: static top-k is the generic allgather method with error feedback; GraVAC's method adds the controller's
+step (two selections, one allreduce of norms, the decision, then one of three paths). The math is in
+cpp/include/hvdext/topk.h, its definition in python/hvdext_reference/topk.py, the controller in gravac.py.
+"""
+from . import sizes
+from .gravac import GravacController
+from .plan import Allgather, Codec, ErrorFeedback, Method, count_dense, k_of
+from .specs import CompressorSpec, check_bool, check_choice, check_int, check_real
+from .wire import allgather_wire_bytes, allreduce_wire_bytes
+
+VALUE_DTYPES = ("fp16", "fp32")
+VALUE_DTYPE_IDS = {"fp16": 0, "fp32": 1}  # hvdext::ValueType
+POLICIES = ("exponential", "geometric")
+TOPK_MAX_ELEMENTS = 2 ** 31  # int32 indices on the wire
+NORM_BYTES = 32  # GraVAC's allreduce: |g_ef|^2, |C_min|^2, |C_c|^2 and the step time, float64
+
+
+def check_fraction(argument, value):
+    value = check_real(argument, value, low=0.0)
+    if value > 1.0:
+        raise ValueError(f"{argument} must be in (0, 1], got {value!r}")
+    return value
+
+
+class TopKCodec(Codec):
+    """payload = k int32 indices (ascending) then k values (fp16 or fp32) of g_ef's largest |g_ef|; the remainder
+    is g_ef with the sent values' rounding error in their place (exact: sent + remainder == g_ef). Decoding
+    scatter-adds the N payloads and divides by the divisor."""
+
+    bad_payload = "%s (rank {} sent indices outside the tensor)"
+    nonfinite = "(NaN/Inf on some rank, or beyond the fp16 range: try value_dtype='fp32')"
+
+    def __init__(self, spec, be):
+        super().__init__(spec, be)
+        self.value_type = VALUE_DTYPE_IDS[spec.value_dtype]
+        self.cf = 1.0 / spec.ratio if hasattr(spec, "ratio") else None
+
+    def k(self, numel):
+        return k_of(numel, self.cf)
+
+    def payload_bytes(self, numel, cf=None):
+        return sizes.topk_payload_bytes(k_of(numel, cf or self.cf), self.value_type)
+
+    def encode(self, be, item, flat, want_remainder=False):
+        item.k = self.k(item.numel)
+        return self.extract(be, flat if want_remainder else be.copy(flat), be.kernels.topk_select(flat, item.k))
+
+    def extract(self, be, g_ef, idx):
+        """(payload, remainder). The kernel writes the remainder into g_ef's storage where the framework can."""
+        return be.kernels.topk_extract(g_ef, idx, self.value_type)
+
+    def decode(self, be, item, gathered, into):
+        return be.kernels.topk_decode_average(gathered, item.k, be.nranks, item.numel, self.value_type, be.divisor,
+                                              into)
+
+
+class AdaptiveTopKMethod(Method):
+    """GraVAC's step. launch() only takes the gradient; finish() does, for all tensors at once:
+     1. g_ef = g + r; top-k at theta_min and, among those, at the candidate theta_c (multi-level compression);
+     2. one allreduce(Average) of |g_ef|^2, |C_min(g_ef)|^2, |C_c(g_ef)|^2 and this rank's step time;
+     3. the controller's decision (on the host: every rank has the same averages, so takes the same one);
+     4. the chosen path: the candidate's or theta_min's payloads by allgather (r keeps the rest), or g_ef dense by
+        allreduce (r = 0). Its bytes are counted when the decision is taken (count_decided)."""
+
+    def __init__(self, spec, be, sizes_):
+        super().__init__(spec, be, sizes_)
+        self.codec = TopKCodec(spec, be)
+        self.feedback = ErrorFeedback(self.codec)
+        self.controller = GravacController(spec, be.nranks)
+
+    def launch(self, be, item):
+        item.kind = "payload"
+        count_dense(be, item)
+        with be.timed("compress_seconds"):
+            item.flat = be.flat32(item.grad)
+        return item
+
+    def launch_dense(self, be, item):
+        self.controller.forget_step_time()  # no decision this step: the next step's time is not the last CF's
+        return super().launch_dense(be, item)
+
+    def _cfs(self):
+        self.be.controller_loaded(self.controller)
+        return self.controller.cfs()
+
+    def _decide(self, agreed):
+        path, cf, gain_min, gain_c = self.controller.decide(*agreed)
+        self.be.controller_saved(self.controller)
+        self.be.count_decided(**self.decision_bytes(path, cf))
+        theta_min, theta_c = self.controller.log[-1]["theta_min"], self.controller.log[-1]["candidate_cf"]
+        self.be.stats.extra.update(cf=cf, path=path, gain_min=gain_min, gain_c=gain_c, theta_min=theta_min,
+                                   candidate_cf=theta_c, settled=self.controller.settled)
+        return ("candidate", "min", "dense").index(path)
+
+    def decision_bytes(self, path, cf):
+        """What one step on `path` at `cf` hands to Horovod, from the C++ core's sizes."""
+        if path == "dense":
+            nbytes = 4 * sum(self.sizes)
+            return {"payload_bytes": nbytes, "wire_bytes": allreduce_wire_bytes(nbytes, self.nranks)}
+        nbytes = sum(self.codec.payload_bytes(n, cf) for n in self.sizes)
+        return {"payload_bytes": nbytes, "wire_bytes": allgather_wire_bytes(nbytes, self.nranks),
+                "compressed_elements": sum(self.sizes)}
+
+    def finish(self, be, items):
+        self.be, self.nranks = be, be.nranks
+        k = be.kernels
+        theta_min, theta_c = be.host(self._cfs, [], ("float64", "float64"))
+        energy = [[], [], []]
+        with be.timed("compress_seconds"):
+            for item in items:
+                item.flat, sumsq = self.feedback.accumulate(be, item, item.flat)
+                k_min = be.k_of(item.numel, theta_min)
+                first = k.topk_select(item.flat, k_min)
+                second = k.topk_select_among(item.flat, first, be.k_of(item.numel, theta_c, upper=k_min))
+                item.candidates = (second, first)
+                energy[0].append(sumsq)
+                energy[1].append(k.sum_squares_at(item.flat, first))
+                energy[2].append(k.sum_squares_at(item.flat, second))
+        elapsed, = be.host(self.controller.seconds_since_decision, [], ("float64",))
+        norms = be.stack([be.sum(e) for e in energy] + [elapsed], "float64")
+        agreed = be.wait(be.allreduce(norms, be.step_name("adaptive_topk.norms"), "average"))
+        be.count(payload_bytes=NORM_BYTES, wire_bytes=allreduce_wire_bytes(NORM_BYTES, be.nranks))
+        be.require(be.all_finite(agreed), "every tensor (the squared norms of the gradients are not finite on "
+                                          "some rank)")
+        if be.failed():
+            return
+        path, = be.host(self._decide, [be.guarded(agreed)], ("int32",))
+        results = be.switch(path, [lambda: self._sparse(be, items, 0, "candidate"),
+                                   lambda: self._sparse(be, items, 1, "min"), lambda: self._dense(be, items)])
+        n = len(items)
+        for item, avg, bad in zip(items, results[:n], results[n:]):
+            be.require(be.equal(bad, -1), self.codec.bad_payload % (repr(item.name),), bad)
+            be.write(item, avg)
+            be.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
+            item.flat = item.candidates = None
+
+    def _sparse(self, be, items, which, tag):
+        """Send each tensor's selection `which` by allgather; returns the averages, then the bad-rank flags."""
+        sent = []
+        with be.timed("compress_seconds"):
+            for item in items:
+                idx = item.candidates[which]
+                payload, remainder = self.codec.extract(be, item.flat, idx)
+                self.feedback.keep(be, item, remainder)
+                sent.append((item, be.size(idx), be.allgather(payload, be.name(f"topk.{tag}", item))))
+        averages, flags = [], []
+        for item, count, future in sent:
+            gathered = be.wait(future)
+            with be.timed("decompress_seconds"):
+                avg, bad = be.kernels.topk_decode_average(gathered, count, be.nranks, item.numel,
+                                                          self.codec.value_type, be.divisor, be.output_buffer(item))
+            averages.append(avg)
+            flags.append(bad)
+        return averages + flags
+
+    def _dense(self, be, items):
+        """GraVAC's dense path: g_ef by allreduce, after which r = 0."""
+        sent = []
+        for item in items:
+            send = be.copy(item.flat)
+            self.feedback.clear(be, item)
+            sent.append(be.allreduce(send, be.name("topk.dense", item), "sum" if be.divisor == 1.0 else "average"))
+        return [be.wait(f) for f in sent] + [be.no_flag() for _ in items]
+
+
+class TopK(CompressorSpec):
+    """Layer-wise top-k by magnitude with error feedback (Stich et al. 2018; Lin et al. 2018).
+
+    Each tensor keeps the k = max(1, ceil(ratio * n)) elements of largest |g + r| and carries the rest in its
+    residual r to the next step: g_ef = g + r; sent = top_k(g_ef); r = g_ef - sent (nothing is lost, only delayed).
+    The payload (int32 indices and fp16 or fp32 values, 6 or 8 bytes per kept element) travels by allgather and is
+    decoded with one scatter-add of all ranks' payloads. Residuals are in the optimizer's state_dict().
+
+    Args:
+        ratio: fraction of each tensor's elements sent, in (0, 1] (0.01: compression factor 100 / 1.5 for fp16).
+        error_feedback: keep the residual (recommended; without it top-k is biased).
+        value_dtype: "fp16" (6 bytes per element) or "fp32" (8).
+    """
+
+    name = "topk"
+    payload = True
+    method = Allgather
+    codec = TopKCodec
+    max_elements = TOPK_MAX_ELEMENTS
+
+    def __init__(self, ratio=0.01, error_feedback=True, value_dtype="fp16"):
+        super().__init__(ratio=check_fraction("topk ratio", ratio),
+                         error_feedback=check_bool("topk error_feedback", error_feedback),
+                         value_dtype=check_choice("topk value_dtype", value_dtype, VALUE_DTYPES))
+
+
+class AdaptiveTopK(CompressorSpec):
+    """GraVAC (Tyagi & Swany, "GraVAC: Adaptive Compression for Communication-Efficient Distributed DL Training",
+    IEEE CLOUD 2023), Algorithm 1: top-k with error feedback whose compression factor CF (dense size / sent size)
+    moves during training, driven by the measured compression gain. See horovod_ext.compression.gravac for the
+    controller, its math and its tuning guide.
+
+    Args:
+        min_cf, max_cf: the range of CF (>= 1, min_cf <= max_cf).
+        epsilon: the smallest compression gain, sqrt(EWMA(|C(g_ef)|^2) / EWMA(|g_ef|^2)), a CF may have; in (0, 1].
+        window: steps between CF moves (>= 1).
+        omega: relative tolerance: raise theta_min when gain_min and gain_candidate are within omega, and settle on
+            the lower of the two CFs whose compression throughputs are highest when those are within omega; [0, 1).
+        policy: how the candidate's scale-up moves each window: "exponential" (theta_s squared: CF 10, 20, 40, 160,
+            1000 from min_cf 10) or "geometric" (doubled).
+
+    Defaults. epsilon 0.7 is the lower of the two values the paper reports (0.7, 0.9; the authors' code: 0.75):
+    with error feedback, top-k at CF 10 keeps a gain of 0.74-0.86 on the digits MLP and CNN and about 0.7 on a
+    small LSTM, and every one of them trains at CF 10 as well as dense, so a higher epsilon sends dense what
+    compresses without loss (at 0.9 every step of the digits MLP went dense). omega 0.05 is the authors' code's.
+    window 500 steps is ten EWMA time constants (1 / a) at 2 ranks (a = N / 100), so each candidate is judged on settled
+    gains and throughputs. The choice and its measurements: benchmarks/gravac.py.
+    """
+
+    name = "adaptive_topk"
+    payload = True
+    method = AdaptiveTopKMethod
+    max_elements = TOPK_MAX_ELEMENTS
+
+    def __init__(self, min_cf=10, max_cf=1000, epsilon=0.7, window=500, omega=0.05, policy="exponential"):
+        min_cf = check_real("adaptive_topk min_cf", min_cf, low=1.0, low_open=False)
+        max_cf = check_real("adaptive_topk max_cf", max_cf, low=1.0, low_open=False)
+        if min_cf > max_cf:
+            raise ValueError(f"adaptive_topk min_cf must be <= max_cf, got min_cf={min_cf!r} > max_cf={max_cf!r}")
+        omega = check_real("adaptive_topk omega", omega, low=0.0, low_open=False)
+        if omega >= 1.0:
+            raise ValueError(f"adaptive_topk omega must be in [0, 1), got {omega!r}")
+        super().__init__(min_cf=min_cf, max_cf=max_cf, epsilon=check_fraction("adaptive_topk epsilon", epsilon),
+                         window=check_int("adaptive_topk window", window, low=1), omega=omega,
+                         policy=check_choice("adaptive_topk policy", policy, POLICIES))
+
+    value_dtype = "fp16"
+    error_feedback = True

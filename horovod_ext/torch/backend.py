@@ -1,0 +1,244 @@
+"""The PyTorch backend of the communication plan (horovod_ext/compression/plan.py has the contract): Horovod's
+asynchronous collectives (a future is a handle, waited for in ``wait``), the native kernels, residuals as tensors,
+errors collected eagerly and raised by the optimizer once the step is finished."""
+import contextlib
+import math
+import time
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+from horovod.common.exceptions import HorovodInternalError
+
+from horovod_ext.compression.plan import k_of
+from .kernels import TorchKernels, as_float32
+
+OPS = {"sum": hvd.Sum, "average": hvd.Average, "max": hvd.Max}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int32, "uint8": torch.uint8}
+
+
+class Future:
+    """A collective in flight: Horovod's handle, and what turns its output into the result."""
+
+    __slots__ = ("handle", "post")
+
+    def __init__(self, handle, post=None):
+        self.handle, self.post = handle, post
+
+
+class Done:
+    """A collective that has completed (Horovod's blocking alltoall)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+def drain(futures):
+    """Wait for (and discard) every collective still in flight, so that none is left in Horovod's handle map."""
+    for future in futures:
+        handle = future if callable(future) else getattr(future, "handle", None)
+        if handle is None:
+            continue
+        try:
+            handle() if callable(handle) else hvd.synchronize(handle)
+        except HorovodInternalError:
+            pass
+
+
+class TorchBackend:
+    kernels = TorchKernels
+
+    def __init__(self, process_set, op, predivide, stats):
+        self.process_set, self.stats = process_set, stats
+        self.nranks, self.rank = process_set.size(), process_set.rank()
+        self.op = op
+        self.divisor = float(self.nranks) if op == hvd.Average else 1.0
+        if op == hvd.Average and predivide != 1.0:
+            # Same mean, summed at a smaller magnitude (Horovod's fp16 overflow guard).
+            self.grad_op, self.prescale, self.postscale = hvd.Sum, 1.0 / predivide, predivide / self.nranks
+        else:
+            self.grad_op, self.prescale, self.postscale = op, 1.0, 1.0
+        self.step = 0
+        self.seed = 0
+        self.round = 0
+        self.errors = []
+
+    def begin_finish(self):
+        self.round += 1
+        self.errors = []
+
+    # ------------------------------------------------------------------------------------------------ tensors
+    flat32 = staticmethod(as_float32)
+
+    @staticmethod
+    def copy(x):
+        return x.clone()
+
+    @staticmethod
+    def stack(values, dtype):
+        return torch.tensor([float(v) for v in values], dtype=DTYPES[dtype])
+
+    @staticmethod
+    def unstack(t, n):
+        return t.tolist()
+
+    @staticmethod
+    def concat(parts):
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    @staticmethod
+    def sum(values):
+        return sum(values, 0.0)
+
+    @staticmethod
+    def size(x):
+        return x.numel()
+
+    @staticmethod
+    def equal(x, value):
+        return x == value
+
+    @staticmethod
+    def no_flag():
+        return -1
+
+    @staticmethod
+    def all_finite(x):
+        if isinstance(x, float):
+            return math.isfinite(x)
+        return bool(torch.isfinite(x).all())
+
+    @staticmethod
+    def k_of(numel, cf, upper=None):
+        k = k_of(numel, cf)
+        return k if upper is None else min(k, upper)
+
+    # -------------------------------------------------------------------------------------------- collectives
+    def allreduce(self, x, name, op):
+        return Future(hvd.allreduce_async(x, name=name, op=OPS[op], process_set=self.process_set))
+
+    def allreduce_grad(self, item, name, compression=None):
+        compression = compression or hvd.Compression.none
+        compressed, ctx = compression.compress(item.grad)
+        item.payload_bytes = compressed.numel() * compressed.element_size()
+        handle = hvd.allreduce_async_(compressed, name=name, op=self.grad_op, prescale_factor=self.prescale,
+                                      postscale_factor=self.postscale, process_set=self.process_set)
+        return Future(handle, lambda output: compression.decompress(output, ctx))
+
+    def allgather(self, x, name):
+        return Future(hvd.allgather_async(x, name=name, process_set=self.process_set))
+
+    def alltoall(self, x, splits, name):
+        start = time.perf_counter()
+        received, _ = hvd.alltoall(x, splits=torch.tensor(splits, dtype=torch.int32), name=name,
+                                   process_set=self.process_set)
+        self.stats.add(comm_seconds=time.perf_counter() - start)
+        return Done(received)
+
+    def wait(self, future):
+        if isinstance(future, Done):
+            return future.value
+        start = time.perf_counter()
+        output = hvd.synchronize(future.handle)
+        self.stats.add(comm_seconds=time.perf_counter() - start)
+        return output if future.post is None else future.post(output)
+
+    @staticmethod
+    def name(prefix, item):
+        return f"{prefix}.{item.name}"
+
+    def step_name(self, prefix):
+        return f"{prefix}.{self.round}"
+
+    # ------------------------------------------------------------------------------------------ host, control
+    @staticmethod
+    def host(fn, args, dtypes):
+        result = fn(*[a.tolist() if isinstance(a, torch.Tensor) else a for a in args])
+        return result if isinstance(result, tuple) else (result,)
+
+    @staticmethod
+    def numpy(fn, args, dtypes):
+        """A NumPy kernel on CPU copies of the tensors; results back as CPU tensors."""
+        values = [a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a for a in args]
+        result = fn(*values)
+        result = result if isinstance(result, tuple) else (result,)
+        return tuple(torch.from_numpy(np.ascontiguousarray(r, dtype=d) if np.ndim(r) else np.asarray(r, dtype=d))
+                     for r, d in zip(result, dtypes))
+
+    @staticmethod
+    def switch(index, branches):
+        return branches[int(index)]()
+
+    def require(self, truth, detail, value=None):
+        if not truth:
+            self.errors.append(detail.replace("{}", str(int(value))) if value is not None else detail)
+
+    def failed(self):
+        return bool(self.errors)
+
+    @staticmethod
+    def guarded(x):
+        return x
+
+    @contextlib.contextmanager
+    def timed(self, field):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stats.add(**{field: time.perf_counter() - start})
+
+    def count(self, **amounts):
+        self.stats.add(**amounts)
+
+    count_decided = count
+
+    def controller_loaded(self, controller):
+        pass
+
+    def controller_saved(self, controller):
+        pass
+
+    # ------------------------------------------------------------------------------------------------- state
+    @staticmethod
+    def residual(name, n, item):
+        return torch.zeros(n, dtype=torch.float32, device=item.grad.device)
+
+    @staticmethod
+    def read(state):
+        return state
+
+    @staticmethod
+    def assign(state, value):
+        if value is not state:
+            state.copy_(value)
+
+    @staticmethod
+    def reset(state):
+        state.zero_()
+
+    @staticmethod
+    def export(state):
+        return state.clone()
+
+    @staticmethod
+    def imported_residual(name, values):
+        return values.clone().float()
+
+    @staticmethod
+    def imported(values):
+        return values.float()
+
+    # ------------------------------------------------------------------------------------------------ output
+    @staticmethod
+    def output_buffer(item):
+        grad = item.grad
+        return grad.view(-1) if grad.dtype == torch.float32 and grad.is_contiguous() else None
+
+    @staticmethod
+    def write(item, flat):
+        grad = item.grad
+        if flat.data_ptr() != grad.data_ptr() or flat.dtype != grad.dtype:
+            grad.copy_(flat.view_as(grad) if flat.numel() == grad.numel() else flat)

@@ -1,0 +1,105 @@
+"""The kernel table of the PyTorch backend: each native op of horovod_ext._torch_ops (cpp/torch/ops.cpp) under the
+uniform, functional signature the plan calls (horovod_ext/compression/plan.py). Only tensor conversion happens here:
+outputs are allocated, CUDA tensors run on torch's current stream, results that the plan writes into a gradient go
+straight into it when it is contiguous float32 (``into``).
+
+In-place contract: ``ef_accumulate(flat, r)`` adds flat into r and returns r; ``topk_extract(x, idx, ...)`` leaves the
+remainder in x and returns x as the remainder. The plan passes them only tensors it owns (a residual, or a copy).
+"""
+import torch
+
+from horovod_ext import _torch_ops as ops
+from horovod_ext.compression import sizes
+from horovod_ext.compression.specs import check_tensor
+
+
+def stream_of(tensor):
+    """The CUDA stream a native op on `tensor` must run on (torch's current one for its device); 0 on the CPU."""
+    return torch.cuda.current_stream(tensor.device).cuda_stream if tensor.is_cuda else 0
+
+
+def check_gradient(name, tensor, what="ternary compression", **limits):
+    """A clear error for gradients a payload compressor cannot take (every rank raises it)."""
+    check_tensor(what, name, str(tensor.dtype).replace("torch.", ""), tensor.numel(), tensor.shape, **limits)
+
+
+def as_float32(tensor):
+    """A flat, contiguous float32 view of a tensor (a copy only where its dtype or layout needs one)."""
+    flat = tensor.detach().reshape(-1)
+    if flat.dtype != torch.float32:
+        flat = flat.float()
+    return flat.contiguous()
+
+
+def _out(into, numel, like):
+    return into if into is not None else torch.empty(numel, dtype=torch.float32, device=like.device)
+
+
+def _key(step):
+    return int(step) & 0xFFFFFFFF
+
+
+class TorchKernels:
+    """The native kernels, functional."""
+
+    @staticmethod
+    def ternary_local_scale(flat, clip):
+        return ops.ternary_local_scale(flat, clip, stream_of(flat))
+
+    @staticmethod
+    def ternary_encode(flat, threshold, scale, seed, step, key, rank, packing):
+        return ops.ternary_encode(flat, threshold, scale, seed, _key(step), key, rank, packing, stream_of(flat))
+
+    @staticmethod
+    def ternary_encode_codes(flat, threshold, scale, seed, step, key, rank):
+        codes = torch.empty(flat.numel(), dtype=torch.uint8)
+        ops.ternary_encode_codes(flat, threshold, scale, seed, _key(step), key, rank, codes)
+        return codes
+
+    @staticmethod
+    def ternary_pack(codes, packing):
+        out = torch.empty(sizes.ternary_packed_bytes(codes.numel(), packing), dtype=torch.uint8)
+        ops.ternary_pack_codes(codes, packing, out)
+        return out
+
+    @staticmethod
+    def ternary_decode_average(gathered, nranks, numel, packing, divisor, into=None):
+        out = _out(into, numel, gathered)
+        bad = ops.ternary_decode_average(gathered, nranks, numel, packing, float(divisor), out, stream_of(gathered))
+        return out, bad
+
+    @staticmethod
+    def ternary_sum_reencode(received, nranks, count, packing, bits):
+        return ops.ternary_sum_reencode(received, nranks, count, packing, bits)
+
+    @staticmethod
+    def two_phase_decode(stream, scale, first, count, nranks, bits, divisor):
+        out = torch.empty(count, dtype=torch.float32)
+        ops.two_phase_decode(stream, first, count, nranks, bits, scale, divisor, out)
+        return out
+
+    @staticmethod
+    def ef_accumulate(flat, residual):
+        return residual, ops.ef_accumulate(flat, residual, stream_of(flat))
+
+    @staticmethod
+    def topk_select(x, k):
+        return ops.topk_select(x, k, stream_of(x))
+
+    @staticmethod
+    def topk_select_among(x, among, k):
+        return ops.topk_select_among(x, among, k)
+
+    @staticmethod
+    def sum_squares_at(x, idx):
+        return ops.sum_squares_at(x, idx)
+
+    @staticmethod
+    def topk_extract(x, idx, value_type):
+        return ops.topk_extract(x, idx, value_type, stream_of(x)), x
+
+    @staticmethod
+    def topk_decode_average(gathered, k, nranks, numel, value_type, divisor, into=None):
+        out = _out(into, numel, gathered)
+        bad = ops.topk_decode_average(gathered, nranks, k, numel, value_type, float(divisor), out)
+        return out, bad
