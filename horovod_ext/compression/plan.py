@@ -12,8 +12,9 @@ A step has two stages, so that PyTorch keeps its overlap with backward:
   needs this tensor alone is done and its collective started (``backend.allgather`` returns a future).
 - ``finish(items)``: every gradient of the step is launched. What needs all of them (scale sharing, two-phase
   chunks, GraVAC's norms and decision) is done, every future waited for, and the averages written
-  (``backend.write``). Returns the descriptions of the gradients that held NaN/Inf (identical on every rank: each is
-  decided from collective results); the adapter raises them as one error.
+  (``backend.write``). A gradient that held NaN/Inf, or a payload that does not decode, is recorded through
+  ``backend.require`` (identical on every rank: each is decided from collective results); the adapter raises the
+  step's records as one error, after which the method drops what error feedback kept (``on_error``).
 
 A step in which some rank has called hvd.join() goes dense (``launch_dense`` / ``finish_dense``, see join.py).
 
@@ -22,7 +23,7 @@ The backend's contract (both adapters implement exactly this):
     nranks, rank, divisor          ranks of the process set; N for op Average, 1 for Sum
     step, seed                     this step's counter and the random seed, as the kernels take them
     kernels                        the kernel table (uniform, functional signatures; see the codecs)
-    flat32(g), copy(x), zeros(n), sub(a, b), stack(values, dtype), unstack(t), concat(parts)
+    flat32(g), copy(x), sub(a, b), stack(values, dtype), unstack(t, n), concat(parts), sum(values)
     all_finite(x) -> truth         a Python bool, or a boolean tensor in a graph
     allreduce(x, name, op)         op "sum" / "average" / "max"; returns a future
     allreduce_grad(item, name, compression=None)   the gradient with the user's op and predivide factor, through
@@ -36,7 +37,8 @@ The backend's contract (both adapters implement exactly this):
     k_of(numel, cf, upper=None)    top-k's k at compression factor cf (a tensor when cf is one)
     residual(name, n, item), read(state), assign(state, value), reset(state), export(state),
     imported_residual(name, values), imported(values)      error feedback's state, and checkpoints of it
-    size(x), equal(x, value), no_flag(), guarded(x), sum(values)
+    size(x), equal(x, value), no_flag()  a tensor's size, an elementwise test, the "no bad rank" flag (-1)
+    guarded(x)                     x, after every failed requirement's assertion (graph mode)
     output_buffer(item), write(item, flat)
     require(truth, detail, value=None)   record "detail" (its "{}" filled with value) unless truth
     failed()                       whether a requirement failed so far this step (False in a graph)
@@ -177,7 +179,7 @@ class Allgather(Method):
                 flat, _ = self.feedback.accumulate(be, item, flat)
             payload, remainder = self.codec.encode(be, item, flat, want_remainder=self.feedback is not None)
             if self.feedback is not None:
-                self.feedback.keep(be, item, remainder)
+                self.feedback.keep(be, item, remainder, flat, payload)
             self._gather(be, item, payload)
         return item
 
@@ -205,13 +207,19 @@ class Allgather(Method):
 class Codec:
     """One tensor's payload: ``encode(be, item, flat, want_remainder)`` -> (payload, flat - what was sent, or None);
     ``decode(be, item, gathered, into)`` -> (average, -1 or the first rank whose payload is bad);
-    ``payload_bytes(numel)`` from the C++ core's size functions (horovod_ext.compression.sizes)."""
+    ``payload_bytes(numel)`` from the C++ core's size functions (horovod_ext.compression.sizes); and, for error
+    feedback around a codec whose encode returns no remainder, ``sent(be, item, payload)``: the values this rank's
+    own payload stands for."""
 
     bad_payload = "%s (on rank {})"  # %s: the tensor's name; {}: the rank decode reported
     nonfinite = "(NaN or Inf after averaging)"
 
     def __init__(self, spec, be):
         self.spec = spec
+
+    def sent(self, be, item, payload):
+        raise NotImplementedError(f"{type(self).__name__} returns no remainder from encode() and has no sent(): "
+                                  f"it cannot run with error feedback")
 
 
 class ErrorFeedback:
@@ -221,8 +229,12 @@ class ErrorFeedback:
         g_ef = g + r;   payload = C(g_ef);   r = g_ef - decode(C(g_ef))
 
     The residual r is per tensor and per rank, held by the backend (torch: a tensor in state_dict(); TensorFlow: a
-    tf.Variable). The codec returns the remainder g_ef - sent itself, computed where it is exact (top-k: the kept
-    values' rounding error, the rest untouched), so nothing is lost, only delayed."""
+    tf.Variable). Where the codec can, it returns the remainder g_ef - sent itself, computed where it is exact (top-k:
+    the kept values' rounding error, the rest untouched: sent + r == g_ef exactly). Otherwise the wrapper takes
+    r = g_ef - sent(payload), the float32 difference of g_ef and what the payload stands for (ternary: s * t).
+    That difference is exact wherever nothing is sent (t = 0: r = g_ef) and wherever g_ef and s * t are within a
+    factor of two (Sterbenz's lemma); elsewhere it is rounded once, to the nearest float32, as any float32 residual
+    must be: s * t + r is then g_ef up to half a unit in the last place of r."""
 
     def __init__(self, codec):
         self.codec = codec
@@ -237,7 +249,10 @@ class ErrorFeedback:
         """(g_ef, |g_ef|^2): g + r into r's storage where the framework can (torch), else a new tensor."""
         return be.kernels.ef_accumulate(flat, be.read(self._state(be, item)))
 
-    def keep(self, be, item, remainder):
+    def keep(self, be, item, remainder, g_ef=None, payload=None):
+        """r = the remainder the codec returned, else g_ef - sent(payload)."""
+        if remainder is None:
+            remainder = be.sub(g_ef, self.codec.sent(be, item, payload))
         be.assign(self._state(be, item), remainder)
 
     def clear(self, be, item):
@@ -256,10 +271,6 @@ class ErrorFeedback:
                 self.residuals[name] = be.imported_residual(name, values)
             else:
                 be.assign(self.residuals[name], be.imported(values))
-
-
-def ceil_div(a, b):
-    return -(-a // b)
 
 
 def k_of(numel, cf):

@@ -50,6 +50,10 @@ class TernaryCodec(Codec):
     def decode(self, be, item, gathered, into):
         return be.kernels.ternary_decode_average(gathered, be.nranks, item.numel, self.packing, be.divisor, into)
 
+    def sent(self, be, item, payload):
+        """s * t of this rank's own payload (exact: t is -1, 0 or 1), for error feedback."""
+        return be.kernels.ternary_decode_average(payload, 1, item.numel, self.packing, 1.0)[0]
+
 
 class TernaryMethod(Allgather):
     """Tensors below min_size go dense. Without a shared scale each payload is encoded and its allgather started
@@ -74,6 +78,8 @@ class TernaryMethod(Allgather):
         count_dense(be, item)
         with be.timed("compress_seconds"):
             item.flat = be.flat32(item.grad)
+            if self.feedback is not None:
+                item.flat, _ = self.feedback.accumulate(be, item, item.flat)
             self.codec.scale(be, item, item.flat)
         return item
 
@@ -90,10 +96,16 @@ class TernaryMethod(Allgather):
                 with be.timed("compress_seconds"):
                     for item in compressed:
                         payload, _ = self.codec.encode(be, item, item.flat)
-                        item.flat = None
+                        self._keep(be, item, payload)
                         self._gather(be, item, payload)
         DenseSplit.finish(be, [i for i in items if i.kind == "small"])
         self.decode_all(be, compressed)
+
+    def _keep(self, be, item, payload):
+        """With error feedback: r = g_ef - s * t, once the (shared) scale is known; then g_ef is no longer needed."""
+        if self.feedback is not None:
+            self.feedback.keep(be, item, None, item.flat, payload)
+        item.flat = None
 
     def _share_scales(self, be, items):
         """TernGrad's scaler sharing: every rank takes the max over ranks of each tensor's scale."""
@@ -114,6 +126,8 @@ class TernaryMethod(Allgather):
         with be.timed("compress_seconds"):
             codes = be.concat([self.codec.codes(be, item, item.flat) for item in items])
             for item in items:
+                if self.feedback is not None:  # the same draws as the codes: what this rank's chunk sums carry
+                    self._keep(be, item, self.codec.encode(be, item, item.flat)[0])
                 item.flat = None
             send = be.concat([k.ternary_pack(codes[plan.bounds[j]:plan.bounds[j + 1]], self.codec.packing)
                               for j in range(be.nranks)])
@@ -153,6 +167,9 @@ class Ternary(CompressorSpec):
         transport: "allgather" (every rank receives every payload: bytes per rank grow with N), "two_phase" (needs
             shared_scale: an alltoall of code chunks, exact integer sums re-encoded at ceil(log2(2N+1)) bits, and an
             allgather of those: bytes per rank grow with log N), or "auto" (two_phase where it sends fewer bytes).
+        error_feedback: ternarize g + r and keep r = g + r - s * t for the next step (plan.ErrorFeedback; Seide et
+            al. 2014, Karimireddy et al. 2019): what clipping and the random draws left out is sent later instead
+            of lost. TernGrad itself has none (unbiased without it); residuals are in the optimizer's state.
     """
 
     name = "ternary"
@@ -160,7 +177,8 @@ class Ternary(CompressorSpec):
     method = TernaryMethod
     codec = TernaryCodec
 
-    def __init__(self, clip=2.5, shared_scale=False, packing="base3", min_size=1024, seed=None, transport="auto"):
+    def __init__(self, clip=2.5, shared_scale=False, packing="base3", min_size=1024, seed=None, transport="auto",
+                 error_feedback=False):
         check_choice("ternary transport", transport, TRANSPORTS)
         if transport == "two_phase" and shared_scale is not True:
             raise ValueError("ternary transport='two_phase' needs shared_scale=True: it sums the codes of all ranks "
@@ -172,6 +190,7 @@ class Ternary(CompressorSpec):
             min_size=check_int("ternary min_size", min_size, low=0),
             seed=check_int("ternary seed", seed, low=0, high=SEED_LIMIT, allow_none=True),
             transport=transport,
+            error_feedback=check_bool("ternary error_feedback", error_feedback),
         )
 
     @property

@@ -69,6 +69,10 @@ class TFBackend:
         return tf.add_n(values)
 
     @staticmethod
+    def sub(a, b):
+        return tf.subtract(a, b)
+
+    @staticmethod
     def size(x):
         return tf.size(x)
 

@@ -93,6 +93,10 @@ class TorchBackend:
         return sum(values, 0.0)
 
     @staticmethod
+    def sub(a, b):
+        return torch.sub(a, b)
+
+    @staticmethod
     def size(x):
         return x.numel()
 
