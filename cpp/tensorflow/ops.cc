@@ -22,18 +22,76 @@ tf::Status ScalarPair(InferenceContext* c) {
   return tf::OkStatus();
 }
 
+// Output 0 is a vector of the "count" attr's length; any further output is a scalar (a flag).
+tf::Status CountVector(InferenceContext* c) {
+  tf::int64 count;
+  TF_RETURN_IF_ERROR(c->GetAttr("count", &count));
+  c->set_output(0, c->Vector(count));
+  for (int i = 1; i < c->num_outputs(); ++i) c->set_output(i, c->Scalar());
+  return tf::OkStatus();
+}
+
 tf::Status UnknownVector(InferenceContext* c) {
   for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
   return tf::OkStatus();
 }
 
-// Reads the "packing" attr into *packing; a bad value fails the kernel's construction.
-void PackingAttr(tf::OpKernelConstruction* c, hvdext::Packing* packing) {
-  tf::int64 value = 0;
-  OP_REQUIRES_OK(c, c->GetAttr("packing", &value));
-  OP_REQUIRES(c, value == 0 || value == 1, tf::errors::InvalidArgument("packing must be 0 (2bit) or 1 (base3)"));
-  *packing = static_cast<hvdext::Packing>(value);
-}
+constexpr tf::int64 kMaxInt = std::numeric_limits<tf::int64>::max();
+constexpr tf::int64 kMaxRanks = std::numeric_limits<int>::max();
+
+// The one attribute reader of every kernel: each call reads one attr and checks it, and the first failure fails
+// the kernel's construction with an error naming the attr and its allowed values (later calls do nothing), e.g.
+//   Attrs(c).Int("nranks", &nranks_, 1, kMaxRanks).Float("divisor", &divisor_).Packing(&packing_);
+class Attrs {
+ public:
+  explicit Attrs(tf::OpKernelConstruction* c) : c_(c) {}
+
+  // An integer attr in [lo, hi].
+  template <class T>
+  Attrs& Int(const char* name, T* out, tf::int64 lo = std::numeric_limits<tf::int64>::min(), tf::int64 hi = kMaxInt) {
+    tf::int64 value = 0;
+    if (Read(name, &value) && (value < lo || value > hi)) {
+      Fail(tf::errors::InvalidArgument(name, " must be in [", lo, ", ", hi, "], got ", value));
+    }
+    *out = static_cast<T>(value);
+    return *this;
+  }
+
+  Attrs& Float(const char* name, float* out) {
+    Read(name, out);
+    return *this;
+  }
+
+  Attrs& Packing(hvdext::Packing* out) { return Choice("packing", out, "0 (2bit) or 1 (base3)"); }
+  Attrs& ValueType(hvdext::ValueType* out) { return Choice("value_type", out, "0 (fp16) or 1 (fp32)"); }
+
+ private:
+  template <class E>
+  Attrs& Choice(const char* name, E* out, const char* allowed) {
+    tf::int64 value = 0;
+    if (Read(name, &value) && value != 0 && value != 1) {
+      Fail(tf::errors::InvalidArgument(name, " must be ", allowed, ", got ", value));
+    }
+    *out = static_cast<E>(value == 1 ? 1 : 0);
+    return *this;
+  }
+
+  template <class T>
+  bool Read(const char* name, T* out) {
+    if (!ok_) return false;
+    const tf::Status status = c_->GetAttr(name, out);
+    if (!status.ok()) Fail(status);
+    return ok_;
+  }
+
+  void Fail(const tf::Status& status) {
+    c_->CtxFailure(status);
+    ok_ = false;
+  }
+
+  tf::OpKernelConstruction* c_;
+  bool ok_ = true;
+};
 
 float ScalarFloat(tf::OpKernelContext* c, int index) { return c->input(index).scalar<float>()(); }
 
@@ -56,7 +114,7 @@ REGISTER_OP("HvdextTernaryLocalScale")
 
 class TernaryLocalScaleOp : public tf::OpKernel {
  public:
-  explicit TernaryLocalScaleOp(tf::OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("clip", &clip_)); }
+  explicit TernaryLocalScaleOp(tf::OpKernelConstruction* c) : OpKernel(c) { Attrs(c).Float("clip", &clip_); }
   void Compute(tf::OpKernelContext* c) override {
     const tf::Tensor& g = c->input(0);
     const hvdext::TernaryScale s = hvdext::ternary_local_scale(g.flat<float>().data(), g.NumElements(), clip_);
@@ -101,9 +159,9 @@ template <bool kPacked>
 class TernaryEncodeOp : public tf::OpKernel {
  public:
   explicit TernaryEncodeOp(tf::OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("tensor_key", &tensor_key_));
-    OP_REQUIRES_OK(c, c->GetAttr("rank", &rank_));
-    if (kPacked) PackingAttr(c, &packing_);
+    Attrs attrs(c);
+    attrs.Int("tensor_key", &tensor_key_, 0, 0xFFFFFFFF).Int("rank", &rank_, 0, kMaxRanks);
+    if (kPacked) attrs.Packing(&packing_);
   }
   void Compute(tf::OpKernelContext* c) override {
     const tf::Tensor& g = c->input(0);
@@ -136,22 +194,13 @@ REGISTER_OP("HvdextTernaryDecodeAverage")
     .Attr("divisor: float")
     .Output("average: float")
     .Output("bad_rank: int32")
-    .SetShapeFn([](InferenceContext* c) {
-      tf::int64 count;
-      TF_RETURN_IF_ERROR(c->GetAttr("count", &count));
-      c->set_output(0, c->Vector(count));
-      c->set_output(1, c->Scalar());
-      return tf::OkStatus();
-    })
+    .SetShapeFn(CountVector)
     .Doc("decode N gathered payloads and average them; bad_rank is -1 or the first rank that sent NaN/Inf.");
 
 class TernaryDecodeAverageOp : public tf::OpKernel {
  public:
   explicit TernaryDecodeAverageOp(tf::OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("nranks", &nranks_));
-    OP_REQUIRES_OK(c, c->GetAttr("count", &count_));
-    OP_REQUIRES_OK(c, c->GetAttr("divisor", &divisor_));
-    PackingAttr(c, &packing_);
+    Attrs(c).Int("nranks", &nranks_, 1, kMaxRanks).Int("count", &count_, 0).Float("divisor", &divisor_).Packing(&packing_);
   }
   void Compute(tf::OpKernelContext* c) override {
     const tf::Tensor& gathered = c->input(0);
@@ -184,7 +233,7 @@ REGISTER_OP("HvdextTernaryPackCodes")
 
 class TernaryPackCodesOp : public tf::OpKernel {
  public:
-  explicit TernaryPackCodesOp(tf::OpKernelConstruction* c) : OpKernel(c) { PackingAttr(c, &packing_); }
+  explicit TernaryPackCodesOp(tf::OpKernelConstruction* c) : OpKernel(c) { Attrs(c).Packing(&packing_); }
   void Compute(tf::OpKernelContext* c) override {
     const tf::Tensor& codes = c->input(0);
     const tf::int64 n = codes.NumElements();
@@ -215,10 +264,7 @@ REGISTER_OP("HvdextTernarySumReencode")
 class TernarySumReencodeOp : public tf::OpKernel {
  public:
   explicit TernarySumReencodeOp(tf::OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("nranks", &nranks_));
-    OP_REQUIRES_OK(c, c->GetAttr("count", &count_));
-    OP_REQUIRES_OK(c, c->GetAttr("bits", &bits_));
-    PackingAttr(c, &packing_);
+    Attrs(c).Int("nranks", &nranks_, 1, kMaxRanks).Int("count", &count_, 0).Int("bits", &bits_, 1, 32).Packing(&packing_);
   }
   void Compute(tf::OpKernelContext* c) override {
     const tf::Tensor& received = c->input(0);
@@ -246,22 +292,14 @@ REGISTER_OP("HvdextTwoPhaseDecode")
     .Attr("bits: int")
     .Attr("divisor: float")
     .Output("values: float")
-    .SetShapeFn([](InferenceContext* c) {
-      tf::int64 count;
-      TF_RETURN_IF_ERROR(c->GetAttr("count", &count));
-      c->set_output(0, c->Vector(count));
-      return tf::OkStatus();
-    })
+    .SetShapeFn(CountVector)
     .Doc("elements [first, first + count) of a level stream as float32(k) * scale / divisor.");
 
 class TwoPhaseDecodeOp : public tf::OpKernel {
  public:
   explicit TwoPhaseDecodeOp(tf::OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("first", &first_));
-    OP_REQUIRES_OK(c, c->GetAttr("count", &count_));
-    OP_REQUIRES_OK(c, c->GetAttr("nranks", &nranks_));
-    OP_REQUIRES_OK(c, c->GetAttr("bits", &bits_));
-    OP_REQUIRES_OK(c, c->GetAttr("divisor", &divisor_));
+    Attrs(c).Int("first", &first_, 0).Int("count", &count_, 0).Int("nranks", &nranks_, 1, kMaxRanks)
+        .Int("bits", &bits_, 1, 32).Float("divisor", &divisor_);
   }
   void Compute(tf::OpKernelContext* c) override {
     const tf::Tensor& stream = c->input(0);
@@ -390,12 +428,7 @@ REGISTER_OP("HvdextTopkExtract")
 
 class TopkExtractOp : public tf::OpKernel {
  public:
-  explicit TopkExtractOp(tf::OpKernelConstruction* c) : OpKernel(c) {
-    tf::int64 t = 0;
-    OP_REQUIRES_OK(c, c->GetAttr("value_type", &t));
-    OP_REQUIRES(c, t == 0 || t == 1, tf::errors::InvalidArgument("value_type must be 0 (fp16) or 1 (fp32)"));
-    type_ = static_cast<hvdext::ValueType>(t);
-  }
+  explicit TopkExtractOp(tf::OpKernelConstruction* c) : OpKernel(c) { Attrs(c).ValueType(&type_); }
   void Compute(tf::OpKernelContext* c) override {
     const tf::Tensor& g = c->input(0);
     const tf::Tensor& idx = c->input(1);
@@ -422,24 +455,14 @@ REGISTER_OP("HvdextTopkDecodeAverage")
     .Attr("divisor: float")
     .Output("average: float")
     .Output("bad_rank: int32")
-    .SetShapeFn([](InferenceContext* c) {
-      tf::int64 count;
-      TF_RETURN_IF_ERROR(c->GetAttr("count", &count));
-      c->set_output(0, c->Vector(count));
-      c->set_output(1, c->Scalar());
-      return tf::OkStatus();
-    })
+    .SetShapeFn(CountVector)
     .Doc("scatter-add N gathered top-k payloads / divisor; bad_rank is -1 or a rank with indices out of range.");
 
 class TopkDecodeAverageOp : public tf::OpKernel {
  public:
   explicit TopkDecodeAverageOp(tf::OpKernelConstruction* c) : OpKernel(c) {
-    tf::int64 t = 0;
-    OP_REQUIRES_OK(c, c->GetAttr("nranks", &nranks_));
-    OP_REQUIRES_OK(c, c->GetAttr("count", &count_));
-    OP_REQUIRES_OK(c, c->GetAttr("divisor", &divisor_));
-    OP_REQUIRES_OK(c, c->GetAttr("value_type", &t));
-    type_ = static_cast<hvdext::ValueType>(t);
+    Attrs(c).Int("nranks", &nranks_, 1, kMaxRanks).Int("count", &count_, 0).Float("divisor", &divisor_)
+        .ValueType(&type_);
   }
   void Compute(tf::OpKernelContext* c) override {
     const tf::Tensor& gathered = c->input(0);

@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include <tuple>
+#include <type_traits>
 
 #include "hvdext/ternary.h"
 #include "hvdext/topk.h"
@@ -30,6 +31,27 @@ bool on_gpu(const torch::Tensor& t, const char* op) {
   TORCH_CHECK(built_with_cuda(), op, ": horovod_ext was built without CUDA (no nvcc, or a CPU build of torch, when "
               "it was installed); reinstall it where both are present, or pass CPU tensors");
   return true;
+}
+
+// The one CPU/GPU dispatch of the ops that have a GPU kernel: a CUDA tensor runs `gpu` (HVDEXT_GPU(body): a lambda
+// in a CUDA build, nothing otherwise, where on_gpu raises a clear error), a CPU tensor runs `cpu` with the GIL
+// released (the core touches no Python object; libtorch's checks and allocations need no GIL). An op with a GPU
+// kernel is its checks, a CPU body and a GPU body.
+#ifdef HVDEXT_WITH_CUDA
+#define HVDEXT_GPU(...) [&]() __VA_ARGS__
+#else
+#define HVDEXT_GPU(...) nullptr
+#endif
+
+template <class Cpu, class Gpu>
+auto dispatch(const torch::Tensor& t, const char* op, Cpu&& cpu, Gpu&& gpu) {
+  if constexpr (!std::is_same_v<std::decay_t<Gpu>, std::nullptr_t>) {
+    if (on_gpu(t, op)) return gpu();
+  } else {
+    on_gpu(t, op);  // raises for a CUDA tensor in a build without GPU kernels
+  }
+  pybind11::gil_scoped_release release;
+  return cpu();
 }
 
 [[maybe_unused]] const float* cuda_float_data(const torch::Tensor& t, const char* what, const torch::Tensor& like) {
@@ -58,8 +80,10 @@ hvdext::Packing to_packing(int64_t packing) {
 }
 
 std::tuple<double, double> ternary_local_scale(const torch::Tensor& g, double clip, int64_t stream) {
-  if (on_gpu(g, "ternary_local_scale")) {
-#ifdef HVDEXT_WITH_CUDA
+  return dispatch(g, "ternary_local_scale", [&]() -> std::tuple<double, double> {
+    const hvdext::TernaryScale s = hvdext::ternary_local_scale(cpu_float_data(g, "gradient"), g.numel(), clip);
+    return {s.threshold, s.scale};
+  }, HVDEXT_GPU(-> std::tuple<double, double> {
     const float* data = cuda_float_data(g, "gradient", g);
     auto scratch = device_bytes(hvdext::cuda::ternary_scale_workspace_bytes(g.numel()), g);
     auto out = torch::empty({2}, g.options());
@@ -67,15 +91,7 @@ std::tuple<double, double> ternary_local_scale(const torch::Tensor& g, double cl
                                       as_stream(stream));
     const auto host = out.cpu();
     return {host[0].item<float>(), host[1].item<float>()};
-#endif
-  }
-  const float* data = cpu_float_data(g, "gradient");
-  hvdext::TernaryScale s;
-  {
-    pybind11::gil_scoped_release release;
-    s = hvdext::ternary_local_scale(data, g.numel(), clip);
-  }
-  return {s.threshold, s.scale};
+  }));
 }
 
 std::tuple<double, double, double, bool> gradient_stats(const torch::Tensor& g) {
@@ -93,57 +109,41 @@ int64_t ternary_payload_bytes(int64_t n, int64_t packing) { return hvdext::terna
 torch::Tensor ternary_encode(const torch::Tensor& g, double threshold, double scale, uint64_t seed, uint32_t step,
                              uint32_t tensor, uint32_t rank, int64_t packing, int64_t stream) {
   const hvdext::Packing p = to_packing(packing);
-  if (on_gpu(g, "ternary_encode")) {
-#ifdef HVDEXT_WITH_CUDA
-    auto payload = device_bytes(hvdext::ternary_payload_bytes(g.numel(), p), g);
-    hvdext::cuda::ternary_encode(cuda_float_data(g, "gradient", g), g.numel(), static_cast<float>(threshold),
-                                 static_cast<float>(scale), hvdext::RandomKey{seed, step, tensor, rank}, p,
-                                 payload.data_ptr<uint8_t>(), as_stream(stream));
-    return payload;
-#endif
-  }
-  const float* data = cpu_float_data(g, "gradient");
-  auto payload = torch::empty({hvdext::ternary_payload_bytes(g.numel(), p)}, torch::kUInt8);
   const hvdext::RandomKey key{seed, step, tensor, rank};
-  {
-    pybind11::gil_scoped_release release;
+  return dispatch(g, "ternary_encode", [&] {
+    const float* data = cpu_float_data(g, "gradient");
+    auto payload = torch::empty({hvdext::ternary_payload_bytes(g.numel(), p)}, torch::kUInt8);
     hvdext::ternary_encode(data, g.numel(), static_cast<float>(threshold), static_cast<float>(scale), key, p,
                            payload.data_ptr<uint8_t>());
-  }
-  return payload;
+    return payload;
+  }, HVDEXT_GPU({
+    auto payload = device_bytes(hvdext::ternary_payload_bytes(g.numel(), p), g);
+    hvdext::cuda::ternary_encode(cuda_float_data(g, "gradient", g), g.numel(), static_cast<float>(threshold),
+                                 static_cast<float>(scale), key, p, payload.data_ptr<uint8_t>(), as_stream(stream));
+    return payload;
+  }));
 }
 
 int64_t ternary_decode_average(const torch::Tensor& gathered, int64_t nranks, int64_t n, int64_t packing,
                                double divisor, torch::Tensor& out, int64_t stream) {
   const hvdext::Packing p = to_packing(packing);
-  if (on_gpu(gathered, "ternary_decode_average")) {
-#ifdef HVDEXT_WITH_CUDA
-    TORCH_CHECK(gathered.scalar_type() == torch::kUInt8 && gathered.is_contiguous(),
-                "gathered payloads must be a contiguous uint8 tensor");
-    TORCH_CHECK(gathered.numel() == nranks * hvdext::ternary_payload_bytes(n, p), "gathered payloads hold ",
-                gathered.numel(), " bytes, expected ", nranks, " x ", hvdext::ternary_payload_bytes(n, p));
-    TORCH_CHECK(out.numel() == n, "out holds ", out.numel(), " elements, expected ", n);
+  TORCH_CHECK(gathered.scalar_type() == torch::kUInt8 && gathered.is_contiguous(),
+              "gathered payloads must be a contiguous uint8 tensor");
+  TORCH_CHECK(gathered.numel() == nranks * hvdext::ternary_payload_bytes(n, p), "gathered payloads hold ",
+              gathered.numel(), " bytes, expected ", nranks, " x ", hvdext::ternary_payload_bytes(n, p));
+  TORCH_CHECK(out.numel() == n, "out holds ", out.numel(), " elements, expected ", n);
+  return dispatch(gathered, "ternary_decode_average", [&]() -> int64_t {
+    float* o = const_cast<float*>(cpu_float_data(out, "out"));
+    return hvdext::ternary_decode_average(gathered.data_ptr<uint8_t>(), static_cast<int>(nranks), n, p,
+                                          static_cast<float>(divisor), o);
+  }, HVDEXT_GPU(-> int64_t {
     auto flags = torch::empty({2}, gathered.options().dtype(torch::kInt32));
     hvdext::cuda::ternary_decode_average(gathered.data_ptr<uint8_t>(), static_cast<int>(nranks), n, p,
                                          static_cast<float>(divisor),
                                          const_cast<float*>(cuda_float_data(out, "out", gathered)),
                                          flags.data_ptr<int32_t>(), as_stream(stream));
     return flags.cpu()[0].item<int32_t>();
-#endif
-  }
-  TORCH_CHECK(gathered.device().is_cpu() && gathered.scalar_type() == torch::kUInt8 && gathered.is_contiguous(),
-              "gathered payloads must be a contiguous CPU uint8 tensor");
-  TORCH_CHECK(gathered.numel() == nranks * hvdext::ternary_payload_bytes(n, p), "gathered payloads hold ",
-              gathered.numel(), " bytes, expected ", nranks, " x ", hvdext::ternary_payload_bytes(n, p));
-  float* o = const_cast<float*>(cpu_float_data(out, "out"));
-  TORCH_CHECK(out.numel() == n, "out holds ", out.numel(), " elements, expected ", n);
-  int bad;
-  {
-    pybind11::gil_scoped_release release;
-    bad = hvdext::ternary_decode_average(gathered.data_ptr<uint8_t>(), static_cast<int>(nranks), n, p,
-                                         static_cast<float>(divisor), o);
-  }
-  return bad;
+  }));
 }
 
 uint8_t* cpu_bytes(const torch::Tensor& t, const char* what) {
@@ -216,41 +216,32 @@ const int32_t* cpu_int32_data(const torch::Tensor& t, const char* what) {
 
 double ef_accumulate(const torch::Tensor& g, torch::Tensor& r, int64_t stream) {
   TORCH_CHECK(g.numel() == r.numel(), "residual holds ", r.numel(), " elements, the gradient ", g.numel());
-  if (on_gpu(g, "ef_accumulate")) {
-#ifdef HVDEXT_WITH_CUDA
+  return dispatch(g, "ef_accumulate", [&] {
+    return hvdext::ef_accumulate(cpu_float_data(g, "gradient"), const_cast<float*>(cpu_float_data(r, "residual")),
+                                 g.numel());
+  }, HVDEXT_GPU({
     auto scratch = device_bytes(hvdext::cuda::ef_accumulate_workspace_bytes(g.numel()), g);
     auto sumsq = torch::empty({1}, g.options().dtype(torch::kFloat64));
     hvdext::cuda::ef_accumulate(cuda_float_data(g, "gradient", g), const_cast<float*>(cuda_float_data(r, "residual", g)),
                                 g.numel(), sumsq.data_ptr<double>(), scratch.data_ptr(), as_stream(stream));
     return sumsq.cpu().item<double>();
-#endif
-  }
-  const float* gd = cpu_float_data(g, "gradient");
-  float* rd = const_cast<float*>(cpu_float_data(r, "residual"));
-  TORCH_CHECK(g.numel() == r.numel(), "residual holds ", r.numel(), " elements, the gradient ", g.numel());
-  pybind11::gil_scoped_release release;
-  return hvdext::ef_accumulate(gd, rd, g.numel());
+  }));
 }
 
 torch::Tensor topk_select(const torch::Tensor& x, int64_t k, int64_t stream) {
-  if (on_gpu(x, "topk_select")) {
-#ifdef HVDEXT_WITH_CUDA
+  return dispatch(x, "topk_select", [&] {
+    const float* xd = cpu_float_data(x, "tensor");
+    auto out = torch::empty({k}, torch::kInt32);
+    hvdext::topk_select(xd, x.numel(), k, out.data_ptr<int32_t>());
+    return out;
+  }, HVDEXT_GPU({
     const int64_t bytes = hvdext::cuda::topk_workspace_bytes(x.numel(), k);
     auto scratch = device_bytes(bytes, x);
     auto out = torch::empty({k}, x.options().dtype(torch::kInt32));
     hvdext::cuda::topk_select(cuda_float_data(x, "tensor", x), x.numel(), k, out.data_ptr<int32_t>(),
                               scratch.data_ptr(), bytes, as_stream(stream));
     return out;
-#endif
-  }
-  const float* xd = cpu_float_data(x, "tensor");
-  auto out = torch::empty({k}, torch::kInt32);
-  int32_t* o = out.data_ptr<int32_t>();
-  {
-    pybind11::gil_scoped_release release;
-    hvdext::topk_select(xd, x.numel(), k, o);
-  }
-  return out;
+  }));
 }
 
 torch::Tensor topk_select_among(const torch::Tensor& x, const torch::Tensor& candidates, int64_t k) {
@@ -270,27 +261,21 @@ double sum_squares_at(const torch::Tensor& x, const torch::Tensor& idx) {
 }
 
 torch::Tensor topk_extract(torch::Tensor& r, const torch::Tensor& idx, int64_t value_type, int64_t stream) {
-  if (on_gpu(r, "topk_extract")) {
-#ifdef HVDEXT_WITH_CUDA
+  const hvdext::ValueType t = to_value_type(value_type);
+  return dispatch(r, "topk_extract", [&] {
+    float* rd = const_cast<float*>(cpu_float_data(r, "residual"));
+    const int32_t* id = cpu_int32_data(idx, "indices");
+    auto payload = torch::empty({hvdext::topk_payload_bytes(idx.numel(), t)}, torch::kUInt8);
+    hvdext::topk_extract(rd, id, idx.numel(), t, payload.data_ptr<uint8_t>());
+    return payload;
+  }, HVDEXT_GPU({
     TORCH_CHECK(idx.device() == r.device() && idx.scalar_type() == torch::kInt32 && idx.is_contiguous(),
                 "indices must be a contiguous int32 tensor on ", r.device());
-    const hvdext::ValueType t = to_value_type(value_type);
     auto payload = device_bytes(hvdext::topk_payload_bytes(idx.numel(), t), r);
     hvdext::cuda::topk_extract(const_cast<float*>(cuda_float_data(r, "residual", r)), idx.data_ptr<int32_t>(),
                                idx.numel(), t, payload.data_ptr<uint8_t>(), as_stream(stream));
     return payload;
-#endif
-  }
-  float* rd = const_cast<float*>(cpu_float_data(r, "residual"));
-  const int32_t* id = cpu_int32_data(idx, "indices");
-  const hvdext::ValueType t = to_value_type(value_type);
-  auto payload = torch::empty({hvdext::topk_payload_bytes(idx.numel(), t)}, torch::kUInt8);
-  uint8_t* p = payload.data_ptr<uint8_t>();
-  {
-    pybind11::gil_scoped_release release;
-    hvdext::topk_extract(rd, id, idx.numel(), t, p);
-  }
-  return payload;
+  }));
 }
 
 int64_t topk_decode_average(const torch::Tensor& gathered, int64_t nranks, int64_t k, int64_t n, int64_t value_type,
