@@ -120,6 +120,7 @@ class GradientAggregator(tf.Module):
         """Horovod's register_local_var / register_local_source: this variable's gradient stays local."""
         self._local_refs.add(id(var))
 
+    @tf.autograph.experimental.do_not_convert  # Python that builds the step's ops: autograph must not rewrite it
     def aggregate(self, grads, variables):
         """The averaged (or summed) gradients, in the order given; None gradients stay None. Gradients of local
         variables stay local; IndexedSlices travel by Horovod's sparse allreduce unless sparse_as_dense."""

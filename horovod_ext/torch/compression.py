@@ -1,8 +1,8 @@
-"""hvd.Compression for PyTorch: Horovod's none and fp16 (linear, by allreduce), plus horovod-ext's payload
-compressors (by allgather). Each is usable bare (defaults) or called with arguments:
-``Compression.ternary`` or ``Compression.ternary(clip=2.5, shared_scale=False, packing="base3", min_size=1024,
-seed=None)``; ``Compression.topk(ratio=0.01, error_feedback=True, value_dtype="fp16")``;
-``Compression.adaptive_topk(min_cf=10, max_cf=1000, epsilon=0.9, window=500, omega=0.01, policy="exponential")``."""
+"""hvd.Compression for PyTorch: Horovod's none and fp16 (linear, by allreduce), plus every compressor in horovod-ext's
+registry (horovod_ext.compression.registry: ternary, topk, adaptive_topk, and any registered later), the same specs
+as in TensorFlow. Each is usable bare (defaults) or called with arguments, e.g. ``Compression.ternary(clip=2.5)``,
+``Compression.topk(ratio=0.01)``, ``Compression.adaptive_topk()``; their arguments are documented on their specs
+(horovod_ext/compression/ternary.py, topk.py)."""
 from horovod.torch.compression import Compression as HorovodCompression
 
 from horovod_ext.compression.registry import expose
