@@ -55,12 +55,13 @@ class Item:
     """One gradient of the step: its position, name, the framework's tensor and what the stages leave on it."""
 
     __slots__ = ("index", "name", "grad", "numel", "itemsize", "kind", "future", "flat", "scale", "threshold",
-                 "k", "candidates", "payload_bytes", "param", "result")
+                 "k", "candidates", "energy", "payload_bytes", "param", "result")
 
     def __init__(self, index, name, grad, numel, itemsize, param=None):
         self.index, self.name, self.grad, self.numel, self.itemsize = index, name, grad, int(numel), int(itemsize)
         self.param = param
         self.kind = self.future = self.flat = self.scale = self.threshold = self.k = self.candidates = None
+        self.energy = None
         self.result = None  # TensorFlow: the averaged gradient (PyTorch writes it into .grad)
         self.payload_bytes = None
 
@@ -102,6 +103,9 @@ class Method:
     def load_state(self, be, residuals):
         if self.feedback is not None:
             self.feedback.load_state(be, residuals)
+
+    def abandon_step(self):
+        """Launched gradients were dropped before finish() (a checkpoint was loaded): forget the step's state."""
 
     def on_error(self, be):
         """A step failed on every rank: what error feedback kept is dropped, so that no NaN survives in it."""

@@ -59,9 +59,14 @@ class TopKCodec(Codec):
 
 
 class AdaptiveTopKMethod(Method):
-    """GraVAC's step. launch() only takes the gradient; finish() does, for all tensors at once:
-     1. g_ef = g + r; top-k at theta_min and, among those, at the candidate theta_c (multi-level compression);
-     2. one allreduce(Average) of |g_ef|^2, |C_min(g_ef)|^2, |C_c(g_ef)|^2 and this rank's step time;
+    """GraVAC's step.
+     1. launch(), per tensor as soon as its gradient is ready (in PyTorch's backward hook, overlapping the rest of
+        backward): g_ef = g + r; top-k at theta_min and, among those, at the candidate theta_c (multi-level
+        compression); the three squared norms. theta_min and theta_c are the controller's for this step, read once
+        at the step's first launch (they only change at a decision).
+    finish(), for all tensors at once:
+     2. one allreduce(Average) of |g_ef|^2, |C_min(g_ef)|^2, |C_c(g_ef)|^2 (summed in parameter order) and this
+        rank's step time;
      3. the controller's decision (on the host: every rank has the same averages, so takes the same one);
      4. the chosen path: the candidate's or theta_min's payloads by allgather (r keeps the rest), or g_ef dense by
         allreduce (r = 0). Its bytes are counted when the decision is taken (count_decided)."""
@@ -71,13 +76,27 @@ class AdaptiveTopKMethod(Method):
         self.codec = TopKCodec(spec, be)
         self.feedback = ErrorFeedback(self.codec)
         self.controller = GravacController(spec, be.nranks)
+        self.step_cfs = None  # (theta_min, theta_c) of the step being launched
 
     def launch(self, be, item):
         item.kind = "payload"
         count_dense(be, item)
+        self.be, self.nranks = be, be.nranks
+        if self.step_cfs is None:
+            self.step_cfs = be.host(self._cfs, [], ("float64", "float64"))
+        theta_min, theta_c = self.step_cfs
+        k = be.kernels
         with be.timed("compress_seconds"):
-            item.flat = be.flat32(item.grad)
+            item.flat, sumsq = self.feedback.accumulate(be, item, be.flat32(item.grad))
+            k_min = be.k_of(item.numel, theta_min)
+            first = k.topk_select(item.flat, k_min)
+            second = k.topk_select_among(item.flat, first, be.k_of(item.numel, theta_c, upper=k_min))
+            item.candidates = (second, first)
+            item.energy = (sumsq, k.sum_squares_at(item.flat, first), k.sum_squares_at(item.flat, second))
         return item
+
+    def abandon_step(self):
+        self.step_cfs = None
 
     def launch_dense(self, be, item):
         self.controller.forget_step_time()  # no decision this step: the next step's time is not the last CF's
@@ -106,22 +125,9 @@ class AdaptiveTopKMethod(Method):
                 "compressed_elements": sum(self.sizes)}
 
     def finish(self, be, items):
-        self.be, self.nranks = be, be.nranks
-        k = be.kernels
-        theta_min, theta_c = be.host(self._cfs, [], ("float64", "float64"))
-        energy = [[], [], []]
-        with be.timed("compress_seconds"):
-            for item in items:
-                item.flat, sumsq = self.feedback.accumulate(be, item, item.flat)
-                k_min = be.k_of(item.numel, theta_min)
-                first = k.topk_select(item.flat, k_min)
-                second = k.topk_select_among(item.flat, first, be.k_of(item.numel, theta_c, upper=k_min))
-                item.candidates = (second, first)
-                energy[0].append(sumsq)
-                energy[1].append(k.sum_squares_at(item.flat, first))
-                energy[2].append(k.sum_squares_at(item.flat, second))
+        self.step_cfs = None
         elapsed, = be.host(self.controller.seconds_since_decision, [], ("float64",))
-        norms = be.stack([be.sum(e) for e in energy] + [elapsed], "float64")
+        norms = be.stack([be.sum([item.energy[j] for item in items]) for j in range(3)] + [elapsed], "float64")
         agreed = be.wait(be.allreduce(norms, be.step_name("adaptive_topk.norms"), "average"))
         be.count(payload_bytes=NORM_BYTES, wire_bytes=allreduce_wire_bytes(NORM_BYTES, be.nranks))
         be.require(be.all_finite(agreed), "every tensor (the squared norms of the gradients are not finite on "
@@ -136,7 +142,7 @@ class AdaptiveTopKMethod(Method):
             be.require(be.equal(bad, -1), self.codec.bad_payload % (repr(item.name),), bad)
             be.write(item, avg)
             be.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
-            item.flat = item.candidates = None
+            item.flat = item.candidates = item.energy = None
 
     def _sparse(self, be, items, which, tag):
         """Send each tensor's selection `which` by allgather; returns the averages, then the bad-rank flags."""

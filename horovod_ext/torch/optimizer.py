@@ -338,6 +338,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         ours = state_dict.pop(STATE_KEY, None)
         if self._hx_pending:
             drain(list(item.future for item in self._hx_pending.values()))
+            if self._hx_method is not None:
+                self._hx_method.abandon_step()
         self._hx_pending = {}
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
         self._hx_synchronized = False
