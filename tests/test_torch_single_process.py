@@ -46,6 +46,28 @@ def test_init_enables_dynamic_process_sets_unless_given_its_own():
     assert calls == [(None, "dynamic"), (None, ["given"]), ([0, 1], "dynamic")]
 
 
+def test_init_with_tensorflow_imported_too_keeps_every_rank_in_the_global_process_set():
+    """Horovod 0.28.1 resolves process sets through the framework imported last: torch initialized after importing
+    horovod.tensorflow left global_process_set.ranks == [], and an optimizer that trusted included() skipped every
+    step. horovod_ext's init repairs it (a fresh process: the import order is the point)."""
+    import subprocess
+    import sys
+
+    code = ("import horovod_ext.torch as hvd, horovod.tensorflow, torch\n"
+            "from horovod.common.process_sets import global_process_set as g\n"
+            "hvd.init()\n"
+            "assert g.ranks == [0] and g.included() is True, g.ranks\n"
+            "p = torch.nn.Parameter(torch.zeros(3000))\n"
+            "opt = hvd.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), named_parameters=[('p', p)],\n"
+            "                               compression=hvd.Compression.topk(ratio=0.1))\n"
+            "p.grad = torch.ones(3000); opt.step()\n"
+            "assert opt.compression_stats()['steps'] == 1 and float(p.abs().sum()) == 300.0\n"
+            "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(__import__("os").environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
 def test_non_float32_parameters(dtype):
     m = model(dtype)

@@ -76,12 +76,13 @@ class AdaptiveTopKMethod(Method):
         self.codec = TopKCodec(spec, be)
         self.feedback = ErrorFeedback(self.codec)
         self.controller = GravacController(spec, be.nranks)
+        self.be, self.nranks = be, be.nranks
         self.step_cfs = None  # (theta_min, theta_c) of the step being launched
+        self.step_sizes = list(self.sizes)  # the sizes of the tensors this step compresses
 
     def launch(self, be, item):
         item.kind = "payload"
         count_dense(be, item)
-        self.be, self.nranks = be, be.nranks
         if self.step_cfs is None:
             self.step_cfs = be.host(self._cfs, [], ("float64", "float64"))
         theta_min, theta_c = self.step_cfs
@@ -118,14 +119,14 @@ class AdaptiveTopKMethod(Method):
     def decision_bytes(self, path, cf):
         """What one step on `path` at `cf` hands to Horovod, from the C++ core's sizes."""
         if path == "dense":
-            nbytes = 4 * sum(self.sizes)
+            nbytes = 4 * sum(self.step_sizes)
             return {"payload_bytes": nbytes, "wire_bytes": allreduce_wire_bytes(nbytes, self.nranks)}
-        nbytes = sum(self.codec.payload_bytes(n, cf) for n in self.sizes)
+        nbytes = sum(self.codec.payload_bytes(n, cf) for n in self.step_sizes)
         return {"payload_bytes": nbytes, "wire_bytes": allgather_wire_bytes(nbytes, self.nranks),
-                "compressed_elements": sum(self.sizes)}
+                "compressed_elements": sum(self.step_sizes)}
 
     def finish(self, be, items):
-        self.step_cfs = None
+        self.step_cfs, self.step_sizes = None, [item.numel for item in items]
         elapsed, = be.host(self.controller.seconds_since_decision, [], ("float64",))
         norms = be.stack([be.sum([item.energy[j] for item in items]) for j in range(3)] + [elapsed], "float64")
         agreed = be.wait(be.allreduce(norms, be.step_name("adaptive_topk.norms"), "average"))

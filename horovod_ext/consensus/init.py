@@ -1,11 +1,25 @@
 """hvd.init for horovod_ext: Horovod's init with dynamic process sets on (unless the caller passes its own), so
-that LeaderOptimizer can make its groups into process sets after init without the user building them."""
+that LeaderOptimizer can make its groups into process sets after init without the user building them.
+
+It also repairs Horovod 0.28.1's process-set bookkeeping in a process that has imported both horovod.torch and
+horovod.tensorflow: horovod.common.process_sets keeps one module-global "basics", the framework imported last, and
+Horovod's init resolves the process sets' ranks through it before pointing it at the framework being initialized.
+Initializing torch after TensorFlow was imported (or the other way round) left global_process_set.ranks == [] (the
+uninitialized framework's answer), so ProcessSet.included() read False on every rank. init resolves them again
+through the framework it initialized."""
+from horovod.common import process_sets as _process_sets
 
 
-def make_init(horovod_init):
+def make_init(horovod_init, basics=None):
     def init(comm=None, process_sets=None):
         """horovod's ``init(comm=None, process_sets=None)``; with no process sets given, it enables Horovod's
         dynamic process sets (``process_sets="dynamic"``), which LeaderOptimizer's groups need."""
-        return horovod_init(comm, process_sets="dynamic" if process_sets is None else process_sets)
+        result = horovod_init(comm, process_sets="dynamic" if process_sets is None else process_sets)
+        if basics is None:
+            return result
+        _process_sets._setup(basics)
+        given = [] if process_sets is None or isinstance(process_sets, str) else list(process_sets)
+        _process_sets._init_process_sets(given)
+        return result
 
     return init

@@ -14,4 +14,4 @@ from .compression import Compression  # noqa: E402
 from .gradient_tape import DistributedGradientTape  # noqa: E402
 from .leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402
 
-init = make_init(_horovod.init)
+init = make_init(_horovod.init, _horovod.mpi_ops._basics)

@@ -66,7 +66,7 @@ class TFBackend:
 
     @staticmethod
     def sum(values):
-        return tf.add_n(values)
+        return tf.add_n(values) if values else tf.constant(0.0, tf.float64)
 
     @staticmethod
     def sub(a, b):

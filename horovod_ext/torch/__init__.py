@@ -15,4 +15,4 @@ from .functions import broadcast_optimizer_state  # noqa: E402
 from .leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402
 from .optimizer import DistributedOptimizer  # noqa: E402
 
-init = make_init(_horovod.init)
+init = make_init(_horovod.init, _horovod.mpi_ops._basics)

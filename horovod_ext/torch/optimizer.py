@@ -241,7 +241,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self):
         """Finish every gradient's communication and write the averaged gradients into .grad."""
-        if not self._hx_process_set.included():
+        # Only a rank outside the process set skips (every rank is in the global one: Horovod's included() can
+        # read False for it when horovod.tensorflow was imported too, see horovod_ext.consensus.init).
+        if self._hx_process_set is not global_process_set and not self._hx_process_set.included():
             self._hx_synchronized = True
             return
         self._hx_agree()

@@ -22,4 +22,4 @@ from .optimizer import DistributedOptimizer  # noqa: E402
 
 # `from . import callbacks` would return the `callbacks` the star import bound (Horovod's, for Keras 2).
 callbacks = importlib.import_module(".callbacks", __name__)
-init = make_init(_horovod.init)
+init = make_init(_horovod.init, _horovod.mpi_ops._basics)
