@@ -113,3 +113,12 @@ def test_resume_pattern_with_the_leader_optimizers(results, kind):
         assert rec["after"]["step"] == 5
     assert a["after"] == b["after"]
     assert a["sync"] == b["sync"]
+
+
+@pytest.mark.parametrize("name", ["adaptive_topk", "ternary_shared"])
+def test_join_every_epoch_does_not_hang(name):
+    """After a first hvd.join() the ranks have taken different numbers of steps; the next epoch's step-level
+    collectives (GraVAC's norms, the shared scales) must still pair up across ranks."""
+    results, _ = horovodrun(2, "tests/workers/join_twice_worker.py", name, timeout=180)
+    assert [r["steps"] for r in results] == [6, 10]
+    assert [r["join_dense_steps"] for r in results] == [0, 4]

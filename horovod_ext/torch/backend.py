@@ -65,8 +65,11 @@ class TorchBackend:
         self.round = 0
         self.errors = []
 
-    def begin_finish(self):
-        self.round += 1
+    def begin_finish(self, dense_step=False):
+        """A step's finish begins. Only steps every rank takes advance the round in step-level collective names:
+        a rank that has called hvd.join() takes no part in the dense steps of the others."""
+        if not dense_step:
+            self.round += 1
         self.errors = []
 
     # ------------------------------------------------------------------------------------------------ tensors

@@ -260,7 +260,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         dense_step = self._hx_training is not None and a_rank_joined(self._hx_training, self._hx_process_set.size())
         self._hx_training = None
         be = self._hx_backend
-        be.begin_finish()
+        be.begin_finish(dense_step)
         try:
             if dense_step:
                 self._hx_method.finish_dense(be, ordered)
