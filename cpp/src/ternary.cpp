@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <vector>
 
+#include "hvdext/coding.h"
 #include "hvdext/philox.h"
 #include "hvdext/reduce.h"
 
@@ -17,6 +19,10 @@ namespace {
 
 // Elements per chunk: a multiple of 20 so that chunks start on a Philox block (4) and on a packed byte (4 or 5).
 constexpr int64_t kChunk = 4000;
+
+// "entropy": varint length (at most 5 bytes below 2^35), crc32, float32 scale, mode byte.
+constexpr int64_t kEntropyOverhead = 5 + 4 + 4 + 1;
+enum EntropyMode : uint8_t { kSparseCodes = 0, kBase3Codes = 1 };
 
 int codes_per_byte(Packing packing) { return packing == Packing::kTwoBit ? 4 : 5; }
 
@@ -111,6 +117,11 @@ TernaryScale ternary_local_scale(const float* g, int64_t n, double clip) {
     if (sigma > 0.0) threshold = static_cast<float>(clip * sigma);
   }
   return {threshold, std::min(st.maxabs, threshold)};
+}
+
+int64_t ternary_payload_bytes(int64_t n, Packing packing) {
+  if (packing == Packing::kEntropy) return kEntropyOverhead + ternary_packed_bytes(n, Packing::kBase3);
+  return kTernaryHeaderBytes + ternary_packed_bytes(n, packing);
 }
 
 int64_t ternary_packed_bytes(int64_t n, Packing packing) {
@@ -256,6 +267,241 @@ int ternary_decode_average(const uint8_t* gathered, int nranks, int64_t n, Packi
     } else {
       for (int64_t k = 0; k < m; ++k) o[k] = acc[k] / divisor;
     }
+  }
+  return -1;
+}
+
+// ------------------------------------------------------------------------------------------- "entropy" packing
+
+namespace {
+
+// Codes the non-zero codes of each block of kStreamBlock (= kChunk) codes, as they are drawn.
+static_assert(kStreamBlock == kChunk, "a chunk of codes is a block of the stream");
+
+// offsets[mask]: the set bits of an 8-bit mask, lowest first (the rest 0).
+struct CompactionTable {
+  uint8_t offsets[256][8];
+  uint8_t count[256];
+  CompactionTable() {
+    for (int mask = 0; mask < 256; ++mask) {
+      int n = 0;
+      for (int j = 0; j < 8; ++j) offsets[mask][j] = 0;
+      for (int j = 0; j < 8; ++j) {
+        if (mask & (1 << j)) offsets[mask][n++] = static_cast<uint8_t>(j);
+      }
+      count[mask] = static_cast<uint8_t>(n);
+    }
+  }
+};
+const CompactionTable kCompaction;
+
+// The offsets of the non-zero codes among m (codes has 8 readable bytes past them) into pos (m + 8 entries);
+// returns their count. Branch-free, 8 codes at a time.
+int64_t compact_nonzero(const uint8_t* codes, int64_t m, uint32_t* pos) {
+  int64_t count = 0;
+  for (int64_t base = 0; base < m; base += 8) {
+    uint64_t w;
+    std::memcpy(&w, codes + base, 8);
+    if (base + 8 > m) w &= (uint64_t{1} << (8 * (m - base))) - 1;
+    // bit j of `mask`: code j is non-zero (codes are 0, 1 or 2)
+    const unsigned mask =
+        static_cast<unsigned>((((w | (w >> 1)) & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56);
+    const uint8_t* offsets = kCompaction.offsets[mask];
+    uint32_t* out = pos + count;
+    for (int j = 0; j < 8; ++j) out[j] = static_cast<uint32_t>(base) + offsets[j];
+    count += kCompaction.count[mask];
+  }
+  return count;
+}
+
+class CodeStream {
+ public:
+  explicit CodeStream(int64_t n) : writer_(true, false, n / 4) {}
+  // One block: m codes (codes has 8 readable bytes past them).
+  void add(const uint8_t* codes, int64_t m) {
+    alignas(64) uint32_t pos[kChunk + 8];
+    alignas(64) uint8_t signs[kChunk + 8];
+    const int64_t count = compact_nonzero(codes, m, pos);
+    for (int64_t i = 0; i < count; ++i) signs[i] = codes[pos[i]] >> 1;
+    writer_.block(m, pos, count, signs, nullptr);
+    nonzero_ += count;
+  }
+  const SparseWriter& writer() const { return writer_; }
+  int64_t nonzero() const { return nonzero_; }
+
+ private:
+  SparseWriter writer_;
+  int64_t nonzero_ = 0;
+};
+
+void check_entropy_size(int64_t n) {
+  if (n < 0 || n >= (int64_t{1} << 31)) {
+    throw std::invalid_argument("packing \"entropy\" takes tensors of fewer than 2^31 elements");
+  }
+}
+
+// The frame of one payload: the sparse stream, or the base-3 codes where those are fewer bytes.
+std::vector<uint8_t> entropy_frame(const CodeStream& stream, int64_t n, float scale,
+                                   const std::function<void(uint8_t*)>& codes_of) {
+  std::vector<uint8_t> body(4 + sizeof(float));  // the CRC's place, the scale
+  std::memcpy(body.data() + 4, &scale, sizeof(float));
+  const int64_t base3 = ternary_packed_bytes(n, Packing::kBase3);
+  if (static_cast<int64_t>((stream.writer().bits() + 7) / 8) <= base3) {
+    body.push_back(kSparseCodes);
+    stream.writer().append_to(&body);
+  } else {  // mostly non-zero codes: base 3 is smaller
+    std::vector<uint8_t> codes(static_cast<size_t>(n) + 8, 0);
+    codes_of(codes.data());
+    body.push_back(kBase3Codes);
+    const size_t at = body.size();
+    body.resize(at + static_cast<size_t>(base3));
+    ternary_pack_codes(codes.data(), n, Packing::kBase3, body.data() + at);
+  }
+  return frame(std::move(body));
+}
+
+struct EntropyPayload {
+  float scale;
+  uint8_t mode;
+  const uint8_t* body;
+  int64_t bytes;
+};
+
+EntropyPayload read_entropy_payload(const Frame& f, int64_t n, const char* what) {
+  if (f.size < 5) BitReader::fail(what);
+  EntropyPayload p;
+  std::memcpy(&p.scale, f.data, sizeof(float));
+  p.mode = f.data[4];
+  p.body = f.data + 5;
+  p.bytes = f.size - 5;
+  if (p.mode == kBase3Codes) {
+    if (p.bytes != ternary_packed_bytes(n, Packing::kBase3)) BitReader::fail(what);
+    for (int64_t i = 0; i < p.bytes; ++i) {
+      if (p.body[i] > 242) BitReader::fail(what);
+    }
+  } else if (p.mode != kSparseCodes) {
+    BitReader::fail(what);
+  }
+  return p;
+}
+
+// visit(position, value) for each non-zero code (value +1 or -1), in position order.
+template <typename Visit>
+void for_each_nonzero(const EntropyPayload& p, int64_t n, const char* what, Visit visit) {
+  if (p.mode == kSparseCodes) {
+    read_sparse_stream(p.body, p.bytes, n, kStreamBlock, true, false, what,
+                       [&](int64_t position, int sign, int64_t) { visit(position, 1 - 2 * sign); });
+    return;
+  }
+  for (int64_t i = 0; i < p.bytes; ++i) {
+    const int8_t* v = kTables.base3[p.body[i]];
+    for (int j = 0; j < 5; ++j) {
+      const int64_t position = 5 * i + j;
+      if (v[j] != 0 && position < n) visit(position, v[j]);
+    }
+  }
+}
+
+// Frames of the nranks payloads, checked: they must fill `bytes` exactly.
+std::vector<EntropyPayload> read_payloads(const uint8_t* gathered, int64_t bytes, int nranks, int64_t n,
+                                          const char* what) {
+  std::vector<EntropyPayload> payloads;
+  int64_t offset = 0;
+  for (int r = 0; r < nranks; ++r) {
+    const Frame f = unframe(gathered, bytes, offset, what, r);
+    const std::string where = std::string(what) + " from rank " + std::to_string(r) + " is malformed";
+    payloads.push_back(read_entropy_payload(f, n, where.c_str()));
+    offset = f.next;
+  }
+  if (offset != bytes) {
+    throw CorruptPayload(std::string(what) + ": " + std::to_string(bytes - offset) +
+                         " bytes follow the last rank's payload (the sizes do not match)");
+  }
+  return payloads;
+}
+
+}  // namespace
+
+std::vector<uint8_t> ternary_encode_entropy(const float* g, int64_t n, float threshold, float scale,
+                                            const RandomKey& key) {
+  check_entropy_size(n);
+  CodeStream stream(n);
+  if (encodes_zeros(scale)) {
+    alignas(64) static const uint8_t kZeros[kChunk + 8] = {0};
+    for (int64_t start = 0; start < n; start += kChunk) stream.add(kZeros, std::min(kChunk, n - start));
+  } else {
+    for_each_code_chunk(g, n, threshold, scale, key,
+                        [&](int64_t, int64_t m, const uint8_t* codes) { stream.add(codes, m); });
+  }
+  return entropy_frame(stream, n, scale, [&](uint8_t* codes) { ternary_encode_codes(g, n, threshold, scale, key, codes); });
+}
+
+std::vector<uint8_t> ternary_codes_encode_entropy(const uint8_t* codes, int64_t n, float scale) {
+  check_entropy_size(n);
+  CodeStream stream(n);
+  for (int64_t start = 0; start < n; start += kChunk) stream.add(codes + start, std::min(kChunk, n - start));
+  return entropy_frame(stream, n, scale, [&](uint8_t* out) { std::memcpy(out, codes, static_cast<size_t>(n)); });
+}
+
+int ternary_decode_average_entropy(const uint8_t* gathered, int64_t bytes, int nranks, int64_t n, float divisor,
+                                   float* out) {
+  if (nranks <= 0) throw std::invalid_argument("nranks must be >= 1");
+  check_entropy_size(n);
+  const char* what = "ternary payload";
+  const std::vector<EntropyPayload> payloads = read_payloads(gathered, bytes, nranks, n, what);
+  bool shared = true;
+  for (int r = 0; r < nranks; ++r) {
+    if (!std::isfinite(payloads[r].scale)) return r;
+    shared = shared && payloads[r].scale == payloads[0].scale;
+  }
+  // Shared scale: the exact integer sums (held in float32, |sum| <= N), times s, / divisor. Otherwise the float32
+  // sum of s_r * v_r in rank order: zero codes add +0.0, which changes no sum (it is never -0.0), so only the
+  // non-zero codes are visited; the bits are those of ternary_decode_average.
+  std::fill(out, out + n, 0.0f);
+  for (int r = 0; r < nranks; ++r) {
+    const std::string where = std::string(what) + " from rank " + std::to_string(r) + " is malformed";
+    const float s = payloads[r].scale;
+    if (shared) {
+      for_each_nonzero(payloads[r], n, where.c_str(), [&](int64_t k, int v) { out[k] += static_cast<float>(v); });
+    } else {
+      for_each_nonzero(payloads[r], n, where.c_str(),
+                       [&](int64_t k, int v) { out[k] += s * static_cast<float>(v); });
+    }
+  }
+  if (shared) {
+    const float s = payloads[0].scale;
+    for (int64_t k = 0; k < n; ++k) out[k] = (out[k] * s) / divisor;
+  } else {
+    for (int64_t k = 0; k < n; ++k) out[k] = out[k] / divisor;
+  }
+  return -1;
+}
+
+int ternary_entropy_to_packed(const uint8_t* received, int64_t bytes, int nranks, int64_t count, Packing packing,
+                              uint8_t* packed) {
+  check_packing(packing);
+  check_entropy_size(count);
+  const int64_t stride = ternary_packed_bytes(count, packing);
+  std::memset(packed, 0, static_cast<size_t>(stride * nranks));
+  std::vector<uint8_t> codes(static_cast<size_t>(count) + 8);
+  int64_t offset = 0;
+  for (int r = 0; r < nranks; ++r) {
+    try {
+      const Frame f = unframe(received, bytes, offset, "two-phase chunk", r);
+      const EntropyPayload p = read_entropy_payload(f, count, "two-phase chunk");
+      std::fill(codes.begin(), codes.end(), 0);
+      for_each_nonzero(p, count, "two-phase chunk",
+                       [&](int64_t k, int v) { codes[static_cast<size_t>(k)] = v > 0 ? 1 : 2; });
+      ternary_pack_codes(codes.data(), count, packing, packed + r * stride);
+      offset = f.next;
+    } catch (const CorruptPayload&) {
+      std::memset(packed, 0, static_cast<size_t>(stride * nranks));
+      return r;
+    }
+  }
+  if (offset != bytes) {
+    std::memset(packed, 0, static_cast<size_t>(stride * nranks));
+    return nranks - 1;
   }
   return -1;
 }

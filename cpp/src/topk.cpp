@@ -2,11 +2,13 @@
 #include "hvdext/topk.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <stdexcept>
 #include <vector>
 
+#include "hvdext/coding.h"
 #include "hvdext/common.h"
 #include "hvdext/reduce.h"
 
@@ -212,6 +214,100 @@ int topk_decode_average(const uint8_t* gathered, int nranks, int64_t k, int64_t 
   }
   for (int64_t i = 0; i < n; ++i) out[i] /= divisor;
   return -1;
+}
+
+int64_t topk_coded_max_bytes(int64_t k, int64_t n, ValueType type) {
+  (void)n;
+  return 5 + 4 + 1 + 5 + 4 + k * value_bytes(type) + 2 + (k + 1) * 40 / 8 + 8;
+}
+
+std::vector<uint8_t> topk_extract_coded(float* r, const int32_t* idx, int64_t k, int64_t n, ValueType type) {
+  check_k(n, k);
+  std::vector<uint8_t> body(4);
+  body.push_back(static_cast<uint8_t>(type));
+  put_varint(static_cast<uint64_t>(k), &body);
+  const bool ternary = type == ValueType::kTernary;
+  std::vector<uint32_t> positions(static_cast<size_t>(k));
+  std::vector<uint8_t> signs(ternary ? static_cast<size_t>(k) : 0);
+  int64_t last = -1;
+  for (int64_t j = 0; j < k; ++j) {
+    if (idx[j] <= last || idx[j] >= n) throw std::invalid_argument("top-k indices must be ascending, in [0, n)");
+    positions[static_cast<size_t>(j)] = static_cast<uint32_t>(idx[j]);
+    last = idx[j];
+  }
+  if (type == ValueType::kTernary) {
+    double total = 0.0;
+    for (int64_t j = 0; j < k; ++j) total += std::fabs(static_cast<double>(r[idx[j]]));
+    const float mu = static_cast<float>(total / static_cast<double>(k));
+    const size_t at = body.size();
+    body.resize(at + 4);
+    std::memcpy(body.data() + at, &mu, 4);
+    for (int64_t j = 0; j < k; ++j) {
+      const float v = r[idx[j]];
+      const bool negative = v < 0.0f;
+      signs[static_cast<size_t>(j)] = negative;
+      r[idx[j]] = v - (negative ? -mu : mu);
+    }
+  } else {
+    const size_t at = body.size();
+    body.resize(at + static_cast<size_t>(k * value_bytes(type)));
+    std::vector<int32_t> copy(idx, idx + k);  // topk_extract writes indices first; only its values are kept
+    std::vector<uint8_t> fixed(static_cast<size_t>(topk_payload_bytes(k, type)));
+    topk_extract(r, copy.data(), k, type, fixed.data());
+    std::memcpy(body.data() + at, fixed.data() + 4 * k, static_cast<size_t>(k * value_bytes(type)));
+  }
+  SparseWriter writer(ternary, false);
+  writer.block(n, positions.data(), k, signs.data(), nullptr);  // one block: the whole tensor
+  writer.append_to(&body);
+  return frame(std::move(body));
+}
+
+void topk_decode_average_coded(const uint8_t* gathered, int64_t bytes, int nranks, int64_t n, float divisor,
+                               float* out) {
+  if (nranks <= 0) throw std::invalid_argument("nranks must be >= 1");
+  std::vector<Frame> frames;  // every CRC checked before out is touched
+  int64_t offset = 0;
+  for (int r = 0; r < nranks; ++r) {
+    frames.push_back(unframe(gathered, bytes, offset, "top-k payload", r));
+    offset = frames.back().next;
+  }
+  if (offset != bytes) throw CorruptPayload("top-k payloads: trailing bytes (the sizes do not match)");
+  std::fill(out, out + n, 0.0f);
+  for (int r = 0; r < nranks; ++r) {
+    const Frame& f = frames[static_cast<size_t>(r)];
+    const std::string where = "top-k payload from rank " + std::to_string(r) + " is malformed";
+    const char* what = where.c_str();
+    if (f.size < 2 || f.data[0] > 2) BitReader::fail(what);
+    const ValueType type = static_cast<ValueType>(f.data[0]);
+    int used = 0;
+    const uint64_t k = get_varint(f.data + 1, f.size - 1, &used, what);
+    if (k < 1 || k > static_cast<uint64_t>(n)) BitReader::fail(what);
+    const uint8_t* values = f.data + 1 + used;
+    const int64_t value_area = type == ValueType::kTernary ? 4 : static_cast<int64_t>(k) * value_bytes(type);
+    if (f.size - 1 - used < value_area) BitReader::fail(what);
+    float mu = 0.0f;
+    if (type == ValueType::kTernary) std::memcpy(&mu, values, 4);
+    int64_t j = 0;
+    const int64_t count = read_sparse_stream(
+        values + value_area, f.size - 1 - used - value_area, n, 0, type == ValueType::kTernary, false, what,
+        [&](int64_t i, int sign, int64_t) {
+          if (j >= static_cast<int64_t>(k)) BitReader::fail(what);
+          float v;
+          if (type == ValueType::kFp16) {
+            uint16_t h;
+            std::memcpy(&h, values + 2 * j, 2);
+            v = half_to_float(h);
+          } else if (type == ValueType::kFp32) {
+            std::memcpy(&v, values + 4 * j, 4);
+          } else {
+            v = sign ? -mu : mu;
+          }
+          out[i] += v;
+          ++j;
+        });
+    if (count != static_cast<int64_t>(k)) BitReader::fail(what);
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] /= divisor;
 }
 
 }  // namespace hvdext

@@ -2,7 +2,11 @@
 #include "hvdext/two_phase.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
+#include <string>
+
+#include "hvdext/coding.h"
 
 namespace hvdext {
 namespace {
@@ -77,6 +81,82 @@ void two_phase_decode(const uint8_t* stream, int64_t first, int64_t count, int n
     avail -= bits;
     out[i] = (static_cast<float>(k) * scale) / divisor;
   }
+}
+
+std::vector<uint8_t> two_phase_levels_encode(const uint8_t* stream, int64_t count, int nranks, int bits,
+                                             int bad_rank) {
+  check_bits(nranks, bits);
+  SparseWriter writer(true, true);
+  const uint64_t mask = (uint64_t{1} << bits) - 1;
+  uint64_t acc = 0;
+  int avail = 0;
+  const uint8_t* p = stream;
+  std::vector<uint32_t> pos(static_cast<size_t>(kStreamBlock)), extra(static_cast<size_t>(kStreamBlock));
+  std::vector<uint8_t> signs(static_cast<size_t>(kStreamBlock));
+  for (int64_t start = 0; start < count; start += kStreamBlock) {
+    const int64_t size = std::min(kStreamBlock, count - start);
+    int64_t m = 0;
+    for (int64_t i = 0; i < size; ++i) {
+      while (avail < bits) {
+        acc |= static_cast<uint64_t>(*p++) << avail;
+        avail += 8;
+      }
+      const int64_t k = static_cast<int64_t>(acc & mask) - nranks;
+      acc >>= bits;
+      avail -= bits;
+      if (k != 0) {
+        pos[static_cast<size_t>(m)] = static_cast<uint32_t>(i);
+        signs[static_cast<size_t>(m)] = k < 0;
+        extra[static_cast<size_t>(m)] = static_cast<uint32_t>((k < 0 ? -k : k) - 1);
+        ++m;
+      }
+    }
+    writer.block(size, pos.data(), m, signs.data(), extra.data());
+  }
+  std::vector<uint8_t> body(4);
+  body.push_back(bad_rank >= 0 ? 1 : 0);
+  put_varint(static_cast<uint64_t>(bad_rank >= 0 ? bad_rank : 0), &body);
+  if (bad_rank < 0) writer.append_to(&body);
+  return frame(std::move(body));
+}
+
+void two_phase_levels_decode(const uint8_t* gathered, int64_t bytes, const int64_t* counts, int nranks, int bits,
+                             uint8_t* streams) {
+  check_bits(nranks, bits);
+  int64_t offset = 0;
+  uint8_t* o = streams;
+  for (int j = 0; j < nranks; ++j) {
+    const Frame f = unframe(gathered, bytes, offset, "two-phase level stream", j);
+    const std::string where = "two-phase level stream from rank " + std::to_string(j) + " is malformed";
+    if (f.size < 2 || f.data[0] > 1) BitReader::fail(where.c_str());
+    int used = 0;
+    const uint64_t bad = get_varint(f.data + 1, f.size - 1, &used, where.c_str());
+    if (f.data[0] == 1) {
+      throw CorruptPayload("two-phase chunk from rank " + std::to_string(bad) + " to rank " + std::to_string(j) +
+                           " is corrupted (phase 1)");
+    }
+    const int64_t count = counts[j];
+    std::vector<int32_t> levels(static_cast<size_t>(count), nranks);
+    read_sparse_stream(f.data + 1 + used, f.size - 1 - used, count, kStreamBlock, true, true, where.c_str(),
+                       [&](int64_t i, int sign, int64_t magnitude) {
+                         if (magnitude > nranks) BitReader::fail(where.c_str());
+                         levels[static_cast<size_t>(i)] += static_cast<int32_t>(sign ? -magnitude : magnitude);
+                       });
+    uint64_t acc = 0;
+    int filled = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      acc |= static_cast<uint64_t>(static_cast<uint32_t>(levels[static_cast<size_t>(i)])) << filled;
+      filled += bits;
+      while (filled >= 8) {
+        *o++ = static_cast<uint8_t>(acc);
+        acc >>= 8;
+        filled -= 8;
+      }
+    }
+    if (filled > 0) *o++ = static_cast<uint8_t>(acc);
+    offset = f.next;
+  }
+  if (offset != bytes) throw CorruptPayload("two-phase level streams: trailing bytes (the sizes do not match)");
 }
 
 }  // namespace hvdext

@@ -19,6 +19,9 @@ Per tensor g (float32, n elements), on each rank:
        "2bit":  4 codes per byte, element k at bits 2*(k mod 4) of byte k // 4  -> ceil(n/4) bytes;
        "base3": 5 codes per byte, byte = sum_j c_(5i+j) * 3^j (at most 242)      -> ceil(n/5) bytes, 1.6 bits/elem.
    The payload is the float32 scale (little-endian, 4 bytes) followed by the packed codes.
+       "entropy": variable size, framed (coding.py): crc32 | float32 scale | mode | body; mode 0: the non-zero
+       codes' positions and signs as a sparse stream (coding.py: n H_b(p) + nnz sign bits, about 2% over the
+       codes' entropy), mode 1: the codes in base 3, where that is smaller (mostly non-zero codes).
 6. Decode N payloads and average (divisor N for Average, 1 for Sum):
        if every rank sent the same scale s:  out_k = float32(sum_r v_r,k) * s / divisor  (exact integer sum);
        otherwise:                            out_k = (((s_0 v_0,k) + s_1 v_1,k) + ...) / divisor  (float32, in rank order).
@@ -27,10 +30,13 @@ import math
 
 import numpy as np
 
+from . import coding
 from .philox import uniform01
 from .reduce import LANES, block_tree_sum  # noqa: F401  (LANES: the lanes of the statistics)
 
-PACKINGS = ("2bit", "base3")
+PACKINGS = ("2bit", "base3", "entropy")
+FIXED_PACKINGS = ("2bit", "base3")
+MODE_SPARSE, MODE_BASE3 = 0, 1
 HEADER_BYTES = 4  # the float32 scale
 CODE_PLUS, CODE_MINUS = 1, 2
 
@@ -128,19 +134,73 @@ def encode(g, clip=2.5, packing="base3", seed=0, step=0, tensor=0, rank=0, scale
     if scale is not None and np.isfinite(s):
         s = np.float32(scale)
     codes = ternarize_codes(g, t, s, seed, step, tensor, rank)
+    if packing == "entropy":
+        return entropy_payload(codes, s)
     return np.concatenate([np.array([s], dtype="<f4").view(np.uint8), pack(codes, packing)])
+
+
+def entropy_payload(codes, scale):
+    """The "entropy" payload of codes {0, 1, 2} under a scale (step 5)."""
+    codes = np.asarray(codes, dtype=np.uint8)
+    n = codes.size
+    positions = np.flatnonzero(codes)
+    stream = coding.write_sparse_stream(positions, n, coding.STREAM_BLOCK, signs=codes[positions] == CODE_MINUS)
+    head = np.array([scale], dtype="<f4").tobytes()
+    if len(stream) <= packed_bytes(n, "base3"):
+        body = head + bytes([MODE_SPARSE]) + stream
+    else:
+        body = head + bytes([MODE_BASE3]) + pack(codes, "base3").tobytes()
+    return np.frombuffer(coding.frame(body), dtype=np.uint8)
+
+
+def entropy_codes(body, n, what="ternary payload"):
+    """(scale, codes) of one unframed "entropy" payload."""
+    if len(body) < 5 or body[4] not in (MODE_SPARSE, MODE_BASE3):
+        raise coding.CorruptPayload(what)
+    scale = np.frombuffer(body[:4], dtype="<f4")[0]
+    rest = body[5:]
+    if body[4] == MODE_BASE3:
+        packed = np.frombuffer(rest, dtype=np.uint8)
+        if packed.size != packed_bytes(n, "base3") or (packed > 242).any():
+            raise coding.CorruptPayload(what)
+        return scale, unpack(packed, n, "base3")
+    positions, negative, _ = coding.read_sparse_stream(rest, n, coding.STREAM_BLOCK, signed=True, what=what)
+    codes = np.zeros(n, dtype=np.uint8)
+    codes[positions] = np.where(negative, CODE_MINUS, CODE_PLUS)
+    return scale, codes
 
 
 def split_payload(payload, n, packing):
     """(scale, values int8) of one payload."""
+    if packing == "entropy":
+        body, _ = coding.unframe(bytes(np.asarray(payload, dtype=np.uint8)), 0, "ternary payload", 0)
+        scale, codes = entropy_codes(body, n)
+        return scale, codes_to_values(codes)
     payload = np.asarray(payload, dtype=np.uint8)
     scale = payload[:HEADER_BYTES].view("<f4")[0]
     return scale, codes_to_values(unpack(payload[HEADER_BYTES:], n, packing))
 
 
 def decode_average(payloads, n, packing, divisor):
-    """Step 6 over a list of N payloads of the same tensor; returns float32 (n,)."""
-    parts = [split_payload(p, n, packing) for p in payloads]
+    """Step 6 over a list of N payloads of the same tensor (or, "entropy", their concatenation: the framing walks
+    it); returns float32 (n,)."""
+    if packing == "entropy":
+        return decode_average_entropy(b"".join(bytes(np.asarray(p, dtype=np.uint8)) for p in payloads),
+                                      len(payloads), n, divisor)
+    return average_values([split_payload(p, n, packing) for p in payloads], n, divisor)
+
+
+def decode_average_entropy(gathered, nranks, n, divisor):
+    """Step 6 over the concatenation of N "entropy" payloads (an allgather's output)."""
+    parts = []
+    for r, body in enumerate(coding.unframe_all(bytes(gathered), nranks, "ternary payload")):
+        scale, codes = entropy_codes(body, n, f"ternary payload from rank {r} is malformed")
+        parts.append((scale, codes_to_values(codes)))
+    return average_values(parts, n, divisor)
+
+
+def average_values(parts, n, divisor):
+    """The average of N (scale, values) pairs, as step 6 defines it."""
     scales = [s for s, _ in parts]
     if not all(np.isfinite(s) for s in scales):
         bad = [r for r, s in enumerate(scales) if not np.isfinite(s)]

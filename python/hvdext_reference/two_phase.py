@@ -17,6 +17,11 @@ bounds[j] = floor(j * T / N) (chunks differ by at most one element).
            out = float32(k) * s_t / divisor, the same formula as terngrad.decode_average with equal scales, so
            both transports give the same bits.
 
+"entropy" packing: phase-1 chunks are terngrad's "entropy" payloads of the chunk's codes (scale 1.0), and the
+re-encoded sums travel as a sparse stream (coding.py: positions of the non-zero sums, their signs, |k| - 1 Rice
+coded), framed as crc32 | u8 flag | varint rank | stream; flag 1 (no stream) says that the chunk this rank
+received from `rank` in phase 1 was corrupted, so that every rank fails the step together.
+
 Bytes each rank sends (ring algorithms): alltoall (N-1)/N * T * packing_bits/8, allgather (N-1) * T/N * b/8; the
 allgather transport sends (N-1) * T * packing_bits/8.
 """
@@ -24,7 +29,7 @@ import math
 
 import numpy as np
 
-from . import terngrad
+from . import coding, terngrad
 
 
 def chunk_bounds(total, nranks):
@@ -87,4 +92,35 @@ def two_phase_average(codes_per_rank, sizes, scales, packing, divisor):
     for n, s in zip(sizes, scales):
         out.append((k[offset:offset + n].astype(np.float32) * np.float32(s)) / np.float32(divisor))
         offset += n
+    return out
+
+
+def encode_levels_entropy(k, bad_rank=-1):
+    """The "entropy" phase-2 stream of one chunk's sums k (or the flag of a corrupted phase-1 chunk)."""
+    k = np.asarray(k, dtype=np.int64)
+    if bad_rank >= 0:
+        return coding.frame(bytes([1]) + coding.put_varint(bad_rank))
+    positions = np.flatnonzero(k)
+    stream = coding.write_sparse_stream(positions, k.size, coding.STREAM_BLOCK, signs=k[positions] < 0,
+                                        magnitudes=np.abs(k[positions]))
+    return coding.frame(bytes([0]) + coding.put_varint(0) + stream)
+
+
+def decode_levels_entropy(gathered, counts, nranks):
+    """The sums k of every rank's chunk, from the concatenation of the N phase-2 streams."""
+    out = []
+    for j, body in enumerate(coding.unframe_all(bytes(gathered), len(counts), "two-phase level stream")):
+        what = f"two-phase level stream from rank {j} is malformed"
+        if len(body) < 2 or body[0] > 1:
+            raise coding.CorruptPayload(what)
+        bad, used = coding.get_varint(body, 1, what)
+        if body[0] == 1:
+            raise coding.CorruptPayload(f"two-phase chunk from rank {bad} to rank {j} is corrupted (phase 1)")
+        positions, negative, magnitudes = coding.read_sparse_stream(body[1 + used:], counts[j], coding.STREAM_BLOCK,
+                                                                    signed=True, magnitudes=True, what=what)
+        if (magnitudes > nranks).any():
+            raise coding.CorruptPayload(what)
+        k = np.zeros(counts[j], dtype=np.int64)
+        k[positions] = np.where(negative, -magnitudes, magnitudes)
+        out.append(k)
     return out

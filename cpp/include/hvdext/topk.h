@@ -4,18 +4,24 @@
 //   g_ef = g + r;  I = top-k of |g_ef| (ties to the lower index, ordered by the float32 bits of |g_ef|);
 //   sent = value_type(g_ef[I]);  r = g_ef - sent on I, g_ef elsewhere (sent + r == g_ef exactly)
 //   payload = k int32 indices (ascending) then k values (fp16 or fp32); decode: out[I_r] += v_r in rank order, / N
+//   "delta" payload (variable size, framed as in hvdext/coding.h): crc32 | u8 value type | varint k | values |
+//   the indices as a sparse stream (Rice-coded gaps, about log2(n/k) + 1.5 bits each). Values: k fp16 or fp32,
+//   or "ternary" (Sattler et al. 2019, sparse ternary compression): one float32 magnitude
+//   mu = float32(sum |g_ef[I]| / k) (float64, in index order) and a sign bit per index in the stream,
+//   sent = mu * sign(g_ef[I]) (-0.0 and +0.0 are positive), r = g_ef - sent on I.
 //
 // The definition, to the bit, is python/hvdext_reference/topk.py.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "hvdext/half.h"
 
 namespace hvdext {
 
-enum class ValueType : int { kFp16 = 0, kFp32 = 1 };
+enum class ValueType : int { kFp16 = 0, kFp32 = 1, kTernary = 2 };
 
-inline int value_bytes(ValueType t) { return t == ValueType::kFp16 ? 2 : 4; }
+inline int value_bytes(ValueType t) { return t == ValueType::kFp16 ? 2 : t == ValueType::kFp32 ? 4 : 0; }
 inline int64_t topk_payload_bytes(int64_t k, ValueType t) { return k * (4 + value_bytes(t)); }
 
 // float_to_half / half_to_float: hvdext/half.h (shared with the GPU kernels).
@@ -41,5 +47,14 @@ void topk_extract(float* r, const int32_t* idx, int64_t k, ValueType type, uint8
 // indices) / divisor. Returns -1, or the first rank whose payload holds an index outside [0, n).
 int topk_decode_average(const uint8_t* gathered, int nranks, int64_t k, int64_t n, ValueType type, float divisor,
                         float* out);
+
+// The "delta" payload of the selected elements of r (= g_ef), leaving r = g_ef - sent on them (as topk_extract).
+std::vector<uint8_t> topk_extract_coded(float* r, const int32_t* idx, int64_t k, int64_t n, ValueType type);
+// Upper bound of its size (index gaps at most 32 bits + 1 each).
+int64_t topk_coded_max_bytes(int64_t k, int64_t n, ValueType type);
+// gathered: nranks "delta" payloads back to back, `bytes` in all; the same average as topk_decode_average.
+// Throws CorruptPayload for a corrupted payload (every rank holds the same bytes).
+void topk_decode_average_coded(const uint8_t* gathered, int64_t bytes, int nranks, int64_t n, float divisor,
+                               float* out);
 
 }  // namespace hvdext

@@ -4,6 +4,7 @@
 // The definition, to the bit, is python/hvdext_reference/two_phase.py.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "hvdext/ternary.h"
 
@@ -27,5 +28,16 @@ void ternary_sum_reencode(const uint8_t* received, int nranks, int64_t count, Pa
 // Elements [first, first + count) of a level stream: out[i] = float32(level - nranks) * scale / divisor.
 void two_phase_decode(const uint8_t* stream, int64_t first, int64_t count, int nranks, int bits, float scale,
                       float divisor, float* out);
+
+// "entropy" packing of the level streams (phase 2): the sums k = level - N as a sparse stream (positions of the
+// non-zero sums, their signs, |k| - 1 Rice coded; hvdext/coding.h), framed: crc32 | u8 flag | varint bad | stream.
+// flag 1 says this rank received a corrupted chunk in phase 1 from rank `bad`: every rank then fails together.
+std::vector<uint8_t> two_phase_levels_encode(const uint8_t* stream, int64_t count, int nranks, int bits,
+                                             int bad_rank);
+// gathered: the N ranks' coded level streams (rank j's holds counts[j] levels), `bytes` in all. Writes the fixed
+// level streams back to back (two_phase_stream_bytes(counts[j], bits) bytes each), which two_phase_decode reads.
+// Throws CorruptPayload for a corrupted stream, or naming the phase-1 chunk a rank reported.
+void two_phase_levels_decode(const uint8_t* gathered, int64_t bytes, const int64_t* counts, int nranks, int bits,
+                             uint8_t* streams);
 
 }  // namespace hvdext
