@@ -12,8 +12,9 @@ namespace {
 PyObject* ternary_payload_bytes(PyObject*, PyObject* args) {
   long long n, packing;
   if (!PyArg_ParseTuple(args, "LL", &n, &packing)) return nullptr;
-  if (n < 0 || (packing != 0 && packing != 1)) {
-    PyErr_Format(PyExc_ValueError, "ternary_payload_bytes: n must be >= 0 and packing 0 (2bit) or 1 (base3), got "
+  if (n < 0 || (packing != 0 && packing != 1 && packing != 2)) {
+    PyErr_Format(PyExc_ValueError, "ternary_payload_bytes: n must be >= 0 and packing 0 (2bit), 1 (base3) or 2 "
+                 "(entropy: its largest size), got "
                  "n=%lld packing=%lld", n, packing);
     return nullptr;
   }

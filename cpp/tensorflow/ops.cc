@@ -3,6 +3,9 @@
 // step (the step counter, the seed, scales) are inputs, so the ops are graph-safe.
 #include <cstring>
 #include <limits>
+#include <vector>
+
+#include "hvdext/coding.h"
 
 #include "hvdext/ternary.h"
 #include "hvdext/topk.h"
@@ -62,17 +65,20 @@ class Attrs {
     return *this;
   }
 
-  Attrs& Packing(hvdext::Packing* out) { return Choice("packing", out, "0 (2bit) or 1 (base3)"); }
-  Attrs& ValueType(hvdext::ValueType* out) { return Choice("value_type", out, "0 (fp16) or 1 (fp32)"); }
+  Attrs& Packing(hvdext::Packing* out) { return Choice("packing", out, "0 (2bit) or 1 (base3)", 1); }
+  Attrs& ValueType(hvdext::ValueType* out) { return Choice("value_type", out, "0 (fp16) or 1 (fp32)", 1); }
+  Attrs& CodedValueType(hvdext::ValueType* out) {
+    return Choice("value_type", out, "0 (fp16), 1 (fp32) or 2 (ternary)", 2);
+  }
 
  private:
   template <class E>
-  Attrs& Choice(const char* name, E* out, const char* allowed) {
+  Attrs& Choice(const char* name, E* out, const char* allowed, tf::int64 largest) {
     tf::int64 value = 0;
-    if (Read(name, &value) && value != 0 && value != 1) {
+    if (Read(name, &value) && (value < 0 || value > largest)) {
       Fail(tf::errors::InvalidArgument(name, " must be ", allowed, ", got ", value));
     }
-    *out = static_cast<E>(value == 1 ? 1 : 0);
+    *out = static_cast<E>(value >= 0 && value <= largest ? value : 0);
     return *this;
   }
 
@@ -92,6 +98,23 @@ class Attrs {
   tf::OpKernelConstruction* c_;
   bool ok_ = true;
 };
+
+// Runs body; an exception of the core (a corrupted payload, a bad argument) fails the op with its message.
+template <class Body>
+void Guard(tf::OpKernelContext* c, Body body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    c->CtxFailure(tf::errors::InvalidArgument(e.what()));
+  }
+}
+
+tf::Status OutputBytes(tf::OpKernelContext* c, int index, const std::vector<uint8_t>& bytes) {
+  tf::Tensor* out;
+  TF_RETURN_IF_ERROR(c->allocate_output(index, tf::TensorShape({static_cast<tf::int64>(bytes.size())}), &out));
+  if (!bytes.empty()) std::memcpy(out->flat<tf::uint8>().data(), bytes.data(), bytes.size());
+  return tf::OkStatus();
+}
 
 float ScalarFloat(tf::OpKernelContext* c, int index) { return c->input(index).scalar<float>()(); }
 
@@ -484,3 +507,265 @@ class TopkDecodeAverageOp : public tf::OpKernel {
   hvdext::ValueType type_;
 };
 REGISTER_KERNEL_BUILDER(Name("HvdextTopkDecodeAverage").Device(tf::DEVICE_CPU).HostMemory("k"), TopkDecodeAverageOp);
+
+// ------------------------------------------------------------------------------------- entropy-coded payloads
+
+REGISTER_OP("HvdextTernaryEncodeEntropy")
+    .Input("gradient: float")
+    .Input("threshold: float")
+    .Input("scale: float")
+    .Input("seed: int64")
+    .Input("step: int64")
+    .Attr("tensor_key: int")
+    .Attr("rank: int")
+    .Output("payload: uint8")
+    .SetShapeFn(UnknownVector)
+    .Doc("clip + ternarize + entropy-code one gradient (packing \"entropy\", variable size).");
+
+class TernaryEncodeEntropyOp : public tf::OpKernel {
+ public:
+  explicit TernaryEncodeEntropyOp(tf::OpKernelConstruction* c) : OpKernel(c) {
+    Attrs(c).Int("tensor_key", &tensor_key_, 0, 0xFFFFFFFF).Int("rank", &rank_, 0, kMaxRanks);
+  }
+  void Compute(tf::OpKernelContext* c) override {
+    const tf::Tensor& g = c->input(0);
+    const hvdext::RandomKey key = KeyOf(c, tensor_key_, rank_);
+    Guard(c, [&] {
+      OP_REQUIRES_OK(c, OutputBytes(c, 0, hvdext::ternary_encode_entropy(g.flat<float>().data(), g.NumElements(),
+                                                                         ScalarFloat(c, 1), ScalarFloat(c, 2), key)));
+    });
+  }
+
+ private:
+  tf::int64 tensor_key_, rank_;
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextTernaryEncodeEntropy").Device(tf::DEVICE_CPU), TernaryEncodeEntropyOp);
+
+REGISTER_OP("HvdextTernaryCodesEncodeEntropy")
+    .Input("codes: uint8")
+    .Input("scale: float")
+    .Output("payload: uint8")
+    .SetShapeFn(UnknownVector)
+    .Doc("entropy-code given ternary codes under a scale (the two-phase transport's phase-1 chunks).");
+
+class TernaryCodesEncodeEntropyOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* c) override {
+    const tf::Tensor& codes = c->input(0);
+    Guard(c, [&] {
+      OP_REQUIRES_OK(c, OutputBytes(c, 0, hvdext::ternary_codes_encode_entropy(
+                                              codes.flat<tf::uint8>().data(), codes.NumElements(), ScalarFloat(c, 1))));
+    });
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextTernaryCodesEncodeEntropy").Device(tf::DEVICE_CPU), TernaryCodesEncodeEntropyOp);
+
+REGISTER_OP("HvdextTernaryDecodeAverageEntropy")
+    .Input("gathered: uint8")
+    .Attr("nranks: int")
+    .Attr("count: int")
+    .Attr("divisor: float")
+    .Output("average: float")
+    .Output("bad_rank: int32")
+    .SetShapeFn(CountVector)
+    .Doc("average N entropy-coded payloads; bad_rank is -1 or the first rank that sent NaN/Inf; a corrupted "
+         "payload fails the op.");
+
+class TernaryDecodeAverageEntropyOp : public tf::OpKernel {
+ public:
+  explicit TernaryDecodeAverageEntropyOp(tf::OpKernelConstruction* c) : OpKernel(c) {
+    Attrs(c).Int("nranks", &nranks_, 1, kMaxRanks).Int("count", &count_, 0).Float("divisor", &divisor_);
+  }
+  void Compute(tf::OpKernelContext* c) override {
+    const tf::Tensor& gathered = c->input(0);
+    tf::Tensor *out, *bad;
+    OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({count_}), &out));
+    OP_REQUIRES_OK(c, c->allocate_output(1, tf::TensorShape({}), &bad));
+    Guard(c, [&] {
+      const int bad_rank = hvdext::ternary_decode_average_entropy(
+          gathered.flat<tf::uint8>().data(), gathered.NumElements(), static_cast<int>(nranks_), count_, divisor_,
+          out->flat<float>().data());
+      if (bad_rank >= 0) out->flat<float>().setConstant(std::numeric_limits<float>::quiet_NaN());
+      bad->scalar<tf::int32>()() = bad_rank;
+    });
+  }
+
+ private:
+  tf::int64 nranks_, count_;
+  float divisor_;
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextTernaryDecodeAverageEntropy").Device(tf::DEVICE_CPU),
+                        TernaryDecodeAverageEntropyOp);
+
+REGISTER_OP("HvdextTernaryEntropyToPacked")
+    .Input("received: uint8")
+    .Attr("nranks: int")
+    .Attr("count: int")
+    .Attr("packing: int")
+    .Output("packed: uint8")
+    .Output("bad_rank: int32")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Scalar());
+      return tf::OkStatus();
+    })
+    .Doc("the N received entropy-coded chunks of `count` codes, packed; bad_rank: -1 or a corrupted chunk's rank.");
+
+class TernaryEntropyToPackedOp : public tf::OpKernel {
+ public:
+  explicit TernaryEntropyToPackedOp(tf::OpKernelConstruction* c) : OpKernel(c) {
+    Attrs(c).Int("nranks", &nranks_, 1, kMaxRanks).Int("count", &count_, 0, (tf::int64{1} << 31) - 1)
+        .Packing(&packing_);
+  }
+  void Compute(tf::OpKernelContext* c) override {
+    const tf::Tensor& received = c->input(0);
+    tf::Tensor *packed, *bad;
+    OP_REQUIRES_OK(c, c->allocate_output(
+                          0, tf::TensorShape({nranks_ * hvdext::ternary_packed_bytes(count_, packing_)}), &packed));
+    OP_REQUIRES_OK(c, c->allocate_output(1, tf::TensorShape({}), &bad));
+    bad->scalar<tf::int32>()() = hvdext::ternary_entropy_to_packed(
+        received.flat<tf::uint8>().data(), received.NumElements(), static_cast<int>(nranks_), count_, packing_,
+        packed->flat<tf::uint8>().data());
+  }
+
+ private:
+  tf::int64 nranks_, count_;
+  hvdext::Packing packing_ = hvdext::Packing::kBase3;
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextTernaryEntropyToPacked").Device(tf::DEVICE_CPU), TernaryEntropyToPackedOp);
+
+REGISTER_OP("HvdextTwoPhaseLevelsEncode")
+    .Input("stream: uint8")
+    .Input("bad_rank: int32")
+    .Attr("count: int")
+    .Attr("nranks: int")
+    .Attr("bits: int")
+    .Output("coded: uint8")
+    .SetShapeFn(UnknownVector)
+    .Doc("entropy-code a two-phase level stream, or flag the phase-1 chunk of bad_rank (>= 0) as corrupted.");
+
+class TwoPhaseLevelsEncodeOp : public tf::OpKernel {
+ public:
+  explicit TwoPhaseLevelsEncodeOp(tf::OpKernelConstruction* c) : OpKernel(c) {
+    Attrs(c).Int("count", &count_, 0).Int("nranks", &nranks_, 1, kMaxRanks).Int("bits", &bits_, 1, 32);
+  }
+  void Compute(tf::OpKernelContext* c) override {
+    const tf::Tensor& stream = c->input(0);
+    OP_REQUIRES(c, stream.NumElements() == hvdext::two_phase_stream_bytes(count_, static_cast<int>(bits_)),
+                tf::errors::InvalidArgument("stream holds ", stream.NumElements(), " bytes, expected ",
+                                            hvdext::two_phase_stream_bytes(count_, static_cast<int>(bits_))));
+    const int bad = c->input(1).scalar<tf::int32>()();
+    Guard(c, [&] {
+      OP_REQUIRES_OK(c, OutputBytes(c, 0, hvdext::two_phase_levels_encode(stream.flat<tf::uint8>().data(), count_,
+                                                                          static_cast<int>(nranks_),
+                                                                          static_cast<int>(bits_), bad)));
+    });
+  }
+
+ private:
+  tf::int64 count_, nranks_, bits_;
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextTwoPhaseLevelsEncode").Device(tf::DEVICE_CPU), TwoPhaseLevelsEncodeOp);
+
+REGISTER_OP("HvdextTwoPhaseLevelsDecode")
+    .Input("gathered: uint8")
+    .Attr("counts: list(int)")
+    .Attr("bits: int")
+    .Output("streams: uint8")
+    .SetShapeFn(UnknownVector)
+    .Doc("the fixed level streams (back to back) of the N ranks' entropy-coded ones; a corrupted one fails the op.");
+
+class TwoPhaseLevelsDecodeOp : public tf::OpKernel {
+ public:
+  explicit TwoPhaseLevelsDecodeOp(tf::OpKernelConstruction* c) : OpKernel(c) {
+    std::vector<tf::int64> counts;
+    OP_REQUIRES_OK(c, c->GetAttr("counts", &counts));
+    counts_.assign(counts.begin(), counts.end());
+    Attrs(c).Int("bits", &bits_, 1, 32);
+  }
+  void Compute(tf::OpKernelContext* c) override {
+    const tf::Tensor& gathered = c->input(0);
+    tf::int64 total = 0;
+    for (int64_t n : counts_) total += hvdext::two_phase_stream_bytes(n, static_cast<int>(bits_));
+    tf::Tensor* out;
+    OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({total}), &out));
+    Guard(c, [&] {
+      hvdext::two_phase_levels_decode(gathered.flat<tf::uint8>().data(), gathered.NumElements(), counts_.data(),
+                                      static_cast<int>(counts_.size()), static_cast<int>(bits_),
+                                      out->flat<tf::uint8>().data());
+    });
+  }
+
+ private:
+  std::vector<int64_t> counts_;
+  tf::int64 bits_;
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextTwoPhaseLevelsDecode").Device(tf::DEVICE_CPU), TwoPhaseLevelsDecodeOp);
+
+REGISTER_OP("HvdextTopkExtractCoded")
+    .Input("g_ef: float")
+    .Input("indices: int32")
+    .Attr("value_type: int")
+    .Output("payload: uint8")
+    .Output("residual: float")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->input(0));
+      return tf::OkStatus();
+    })
+    .Doc("the \"delta\" payload (Rice-coded index gaps, fp16/fp32/ternary values) and g_ef - sent as residual.");
+
+class TopkExtractCodedOp : public tf::OpKernel {
+ public:
+  explicit TopkExtractCodedOp(tf::OpKernelConstruction* c) : OpKernel(c) { Attrs(c).CodedValueType(&type_); }
+  void Compute(tf::OpKernelContext* c) override {
+    const tf::Tensor& g = c->input(0);
+    const tf::Tensor& idx = c->input(1);
+    tf::Tensor* residual;
+    OP_REQUIRES_OK(c, c->allocate_output(1, g.shape(), &residual));
+    std::memcpy(residual->flat<float>().data(), g.flat<float>().data(), sizeof(float) * g.NumElements());
+    Guard(c, [&] {
+      OP_REQUIRES_OK(c, OutputBytes(c, 0, hvdext::topk_extract_coded(residual->flat<float>().data(),
+                                                                     idx.flat<tf::int32>().data(), idx.NumElements(),
+                                                                     g.NumElements(), type_)));
+    });
+  }
+
+ private:
+  hvdext::ValueType type_;
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextTopkExtractCoded").Device(tf::DEVICE_CPU), TopkExtractCodedOp);
+
+REGISTER_OP("HvdextTopkDecodeAverageCoded")
+    .Input("gathered: uint8")
+    .Attr("nranks: int")
+    .Attr("count: int")
+    .Attr("divisor: float")
+    .Output("average: float")
+    .Output("bad_rank: int32")
+    .SetShapeFn(CountVector)
+    .Doc("scatter-add N \"delta\" payloads / divisor (bad_rank: always -1); a corrupted payload fails the op.");
+
+class TopkDecodeAverageCodedOp : public tf::OpKernel {
+ public:
+  explicit TopkDecodeAverageCodedOp(tf::OpKernelConstruction* c) : OpKernel(c) {
+    Attrs(c).Int("nranks", &nranks_, 1, kMaxRanks).Int("count", &count_, 0).Float("divisor", &divisor_);
+  }
+  void Compute(tf::OpKernelContext* c) override {
+    const tf::Tensor& gathered = c->input(0);
+    tf::Tensor *out, *bad;
+    OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({count_}), &out));
+    OP_REQUIRES_OK(c, c->allocate_output(1, tf::TensorShape({}), &bad));
+    bad->scalar<tf::int32>()() = -1;
+    Guard(c, [&] {
+      hvdext::topk_decode_average_coded(gathered.flat<tf::uint8>().data(), gathered.NumElements(),
+                                        static_cast<int>(nranks_), count_, divisor_, out->flat<float>().data());
+    });
+  }
+
+ private:
+  tf::int64 nranks_, count_;
+  float divisor_;
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextTopkDecodeAverageCoded").Device(tf::DEVICE_CPU), TopkDecodeAverageCodedOp);

@@ -5,9 +5,12 @@
 // HVDEXT_WITH_CUDA where torch has CUDA and nvcc is present (setup.py); the CUDA branch needs no CUDA header.
 #include <torch/extension.h>
 
+#include <cstring>
 #include <tuple>
+#include <vector>
 #include <type_traits>
 
+#include "hvdext/coding.h"
 #include "hvdext/ternary.h"
 #include "hvdext/topk.h"
 #include "hvdext/two_phase.h"
@@ -74,9 +77,16 @@ const float* cpu_float_data(const torch::Tensor& t, const char* what) {
   return t.data_ptr<float>();
 }
 
-hvdext::Packing to_packing(int64_t packing) {
-  TORCH_CHECK(packing == 0 || packing == 1, "packing must be 0 (2bit) or 1 (base3), got ", packing);
+hvdext::Packing to_packing(int64_t packing, bool entropy = false) {
+  TORCH_CHECK(packing == 0 || packing == 1 || (entropy && packing == 2), "packing must be 0 (2bit) or 1 (base3)",
+              entropy ? " or 2 (entropy)" : "", ", got ", packing);
   return static_cast<hvdext::Packing>(packing);
+}
+
+torch::Tensor bytes_tensor(const std::vector<uint8_t>& bytes) {
+  auto out = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+  if (!bytes.empty()) std::memcpy(out.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+  return out;
 }
 
 std::tuple<double, double> ternary_local_scale(const torch::Tensor& g, double clip, int64_t stream) {
@@ -104,7 +114,9 @@ std::tuple<double, double, double, bool> gradient_stats(const torch::Tensor& g) 
   return {st.sum, st.sumsq, st.maxabs, st.finite};
 }
 
-int64_t ternary_payload_bytes(int64_t n, int64_t packing) { return hvdext::ternary_payload_bytes(n, to_packing(packing)); }
+int64_t ternary_payload_bytes(int64_t n, int64_t packing) {
+  return hvdext::ternary_payload_bytes(n, to_packing(packing, true));
+}
 
 torch::Tensor ternary_encode(const torch::Tensor& g, double threshold, double scale, uint64_t seed, uint32_t step,
                              uint32_t tensor, uint32_t rank, int64_t packing, int64_t stream) {
@@ -203,8 +215,9 @@ void two_phase_decode(const torch::Tensor& stream, int64_t first, int64_t count,
 
 int64_t two_phase_level_bits(int64_t nranks) { return hvdext::two_phase_level_bits(static_cast<int>(nranks)); }
 
-hvdext::ValueType to_value_type(int64_t value_type) {
-  TORCH_CHECK(value_type == 0 || value_type == 1, "value_type must be 0 (fp16) or 1 (fp32), got ", value_type);
+hvdext::ValueType to_value_type(int64_t value_type, bool ternary = false) {
+  TORCH_CHECK(value_type == 0 || value_type == 1 || (ternary && value_type == 2),
+              "value_type must be 0 (fp16) or 1 (fp32)", ternary ? " or 2 (ternary)" : "", ", got ", value_type);
   return static_cast<hvdext::ValueType>(value_type);
 }
 
@@ -290,6 +303,103 @@ int64_t topk_decode_average(const torch::Tensor& gathered, int64_t nranks, int64
   return hvdext::topk_decode_average(g, static_cast<int>(nranks), k, n, t, static_cast<float>(divisor), o);
 }
 
+// ------------------------------------------------------------------ entropy-coded payloads (CPU: coding is serial)
+
+torch::Tensor ternary_encode_entropy(const torch::Tensor& g, double threshold, double scale, uint64_t seed,
+                                     uint32_t step, uint32_t tensor, uint32_t rank) {
+  const float* data = cpu_float_data(g, "gradient");
+  const hvdext::RandomKey key{seed, step, tensor, rank};
+  std::vector<uint8_t> payload;
+  {
+    pybind11::gil_scoped_release release;
+    payload = hvdext::ternary_encode_entropy(data, g.numel(), static_cast<float>(threshold),
+                                             static_cast<float>(scale), key);
+  }
+  return bytes_tensor(payload);
+}
+
+torch::Tensor ternary_codes_encode_entropy(const torch::Tensor& codes, double scale) {
+  const uint8_t* in = cpu_bytes(codes, "codes");
+  std::vector<uint8_t> payload;
+  {
+    pybind11::gil_scoped_release release;
+    payload = hvdext::ternary_codes_encode_entropy(in, codes.numel(), static_cast<float>(scale));
+  }
+  return bytes_tensor(payload);
+}
+
+int64_t ternary_decode_average_entropy(const torch::Tensor& gathered, int64_t nranks, int64_t n, double divisor,
+                                       torch::Tensor& out) {
+  const uint8_t* in = cpu_bytes(gathered, "gathered payloads");
+  TORCH_CHECK(out.numel() == n, "out holds ", out.numel(), " elements, expected ", n);
+  float* o = const_cast<float*>(cpu_float_data(out, "out"));
+  pybind11::gil_scoped_release release;
+  return hvdext::ternary_decode_average_entropy(in, gathered.numel(), static_cast<int>(nranks), n,
+                                                static_cast<float>(divisor), o);
+}
+
+std::tuple<torch::Tensor, int64_t> ternary_entropy_to_packed(const torch::Tensor& received, int64_t nranks,
+                                                             int64_t count, int64_t packing) {
+  const hvdext::Packing p = to_packing(packing);
+  const uint8_t* in = cpu_bytes(received, "received");
+  auto out = torch::empty({nranks * hvdext::ternary_packed_bytes(count, p)}, torch::kUInt8);
+  uint8_t* o = out.data_ptr<uint8_t>();
+  int bad;
+  {
+    pybind11::gil_scoped_release release;
+    bad = hvdext::ternary_entropy_to_packed(in, received.numel(), static_cast<int>(nranks), count, p, o);
+  }
+  return {out, bad};
+}
+
+torch::Tensor two_phase_levels_encode(const torch::Tensor& stream, int64_t count, int64_t nranks, int64_t bits,
+                                      int64_t bad_rank) {
+  const uint8_t* in = cpu_bytes(stream, "stream");
+  TORCH_CHECK(stream.numel() == hvdext::two_phase_stream_bytes(count, static_cast<int>(bits)), "stream holds ",
+              stream.numel(), " bytes, expected ", hvdext::two_phase_stream_bytes(count, static_cast<int>(bits)));
+  std::vector<uint8_t> coded;
+  {
+    pybind11::gil_scoped_release release;
+    coded = hvdext::two_phase_levels_encode(in, count, static_cast<int>(nranks), static_cast<int>(bits),
+                                            static_cast<int>(bad_rank));
+  }
+  return bytes_tensor(coded);
+}
+
+torch::Tensor two_phase_levels_decode(const torch::Tensor& gathered, const std::vector<int64_t>& counts,
+                                      int64_t bits) {
+  const uint8_t* in = cpu_bytes(gathered, "gathered streams");
+  int64_t total = 0;
+  for (int64_t c : counts) total += hvdext::two_phase_stream_bytes(c, static_cast<int>(bits));
+  auto out = torch::empty({total}, torch::kUInt8);
+  uint8_t* o = out.data_ptr<uint8_t>();
+  pybind11::gil_scoped_release release;
+  hvdext::two_phase_levels_decode(in, gathered.numel(), counts.data(), static_cast<int>(counts.size()),
+                                  static_cast<int>(bits), o);
+  return out;
+}
+
+torch::Tensor topk_extract_coded(torch::Tensor& r, const torch::Tensor& idx, int64_t value_type) {
+  const hvdext::ValueType t = to_value_type(value_type, true);
+  float* rd = const_cast<float*>(cpu_float_data(r, "residual"));
+  const int32_t* id = cpu_int32_data(idx, "indices");
+  std::vector<uint8_t> payload;
+  {
+    pybind11::gil_scoped_release release;
+    payload = hvdext::topk_extract_coded(rd, id, idx.numel(), r.numel(), t);
+  }
+  return bytes_tensor(payload);
+}
+
+void topk_decode_average_coded(const torch::Tensor& gathered, int64_t nranks, int64_t n, double divisor,
+                               torch::Tensor& out) {
+  const uint8_t* g = cpu_bytes(gathered, "gathered payloads");
+  TORCH_CHECK(out.numel() == n, "out holds ", out.numel(), " elements, expected ", n);
+  float* o = const_cast<float*>(cpu_float_data(out, "out"));
+  pybind11::gil_scoped_release release;
+  hvdext::topk_decode_average_coded(g, gathered.numel(), static_cast<int>(nranks), n, static_cast<float>(divisor), o);
+}
+
 torch::Tensor half_bits(const torch::Tensor& x) {
   const float* xd = cpu_float_data(x, "tensor");
   auto out = torch::empty({x.numel()}, torch::kInt32);
@@ -327,5 +437,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("topk_extract", &topk_extract, "payload of the selected residual elements; leaves r = g_ef - sent there",
         py::arg("r"), py::arg("idx"), py::arg("value_type"), py::arg("stream") = 0);
   m.def("topk_decode_average", &topk_decode_average, "scatter-add N payloads / divisor; -1 or a rank with bad indices");
+  m.def("ternary_encode_entropy", &ternary_encode_entropy, "clip + ternarize + entropy-code (variable size)");
+  m.def("ternary_codes_encode_entropy", &ternary_codes_encode_entropy, "entropy-code given codes under a scale");
+  m.def("ternary_decode_average_entropy", &ternary_decode_average_entropy,
+        "average N entropy-coded payloads; -1 or the first rank whose scale is not finite");
+  m.def("ternary_entropy_to_packed", &ternary_entropy_to_packed, "(packed codes, -1 or a corrupted chunk's rank)");
+  m.def("two_phase_levels_encode", &two_phase_levels_encode, "entropy-code a level stream (or a corruption flag)");
+  m.def("two_phase_levels_decode", &two_phase_levels_decode, "the fixed level streams of N coded ones");
+  m.def("topk_extract_coded", &topk_extract_coded, "the delta payload; leaves r = g_ef - sent there");
+  m.def("topk_decode_average_coded", &topk_decode_average_coded, "scatter-add N delta payloads / divisor");
   m.def("half_bits", &half_bits, "IEEE binary16 bits of each float (round to nearest even)");
 }
