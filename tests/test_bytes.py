@@ -1,6 +1,10 @@
 """compression_stats() byte counts in both frameworks (eager and inside tf.function) equal the plan's, for every
 compressor, packing and value dtype: payload sizes from the C++ core (horovod_ext.compression.sizes), the two-phase
-chunk plan, and the ring formulas of wire.py. Run for real under horovodrun -np 2 (tests/workers/bytes_worker.py)."""
+chunk plan, and the ring formulas of wire.py. Run for real under horovodrun -np 2 (tests/workers/bytes_worker.py).
+Entropy-coded payloads ("entropy", "delta") have sizes that depend on the values: their counts must lie within the
+bounds of their coding (bits per index and per code) and carry the allgather's wire bytes."""
+import math
+
 import pytest
 
 from horovod_ext.compression import sizes
@@ -92,6 +96,46 @@ def expected_steps(key, rank, log):
     return [fixed[key]() for _ in range(3)]
 
 
+def coded_bounds(key, log):
+    """(fixed bytes of the three steps, [(low, high) payload of the coded part per step], wire of the coded
+    part as a multiple of its payload, or None where it is not one)."""
+    big = [n for n in SIZES if n >= MIN_SIZE]
+    small = Step()
+    for n in SIZES:
+        if n < MIN_SIZE:
+            small.allreduce(4 * n)
+
+    def topk_bounds(k_per_tensor, value_bits):
+        low = sum(k * value_bits / 8 + k / 8 for n, k in k_per_tensor)
+        high = sum(k * value_bits / 8 + k * (math.log2(n / k) + 4) / 8 + 24 for n, k in k_per_tensor)
+        return low, high
+
+    if key == "ternary_entropy":  # Gaussian gradients clipped at 2.5 sigma: about 1.05 bits per element
+        return [small] * 3, [(0.8 * sum(big) / 8, 1.3 * sum(big) / 8)] * 3, NRANKS - 1
+    if key == "ternary_two_phase_entropy":
+        small.payload += 4 * len(big)
+        small.wire += scale_sharing_bytes(len(big), NRANKS)
+        fixed = TwoPhasePlan(big, NRANKS, "base3")
+        return [small] * 3, [(0.3 * fixed.payload_bytes(0), fixed.payload_bytes(0))] * 3, None
+    if key.startswith("topk_delta"):
+        bits = 1 if key.endswith("ternary") else 16
+        k = [(n, k_of(n, 20)) for n in SIZES]
+        return [Step()] * 3, [topk_bounds(k, bits)] * 3, NRANKS - 1
+    if key == "adaptive_delta":
+        fixed, coded = [], []
+        for path, cf in log:
+            step = Step()
+            step.allreduce(32)
+            if path == "dense":
+                step.allreduce(4 * sum(SIZES))
+                coded.append((0, 0))
+            else:
+                coded.append(topk_bounds([(n, k_of(n, cf)) for n in SIZES], 16))
+            fixed.append(step)
+        return fixed, coded, None
+    return None
+
+
 @pytest.fixture(scope="module", params=["torch", "tf"])
 def reported(request):
     results, _ = horovodrun(2, "tests/workers/bytes_worker.py", request.param, timeout=400)
@@ -103,8 +147,11 @@ def test_compression_stats_bytes_equal_the_plan(reported):
     for r in results:
         for key, got in r["results"].items():
             mode, _, config = key.rpartition("/")
-            steps = expected_steps(config, r["rank"], [tuple(e) for e in got["log"]])
             join_check = config not in ("none", "fp16") and mode != "graph"  # eager only (join.py)
+            if coded_bounds(config, got["log"]) is not None:
+                check_coded(framework, key, r, got, join_check)
+                continue
+            steps = expected_steps(config, r["rank"], [tuple(e) for e in got["log"]])
             payload = [s.payload + (JOIN_CHECK_BYTES if join_check else 0) for s in steps]
             wire = [s.wire + (join_check_wire_bytes(NRANKS) if join_check else 0) for s in steps]
             where = (framework, key, r["rank"])
@@ -118,10 +165,27 @@ def test_compression_stats_bytes_equal_the_plan(reported):
             assert got["total"]["dense_wire_bytes"] == pytest.approx(3 * allreduce_wire_bytes(dense, NRANKS)), where
 
 
+def check_coded(framework, key, r, got, join_check):
+    """The coded configs: fixed parts exactly, the coded part within its coding's bounds (every step's, through
+    the last step and the total), its wire bytes (N-1) times its payload where it goes by allgather alone."""
+    config = key.rpartition("/")[2]
+    fixed, coded, wire_factor = coded_bounds(config, [tuple(e) for e in got["log"]])
+    join = (JOIN_CHECK_BYTES, join_check_wire_bytes(NRANKS)) if join_check else (0, 0)
+    where = (framework, key, r["rank"])
+    assert got["steps"] == 3, where
+    for part, steps in (("last_step", [-1]), ("total", [0, 1, 2])):
+        payload = got[part]["payload_bytes"] - sum(fixed[i].payload + join[0] for i in steps)
+        low, high = sum(coded[i][0] for i in steps), sum(coded[i][1] for i in steps)
+        assert low <= payload <= high, (where, part, payload, low, high)
+        if wire_factor is not None:
+            wire = got[part]["wire_bytes"] - sum(fixed[i].wire + join[1] for i in steps)
+            assert wire == pytest.approx(wire_factor * payload), (where, part)
+
+
 def test_adaptive_log_covers_compressed_and_dense_paths(reported):
     """The adaptive config moves (window 1): its bytes were checked above on more than one CF."""
     _, results = reported
     for r in results:
         for key, got in r["results"].items():
-            if key.endswith("adaptive"):
+            if key.endswith("adaptive") or key.endswith("adaptive_delta"):
                 assert len({cf for _, cf in got["log"]}) >= 2, got["log"]

@@ -9,7 +9,7 @@ from horovod_ext.torch.kernels import check_gradient
 
 def test_bare_and_configured():
     bare = Ternary()
-    assert (bare.clip, bare.shared_scale, bare.packing, bare.min_size, bare.seed) == (2.5, False, "base3", 1024, None)
+    assert (bare.clip, bare.shared_scale, bare.packing, bare.min_size, bare.seed) == (2.5, False, "entropy", 1024, None)
     configured = bare(clip=None, packing="2bit", seed=3)
     assert configured.clip is None and configured.packing == "2bit" and configured.seed == 3
     assert bare == Ternary() and hash(bare) == hash(Ternary()) and bare != configured
@@ -19,7 +19,7 @@ def test_bare_and_configured():
 @pytest.mark.parametrize("kwargs, fragment", [
     (dict(clip=0), "clip must be > 0.0"), (dict(clip=-1), "clip must be > 0.0"),
     (dict(clip=float("nan")), "clip must be a finite number or None"), (dict(clip="2"), "clip"),
-    (dict(packing="3bit"), "one of ('2bit', 'base3')"), (dict(min_size=-1), "min_size must be >= 0"),
+    (dict(packing="3bit"), "one of ('entropy', 'base3', '2bit')"), (dict(min_size=-1), "min_size must be >= 0"),
     (dict(min_size=1.5), "min_size must be an integer"), (dict(shared_scale=1), "shared_scale must be True or False"),
     (dict(seed=-1), "seed must be in [0, 18446744073709551616)"), (dict(seed=2 ** 64), "seed"),
 ])
@@ -71,7 +71,9 @@ def test_transport_argument():
 
 @pytest.mark.parametrize("kwargs, fragment", [
     (dict(ratio=0), "ratio must be > 0.0"), (dict(ratio=1.5), "ratio must be in (0, 1]"),
-    (dict(value_dtype="bf16"), "value_dtype must be one of ('fp16', 'fp32')"),
+    (dict(value_dtype="bf16"), "value_dtype must be one of ('fp16', 'fp32', 'ternary')"),
+    (dict(packing="bits"), "packing must be one of ('delta', 'int32')"),
+    (dict(value_dtype="ternary", packing="int32"), "value_dtype='ternary' needs packing='delta'"),
     (dict(error_feedback="yes"), "error_feedback must be True or False"),
 ])
 def test_topk_invalid_arguments(kwargs, fragment):

@@ -101,7 +101,7 @@ def test_backward_passes_per_step_accumulates_before_sending():
 def test_stats_fields_and_ratios():
     m = model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters(),
-                                   compression=hvd.Compression.ternary(min_size=100))
+                                   compression=hvd.Compression.ternary(min_size=100, packing="base3"))
     for step in range(3):
         opt.zero_grad()
         loss_of(m, step).backward()

@@ -45,6 +45,8 @@ The backend's contract (both adapters implement exactly this):
     timed(field)                   a context that adds its seconds to the statistics (no-op in a graph)
     count(**amounts)               bytes known when the step is built
     count_decided(**amounts)       bytes known only once a host decision is taken (GraVAC's path)
+    count_runtime(**amounts)       bytes known only as the step runs (entropy-coded payloads: sizes, or tensors of
+                                   them in a graph)
 """
 import math
 
@@ -189,9 +191,8 @@ class Allgather(Method):
 
     def _gather(self, be, item, payload):
         item.future = be.allgather(payload, be.name(self.spec.name, item))
-        nbytes = self.codec.payload_bytes(item.numel)
-        be.count(payload_bytes=nbytes, wire_bytes=allgather_wire_bytes(nbytes, be.nranks),
-                 compressed_elements=item.numel)
+        count_payload(be, self.codec.payload_bytes(item.numel), payload)
+        be.count(compressed_elements=item.numel)
 
     def finish(self, be, items):
         DenseSplit.finish(be, [i for i in items if i.kind == "small"])
@@ -208,10 +209,21 @@ class Allgather(Method):
                     be.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
 
 
+def count_payload(be, nbytes, payload):
+    """A payload's bytes and what its allgather sends: nbytes where the size is fixed (known when the step is
+    built), else the payload's own size, counted as the step runs (an entropy-coded payload)."""
+    if nbytes is not None:
+        be.count(payload_bytes=nbytes, wire_bytes=allgather_wire_bytes(nbytes, be.nranks))
+    else:
+        size = be.size(payload)
+        be.count_runtime(payload_bytes=size, wire_bytes=size * (be.nranks - 1))
+
+
 class Codec:
     """One tensor's payload: ``encode(be, item, flat, want_remainder)`` -> (payload, flat - what was sent, or None);
     ``decode(be, item, gathered, into)`` -> (average, -1 or the first rank whose payload is bad);
-    ``payload_bytes(numel)`` from the C++ core's size functions (horovod_ext.compression.sizes); and, for error
+    ``payload_bytes(numel)`` from the C++ core's size functions (horovod_ext.compression.sizes), or None for a
+    payload whose size depends on its content (entropy coding: counted as the step runs); and, for error
     feedback around a codec whose encode returns no remainder, ``sent(be, item, payload)``: the values this rank's
     own payload stands for."""
 

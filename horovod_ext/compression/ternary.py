@@ -5,20 +5,24 @@ core) and the method (its transports: allgather, or two-phase with a shared scal
 cpp/include/hvdext/ternary.h and two_phase.h; its definition in python/hvdext_reference/terngrad.py, two_phase.py.
 """
 from . import sizes
-from .plan import Allgather, Codec, DenseSplit, count_dense
+from .plan import Allgather, Codec, DenseSplit, count_dense, count_payload
 from .specs import CompressorSpec, SEED_LIMIT, check_bool, check_choice, check_int, check_real
 from .two_phase import TwoPhasePlan, choose_transport, scale_sharing_bytes
 from .wire import tensor_key
 
-PACKINGS = ("2bit", "base3")
+PACKINGS = ("entropy", "base3", "2bit")
 TRANSPORTS = ("auto", "allgather", "two_phase")
-PACKING_IDS = {"2bit": 0, "base3": 1}  # the ids the C++ core takes (hvdext::Packing)
+PACKING_IDS = {"2bit": 0, "base3": 1, "entropy": 2}  # the ids the C++ core takes (hvdext::Packing)
+ENTROPY = PACKING_IDS["entropy"]
+FIXED_OF = {"2bit": "2bit", "base3": "base3", "entropy": "base3"}  # the fixed packing inside two-phase's sums
 
 
 class TernaryCodec(Codec):
     """One tensor: clip to clip * std(g), scale s = max|clipped g| (or the max over ranks), codes
-    t_k = sign(g_k) with probability |g_k| / s (else 0), packed 4 or 5 per byte after the float32 s. Decoding sums
-    the N ranks' s_r * t_r and divides by the divisor, in one native pass."""
+    t_k = sign(g_k) with probability |g_k| / s (else 0), packed 4 or 5 per byte after the float32 s, or entropy
+    coded (variable size: the non-zero codes' positions, Rice coded, and their signs; cpp/include/hvdext/coding.h).
+    Decoding sums the N ranks' s_r * t_r and divides by the divisor, in one native pass: the same bits for every
+    packing of the same codes."""
 
     bad_payload = "%s (on rank {})"  # decode reports the first rank whose scale is not finite
     nonfinite = None  # the decode's flag already covers every NaN/Inf
@@ -29,7 +33,7 @@ class TernaryCodec(Codec):
         self.packing = PACKING_IDS[spec.packing]
 
     def payload_bytes(self, numel):
-        return sizes.ternary_payload_bytes(numel, self.packing)
+        return None if self.packing == ENTROPY else sizes.ternary_payload_bytes(numel, self.packing)
 
     def scale(self, be, item, flat):
         """This rank's (threshold, scale); scale = inf flags NaN/Inf."""
@@ -38,8 +42,12 @@ class TernaryCodec(Codec):
     def encode(self, be, item, flat, want_remainder=False):
         if item.scale is None:
             self.scale(be, item, flat)
-        payload = be.kernels.ternary_encode(flat, item.threshold, item.scale, be.seed, be.step, tensor_key(item.name),
-                                            be.rank, self.packing)
+        if self.packing == ENTROPY:
+            payload = be.kernels.ternary_encode_entropy(flat, item.threshold, item.scale, be.seed, be.step,
+                                                        tensor_key(item.name), be.rank)
+        else:
+            payload = be.kernels.ternary_encode(flat, item.threshold, item.scale, be.seed, be.step,
+                                                tensor_key(item.name), be.rank, self.packing)
         return payload, None
 
     def codes(self, be, item, flat):
@@ -48,10 +56,14 @@ class TernaryCodec(Codec):
                                                tensor_key(item.name), be.rank)
 
     def decode(self, be, item, gathered, into):
+        if self.packing == ENTROPY:  # a corrupted payload raises (the same on every rank: they hold the same bytes)
+            return be.kernels.ternary_decode_average_entropy(gathered, be.nranks, item.numel, be.divisor, into)
         return be.kernels.ternary_decode_average(gathered, be.nranks, item.numel, self.packing, be.divisor, into)
 
     def sent(self, be, item, payload):
         """s * t of this rank's own payload (exact: t is -1, 0 or 1), for error feedback."""
+        if self.packing == ENTROPY:
+            return be.kernels.ternary_decode_average_entropy(payload, 1, item.numel, 1.0)[0]
         return be.kernels.ternary_decode_average(payload, 1, item.numel, self.packing, 1.0)[0]
 
 
@@ -65,7 +77,8 @@ class TernaryMethod(Allgather):
     def __init__(self, spec, be, sizes_):
         super().__init__(spec, be, sizes_)
         compressed = [n for n in self.sizes if n >= spec.min_size]
-        self.transport = choose_transport(spec.transport, spec.shared_scale, compressed, be.nranks, spec.packing)
+        self.transport = choose_transport(spec.transport, spec.shared_scale, compressed, be.nranks,
+                                          FIXED_OF[spec.packing])
         be.stats.extra["transport"] = self.transport
         self.plan = None
 
@@ -120,22 +133,38 @@ class TernaryMethod(Allgather):
 
     def _two_phase(self, be, items):
         sizes_ = [item.numel for item in items]
+        fixed = FIXED_OF[self.spec.packing]
         if self.plan is None or self.plan.sizes != sizes_:
-            self.plan = TwoPhasePlan(sizes_, be.nranks, self.spec.packing)
-        plan, k = self.plan, be.kernels
+            self.plan = TwoPhasePlan(sizes_, be.nranks, fixed)
+        plan, k, coded = self.plan, be.kernels, self.codec.packing == ENTROPY
+        fixed_id = PACKING_IDS[fixed]
         with be.timed("compress_seconds"):
             codes = be.concat([self.codec.codes(be, item, item.flat) for item in items])
             for item in items:
                 if self.feedback is not None:  # the same draws as the codes: what this rank's chunk sums carry
                     self._keep(be, item, self.codec.encode(be, item, item.flat)[0])
                 item.flat = None
-            send = be.concat([k.ternary_pack(codes[plan.bounds[j]:plan.bounds[j + 1]], self.codec.packing)
-                              for j in range(be.nranks)])
-        received = be.wait(be.alltoall(send, plan.send_splits, be.step_name("ternary.two_phase.alltoall")))
+            chunks = [codes[plan.bounds[j]:plan.bounds[j + 1]] for j in range(be.nranks)]
+            if coded:  # each chunk entropy-coded (scale 1: the shared scales travel once, by allreduce)
+                outgoing = [k.ternary_codes_encode_entropy(chunk) for chunk in chunks]
+                splits = be.stack([be.size(part) for part in outgoing], "int32")
+            else:
+                outgoing = [k.ternary_pack(chunk, fixed_id) for chunk in chunks]
+                splits = plan.send_splits
+            send = be.concat(outgoing)
+        received = be.wait(be.alltoall(send, splits, be.step_name("ternary.two_phase.alltoall")))
         with be.timed("compress_seconds"):
-            stream = k.ternary_sum_reencode(received, be.nranks, plan.counts[be.rank], self.codec.packing, plan.bits)
+            count = plan.counts[be.rank]
+            if coded:  # a corrupted chunk is flagged in this rank's stream: every rank then fails together
+                received, bad = k.ternary_entropy_to_packed(received, be.nranks, count, fixed_id)
+                fixed_stream = k.ternary_sum_reencode(received, be.nranks, count, fixed_id, plan.bits)
+                stream = k.two_phase_levels_encode(fixed_stream, count, be.nranks, plan.bits, bad)
+            else:
+                stream = k.ternary_sum_reencode(received, be.nranks, count, fixed_id, plan.bits)
         gathered = be.wait(be.allgather(stream, be.step_name("ternary.two_phase.allgather")))
         with be.timed("decompress_seconds"):
+            if coded:
+                gathered = k.two_phase_levels_decode(gathered, plan.counts, plan.bits)
             parts = [[] for _ in items]
             position = 0
             for j, size in enumerate(plan.stream_sizes):
@@ -146,8 +175,13 @@ class TernaryMethod(Allgather):
                                                        be.divisor))
             for item, pieces in zip(items, parts):
                 be.write(item, be.concat(pieces))
-        be.count(payload_bytes=plan.payload_bytes(be.rank), wire_bytes=plan.wire_bytes(be.rank),
-                 compressed_elements=plan.total)
+        be.count(compressed_elements=plan.total)
+        if coded:
+            sent = be.size(send)
+            be.count_runtime(payload_bytes=sent + be.size(stream),
+                             wire_bytes=sent - be.size(outgoing[be.rank]) + (be.nranks - 1) * be.size(stream))
+        else:
+            be.count(payload_bytes=plan.payload_bytes(be.rank), wire_bytes=plan.wire_bytes(be.rank))
 
 
 class Ternary(CompressorSpec):
@@ -155,18 +189,23 @@ class Ternary(CompressorSpec):
 
     Each gradient g is clipped to +-clip*sigma(g), scaled by s = max|clipped g| (with ``shared_scale=True`` the max
     over ranks, one batched allreduce(Max) per step), and every element becomes s*sign(g_k) with probability
-    |g_k|/s, else 0: unbiased, E[g~] = g. Codes travel packed, 4 per byte ("2bit") or 5 per byte ("base3",
-    1.6 bits per element), plus the 4-byte scale, by allgather; every rank decodes and averages all payloads.
+    |g_k|/s, else 0: unbiased, E[g~] = g. Codes travel entropy coded ("entropy", the default: the positions of the
+    non-zero codes as Rice-coded gaps and a sign bit each, within about 2% of the codes' entropy; 0.6-1.1 bits per
+    element on typical gradients with clipping), or packed 5 per byte ("base3", 1.6 bits) or 4 per byte ("2bit"),
+    plus the 4-byte scale, by allgather; every rank decodes and averages all payloads (the same bits for every
+    packing). An entropy-coded payload carries a CRC-32: a corrupted one fails the step on every rank.
 
     Args:
         clip: clip gradients to clip * std(g) before ternarizing (paper: 2.5); None disables clipping.
         shared_scale: use the max of every rank's scale (TernGrad's "scaler sharing").
-        packing: "base3" (1.6 bits per element) or "2bit" (2 bits, simpler to decode).
+        packing: "entropy" (variable size, about n H(codes) bits; coded on the CPU), "base3" (1.6 bits per element)
+            or "2bit" (2 bits, simpler to decode).
         min_size: tensors with fewer elements travel dense by allreduce (biases, norms); 0 compresses all.
         seed: key of the counter-based generator (with step, tensor, rank, element); None lets rank 0 draw one.
         transport: "allgather" (every rank receives every payload: bytes per rank grow with N), "two_phase" (needs
             shared_scale: an alltoall of code chunks, exact integer sums re-encoded at ceil(log2(2N+1)) bits, and an
-            allgather of those: bytes per rank grow with log N), or "auto" (two_phase where it sends fewer bytes).
+            allgather of those: bytes per rank grow with log N; with "entropy" both the chunks and the sums are
+            entropy coded), or "auto" (two_phase where it sends fewer bytes).
         error_feedback: ternarize g + r and keep r = g + r - s * t for the next step (plan.ErrorFeedback; Seide et
             al. 2014, Karimireddy et al. 2019): what clipping and the random draws left out is sent later instead
             of lost. TernGrad itself has none (unbiased without it); residuals are in the optimizer's state.
@@ -177,7 +216,7 @@ class Ternary(CompressorSpec):
     method = TernaryMethod
     codec = TernaryCodec
 
-    def __init__(self, clip=2.5, shared_scale=False, packing="base3", min_size=1024, seed=None, transport="auto",
+    def __init__(self, clip=2.5, shared_scale=False, packing="entropy", min_size=1024, seed=None, transport="auto",
                  error_feedback=False):
         check_choice("ternary transport", transport, TRANSPORTS)
         if transport == "two_phase" and shared_scale is not True:

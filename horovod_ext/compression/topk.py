@@ -10,10 +10,11 @@ from . import sizes
 from .gravac import GravacController
 from .plan import Allgather, Codec, ErrorFeedback, Method, count_dense, k_of
 from .specs import CompressorSpec, check_bool, check_choice, check_int, check_real
-from .wire import allgather_wire_bytes, allreduce_wire_bytes
+from .wire import allreduce_wire_bytes
 
-VALUE_DTYPES = ("fp16", "fp32")
-VALUE_DTYPE_IDS = {"fp16": 0, "fp32": 1}  # hvdext::ValueType
+VALUE_DTYPES = ("fp16", "fp32", "ternary")
+VALUE_DTYPE_IDS = {"fp16": 0, "fp32": 1, "ternary": 2}  # hvdext::ValueType
+PACKINGS = ("delta", "int32")
 POLICIES = ("exponential", "geometric")
 TOPK_MAX_ELEMENTS = 2 ** 31  # int32 indices on the wire
 NORM_BYTES = 32  # GraVAC's allreduce: |g_ef|^2, |C_min|^2, |C_c|^2 and the step time, float64
@@ -26,10 +27,23 @@ def check_fraction(argument, value):
     return value
 
 
+def check_values(name, value_dtype, packing):
+    """The payload settings of top-k and GraVAC, checked."""
+    value_dtype = check_choice(f"{name} value_dtype", value_dtype, VALUE_DTYPES)
+    packing = check_choice(f"{name} packing", packing, PACKINGS)
+    if value_dtype == "ternary" and packing != "delta":
+        raise ValueError(f"{name} value_dtype='ternary' needs packing='delta' (its signs travel in the coded "
+                         f"indices), got packing={packing!r}")
+    return {"value_dtype": value_dtype, "packing": packing}
+
+
 class TopKCodec(Codec):
-    """payload = k int32 indices (ascending) then k values (fp16 or fp32) of g_ef's largest |g_ef|; the remainder
-    is g_ef with the sent values' rounding error in their place (exact: sent + remainder == g_ef). Decoding
-    scatter-adds the N payloads and divides by the divisor."""
+    """The k elements of g_ef's largest |g_ef|: "delta" packing (variable size): the indices as Rice-coded gaps
+    (about log2(n/k) + 1.5 bits each) and their values, fp16, fp32 or "ternary" (a sign bit each and one float32
+    magnitude per tensor, the mean |value|: Sattler et al.'s sparse ternary compression); "int32" packing: k int32
+    indices then k fp16/fp32 values. The remainder is g_ef - sent (exact for fp16/fp32: sent + remainder == g_ef;
+    for ternary values, rounded once where |g_ef| and the magnitude are more than a factor two apart). Decoding
+    scatter-adds the N payloads and divides by the divisor: the same bits for both packings of the same values."""
 
     bad_payload = "%s (rank {} sent indices outside the tensor)"
     nonfinite = "(NaN/Inf on some rank, or beyond the fp16 range: try value_dtype='fp32')"
@@ -37,13 +51,14 @@ class TopKCodec(Codec):
     def __init__(self, spec, be):
         super().__init__(spec, be)
         self.value_type = VALUE_DTYPE_IDS[spec.value_dtype]
+        self.coded = spec.packing == "delta"
         self.cf = 1.0 / spec.ratio if hasattr(spec, "ratio") else None
 
     def k(self, numel):
         return k_of(numel, self.cf)
 
     def payload_bytes(self, numel, cf=None):
-        return sizes.topk_payload_bytes(k_of(numel, cf or self.cf), self.value_type)
+        return None if self.coded else sizes.topk_payload_bytes(k_of(numel, cf or self.cf), self.value_type)
 
     def encode(self, be, item, flat, want_remainder=False):
         item.k = self.k(item.numel)
@@ -51,11 +66,18 @@ class TopKCodec(Codec):
 
     def extract(self, be, g_ef, idx):
         """(payload, remainder). The kernel writes the remainder into g_ef's storage where the framework can."""
+        if self.coded:
+            return be.kernels.topk_extract_coded(g_ef, idx, self.value_type)
         return be.kernels.topk_extract(g_ef, idx, self.value_type)
 
     def decode(self, be, item, gathered, into):
-        return be.kernels.topk_decode_average(gathered, item.k, be.nranks, item.numel, self.value_type, be.divisor,
-                                              into)
+        return self.decode_k(be, item.numel, item.k, gathered, into)
+
+    def decode_k(self, be, numel, k, gathered, into):
+        """(average, -1 or a rank with bad indices); a corrupted "delta" payload raises on every rank."""
+        if self.coded:
+            return be.kernels.topk_decode_average_coded(gathered, be.nranks, numel, be.divisor, into)
+        return be.kernels.topk_decode_average(gathered, k, be.nranks, numel, self.value_type, be.divisor, into)
 
 
 class AdaptiveTopKMethod(Method):
@@ -117,13 +139,8 @@ class AdaptiveTopKMethod(Method):
         return ("candidate", "min", "dense").index(path)
 
     def decision_bytes(self, path, cf):
-        """What one step on `path` at `cf` hands to Horovod, from the C++ core's sizes."""
-        if path == "dense":
-            nbytes = 4 * sum(self.step_sizes)
-            return {"payload_bytes": nbytes, "wire_bytes": allreduce_wire_bytes(nbytes, self.nranks)}
-        nbytes = sum(self.codec.payload_bytes(n, cf) for n in self.step_sizes)
-        return {"payload_bytes": nbytes, "wire_bytes": allgather_wire_bytes(nbytes, self.nranks),
-                "compressed_elements": sum(self.step_sizes)}
+        """The elements one step on `path` compresses (its bytes are counted as the path runs: _sparse, _dense)."""
+        return {} if path == "dense" else {"compressed_elements": sum(self.step_sizes)}
 
     def finish(self, be, items):
         self.step_cfs, self.step_sizes = None, [item.numel for item in items]
@@ -139,30 +156,34 @@ class AdaptiveTopKMethod(Method):
         results = be.switch(path, [lambda: self._sparse(be, items, 0, "candidate"),
                                    lambda: self._sparse(be, items, 1, "min"), lambda: self._dense(be, items)])
         n = len(items)
-        for item, avg, bad in zip(items, results[:n], results[n:]):
+        payload_bytes, wire_bytes = be.unstack(results[2 * n], 2)
+        be.count_runtime(payload_bytes=payload_bytes, wire_bytes=wire_bytes)
+        for item, avg, bad in zip(items, results[:n], results[n:2 * n]):
             be.require(be.equal(bad, -1), self.codec.bad_payload % (repr(item.name),), bad)
             be.write(item, avg)
             be.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
             item.flat = item.candidates = item.energy = None
 
     def _sparse(self, be, items, which, tag):
-        """Send each tensor's selection `which` by allgather; returns the averages, then the bad-rank flags."""
-        sent = []
+        """Send each tensor's selection `which` by allgather; returns the averages, the bad-rank flags, and the
+        (payload, wire) bytes sent."""
+        sent, nbytes = [], []
         with be.timed("compress_seconds"):
             for item in items:
                 idx = item.candidates[which]
                 payload, remainder = self.codec.extract(be, item.flat, idx)
                 self.feedback.keep(be, item, remainder)
+                nbytes.append(be.size(payload))
                 sent.append((item, be.size(idx), be.allgather(payload, be.name(f"topk.{tag}", item))))
         averages, flags = [], []
         for item, count, future in sent:
             gathered = be.wait(future)
             with be.timed("decompress_seconds"):
-                avg, bad = be.kernels.topk_decode_average(gathered, count, be.nranks, item.numel,
-                                                          self.codec.value_type, be.divisor, be.output_buffer(item))
+                avg, bad = self.codec.decode_k(be, item.numel, count, gathered, be.output_buffer(item))
             averages.append(avg)
             flags.append(bad)
-        return averages + flags
+        total = be.sum(nbytes)
+        return averages + flags + [be.stack([total, total * (be.nranks - 1)], "float64")]
 
     def _dense(self, be, items):
         """GraVAC's dense path: g_ef by allreduce, after which r = 0."""
@@ -171,7 +192,9 @@ class AdaptiveTopKMethod(Method):
             send = be.copy(item.flat)
             self.feedback.clear(be, item)
             sent.append(be.allreduce(send, be.name("topk.dense", item), "sum" if be.divisor == 1.0 else "average"))
-        return [be.wait(f) for f in sent] + [be.no_flag() for _ in items]
+        nbytes = 4 * sum(self.step_sizes)
+        return [be.wait(f) for f in sent] + [be.no_flag() for _ in items] + \
+            [be.stack([nbytes, allreduce_wire_bytes(nbytes, be.nranks)], "float64")]
 
 
 class TopK(CompressorSpec):
@@ -179,13 +202,16 @@ class TopK(CompressorSpec):
 
     Each tensor keeps the k = max(1, ceil(ratio * n)) elements of largest |g + r| and carries the rest in its
     residual r to the next step: g_ef = g + r; sent = top_k(g_ef); r = g_ef - sent (nothing is lost, only delayed).
-    The payload (int32 indices and fp16 or fp32 values, 6 or 8 bytes per kept element) travels by allgather and is
-    decoded with one scatter-add of all ranks' payloads. Residuals are in the optimizer's state_dict().
+    The payload travels by allgather and is decoded with one scatter-add of all ranks' payloads. Residuals are in
+    the optimizer's state_dict().
 
     Args:
         ratio: fraction of each tensor's elements sent, in (0, 1] (0.01: compression factor 100 / 1.5 for fp16).
         error_feedback: keep the residual (recommended; without it top-k is biased).
-        value_dtype: "fp16" (6 bytes per element) or "fp32" (8).
+        value_dtype: "fp16", "fp32", or "ternary" (a sign bit per kept element and one magnitude per tensor, the
+            mean |value|, Sattler et al. 2019; what that leaves out stays in the residual; needs packing="delta").
+        packing: "delta" (indices as Rice-coded gaps, about log2(1/ratio) + 1.5 bits each: at ratio 0.01 about 0.25
+            bits per element with fp16 values, 0.1 with ternary ones; coded on the CPU) or "int32" (32 bits each).
     """
 
     name = "topk"
@@ -194,10 +220,10 @@ class TopK(CompressorSpec):
     codec = TopKCodec
     max_elements = TOPK_MAX_ELEMENTS
 
-    def __init__(self, ratio=0.01, error_feedback=True, value_dtype="fp16"):
+    def __init__(self, ratio=0.01, error_feedback=True, value_dtype="fp16", packing="delta"):
         super().__init__(ratio=check_fraction("topk ratio", ratio),
                          error_feedback=check_bool("topk error_feedback", error_feedback),
-                         value_dtype=check_choice("topk value_dtype", value_dtype, VALUE_DTYPES))
+                         **check_values("topk", value_dtype, packing))
 
 
 class AdaptiveTopK(CompressorSpec):
@@ -214,6 +240,7 @@ class AdaptiveTopK(CompressorSpec):
             the lower of the two CFs whose compression throughputs are highest when those are within omega; [0, 1).
         policy: how the candidate's scale-up moves each window: "exponential" (theta_s squared: CF 10, 20, 40, 160,
             1000 from min_cf 10) or "geometric" (doubled).
+        value_dtype, packing: the payload's values and index coding, as Compression.topk's.
 
     Defaults. epsilon 0.7 is the lower of the two values the paper reports (0.7, 0.9; the authors' code: 0.75):
     with error feedback, top-k at CF 10 keeps a gain of 0.74-0.86 on the digits MLP and CNN and about 0.7 on a
@@ -228,7 +255,8 @@ class AdaptiveTopK(CompressorSpec):
     method = AdaptiveTopKMethod
     max_elements = TOPK_MAX_ELEMENTS
 
-    def __init__(self, min_cf=10, max_cf=1000, epsilon=0.7, window=500, omega=0.05, policy="exponential"):
+    def __init__(self, min_cf=10, max_cf=1000, epsilon=0.7, window=500, omega=0.05, policy="exponential",
+                 value_dtype="fp16", packing="delta"):
         min_cf = check_real("adaptive_topk min_cf", min_cf, low=1.0, low_open=False)
         max_cf = check_real("adaptive_topk max_cf", max_cf, low=1.0, low_open=False)
         if min_cf > max_cf:
@@ -238,7 +266,7 @@ class AdaptiveTopK(CompressorSpec):
             raise ValueError(f"adaptive_topk omega must be in [0, 1), got {omega!r}")
         super().__init__(min_cf=min_cf, max_cf=max_cf, epsilon=check_fraction("adaptive_topk epsilon", epsilon),
                          window=check_int("adaptive_topk window", window, low=1), omega=omega,
-                         policy=check_choice("adaptive_topk policy", policy, POLICIES))
+                         policy=check_choice("adaptive_topk policy", policy, POLICIES),
+                         **check_values("adaptive_topk", value_dtype, packing))
 
-    value_dtype = "fp16"
     error_feedback = True

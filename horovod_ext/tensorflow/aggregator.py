@@ -192,7 +192,8 @@ class GradientAggregator(tf.Module):
             method.on_error(be)
             raise FloatingPointError("NaN or Inf in the gradient of " + ", ".join(be.errors))
         out = [item.result for item in items]
-        with tf.control_dependencies(be.guards + out):
+        counted = be.runtime_counted()
+        with tf.control_dependencies(be.guards + out + ([counted] if counted is not None else [])):
             out = [tf.identity(o) for o in out]
             self.step.assign_add(1)
         return out
@@ -215,15 +216,17 @@ class GradientAggregator(tf.Module):
     # -------------------------------------------------------------------------------------------- statistics
     def compression_stats(self):
         """Bytes per step as counted when the step was built (the same every step) times the steps taken, plus the
-        bytes counted at each host decision (adaptive_topk's path and CF), as taken. With adaptive_topk also the
+        bytes counted at each host decision (adaptive_topk's path and CF), as taken, plus the bytes of entropy-coded
+        payloads, as sent. With adaptive_topk also the
         controller's observations ("log", "throughput", "theta_ideal"). Seconds are not measured in TensorFlow (a
         tf.function runs as one graph) and read 0."""
         be = self.backend
         steps = int(self.step.numpy())
         fields = ("payload_bytes", "dense_bytes", "wire_bytes", "dense_wire_bytes", "elements", "compressed_elements")
         seconds = {"compress_seconds": 0.0, "decompress_seconds": 0.0, "comm_seconds": 0.0}
-        last = {k: be.per_step.get(k, 0) + be.decided_last.get(k, 0) for k in fields}
-        total = {k: be.per_step.get(k, 0) * steps + be.decided_total.get(k, 0) for k in fields}
+        last = {k: be.per_step.get(k, 0) + be.decided_last.get(k, 0) + be.runtime_last.get(k, 0) for k in fields}
+        total = {k: be.per_step.get(k, 0) * steps + be.decided_total.get(k, 0) + be.runtime_total.get(k, 0)
+                 for k in fields}
         stats = self.stats.as_dict()
         if self.controller is not None:
             stats.update(self.controller.observations())

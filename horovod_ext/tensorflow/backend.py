@@ -36,12 +36,16 @@ class TFBackend:
         self.errors, self.guards = [], []
         self.per_step = {}  # bytes counted while the step is built (the same every step)
         self.decided_total, self.decided_last = {}, {}  # bytes counted at host decisions, as they are taken
+        self.runtime_total, self.runtime_last = {}, {}  # bytes of entropy-coded payloads, as the steps run
+        self.runtime = []  # in a graph: (field, size tensor) of the step being built
         self.on_controller_loaded = self.on_controller_saved = None
 
     def begin(self, step, seed):
         """A new step is being built (eagerly: run)."""
         self.step, self.seed = step, seed
-        self.errors, self.guards, self.per_step = [], [], {}
+        self.errors, self.guards, self.per_step, self.runtime = [], [], {}, []
+        if tf.executing_eagerly():
+            self.runtime_last = {}
 
     # ------------------------------------------------------------------------------------------------ tensors
     @staticmethod
@@ -110,7 +114,8 @@ class TFBackend:
         return hvd.allgather(x, name=name, ignore_name_scope=True, process_set=self.process_set)
 
     def alltoall(self, x, splits, name):
-        received, _ = hvd.alltoall(x, splits=tf.constant(splits, dtype=tf.int32), name=name, ignore_name_scope=True,
+        splits = tf.cast(splits, tf.int32) if tf.is_tensor(splits) else tf.constant(splits, dtype=tf.int32)
+        received, _ = hvd.alltoall(x, splits=splits, name=name, ignore_name_scope=True,
                                    process_set=self.process_set)
         return received
 
@@ -175,6 +180,33 @@ class TFBackend:
     def count(self, **amounts):
         for key, value in amounts.items():
             self.per_step[key] = self.per_step.get(key, 0) + value
+
+    def count_runtime(self, **amounts):
+        if tf.executing_eagerly():
+            self._add_runtime({key: float(value) for key, value in amounts.items()})
+        else:
+            self.runtime.extend(amounts.items())
+
+    def _add_runtime(self, amounts, new_step=False):
+        if new_step:
+            self.runtime_last = {}
+        for key, value in amounts.items():
+            self.runtime_last[key] = self.runtime_last.get(key, 0) + value
+            self.runtime_total[key] = self.runtime_total.get(key, 0) + value
+
+    def runtime_counted(self):
+        """In a graph: one host op that adds the step's runtime byte counts (a control dependency of its
+        outputs), or None."""
+        if not self.runtime:
+            return None
+        fields = sorted({key for key, _ in self.runtime})
+        totals = [tf.add_n([tf.cast(v, tf.float64) for key, v in self.runtime if key == f]) for f in fields]
+
+        def add(*values):
+            self._add_runtime(dict(zip(fields, (float(v) for v in values))), new_step=True)
+            return np.int32(0)
+
+        return tf.numpy_function(add, totals, tf.int32)
 
     def count_decided(self, **amounts):
         self.decided_last = dict(amounts)

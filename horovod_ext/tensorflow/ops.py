@@ -75,3 +75,36 @@ class TFKernels:
     def topk_decode_average(gathered, k, nranks, numel, value_type, divisor, into=None):
         return lib.hvdext_topk_decode_average(gathered, k, nranks=nranks, count=numel, value_type=value_type,
                                               divisor=divisor)
+
+    # ------------------------------------------------------------------------------- entropy-coded payloads
+    @staticmethod
+    def ternary_encode_entropy(flat, threshold, scale, seed, step, key, rank):
+        return lib.hvdext_ternary_encode_entropy(flat, threshold, scale, seed, step, tensor_key=key, rank=rank)
+
+    @staticmethod
+    def ternary_codes_encode_entropy(codes, scale=1.0):
+        return lib.hvdext_ternary_codes_encode_entropy(codes, tf.constant(scale, tf.float32))
+
+    @staticmethod
+    def ternary_decode_average_entropy(gathered, nranks, numel, divisor, into=None):
+        return lib.hvdext_ternary_decode_average_entropy(gathered, nranks=nranks, count=numel, divisor=divisor)
+
+    @staticmethod
+    def ternary_entropy_to_packed(received, nranks, count, packing):
+        return lib.hvdext_ternary_entropy_to_packed(received, nranks=nranks, count=count, packing=packing)
+
+    @staticmethod
+    def two_phase_levels_encode(stream, count, nranks, bits, bad):
+        return lib.hvdext_two_phase_levels_encode(stream, bad, count=count, nranks=nranks, bits=bits)
+
+    @staticmethod
+    def two_phase_levels_decode(gathered, counts, bits):
+        return lib.hvdext_two_phase_levels_decode(gathered, counts=[int(c) for c in counts], bits=bits)
+
+    @staticmethod
+    def topk_extract_coded(x, idx, value_type):
+        return lib.hvdext_topk_extract_coded(x, idx, value_type=value_type)
+
+    @staticmethod
+    def topk_decode_average_coded(gathered, nranks, numel, divisor, into=None):
+        return lib.hvdext_topk_decode_average_coded(gathered, nranks=nranks, count=numel, divisor=divisor)

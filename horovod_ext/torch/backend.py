@@ -139,8 +139,8 @@ class TorchBackend:
 
     def alltoall(self, x, splits, name):
         start = time.perf_counter()
-        received, _ = hvd.alltoall(x, splits=torch.tensor(splits, dtype=torch.int32), name=name,
-                                   process_set=self.process_set)
+        splits = splits.to(torch.int32) if torch.is_tensor(splits) else torch.tensor(splits, dtype=torch.int32)
+        received, _ = hvd.alltoall(x, splits=splits, name=name, process_set=self.process_set)
         self.stats.add(comm_seconds=time.perf_counter() - start)
         return Done(received)
 
@@ -201,6 +201,9 @@ class TorchBackend:
         self.stats.add(**amounts)
 
     count_decided = count
+
+    def count_runtime(self, **amounts):
+        self.stats.add(**{key: float(value) for key, value in amounts.items()})
 
     def controller_loaded(self, controller):
         pass

@@ -3,6 +3,9 @@ uniform, functional signature the plan calls (horovod_ext/compression/plan.py). 
 outputs are allocated, CUDA tensors run on torch's current stream, results that the plan writes into a gradient go
 straight into it when it is contiguous float32 (``into``).
 
+Entropy-coded payloads ("entropy", "delta") are coded on the CPU (the coding is serial): a CUDA tensor is copied
+to the host for them, and the decoded average back to its device.
+
 In-place contract: ``ef_accumulate(flat, r)`` adds flat into r and returns r; ``topk_extract(x, idx, ...)`` leaves the
 remainder in x and returns x as the remainder. The plan passes them only tensors it owns (a residual, or a copy).
 """
@@ -33,6 +36,20 @@ def as_float32(tensor):
 
 def _out(into, numel, like):
     return into if into is not None else torch.empty(numel, dtype=torch.float32, device=like.device)
+
+
+def _cpu(tensor):
+    return tensor.cpu() if tensor.is_cuda else tensor
+
+
+def _decoded_into(into, numel, like, decode):
+    """Decode on the CPU into `into` (or a new tensor on like's device)."""
+    host = into if into is not None and not into.is_cuda else torch.empty(numel, dtype=torch.float32)
+    result = decode(host)
+    if into is not None and into.is_cuda:
+        into.copy_(host)
+        return into, result
+    return (host.to(like.device) if like.is_cuda else host), result
 
 
 def _key(step):
@@ -103,3 +120,44 @@ class TorchKernels:
         out = _out(into, numel, gathered)
         bad = ops.topk_decode_average(gathered, nranks, k, numel, value_type, float(divisor), out)
         return out, bad
+
+    # ------------------------------------------------------------------------- entropy-coded payloads (CPU)
+    @staticmethod
+    def ternary_encode_entropy(flat, threshold, scale, seed, step, key, rank):
+        return ops.ternary_encode_entropy(_cpu(flat), threshold, scale, seed, _key(step), key, rank)
+
+    @staticmethod
+    def ternary_codes_encode_entropy(codes, scale=1.0):
+        return ops.ternary_codes_encode_entropy(codes.contiguous(), scale)
+
+    @staticmethod
+    def ternary_decode_average_entropy(gathered, nranks, numel, divisor, into=None):
+        return _decoded_into(into, numel, gathered, lambda out: ops.ternary_decode_average_entropy(
+            _cpu(gathered), nranks, numel, float(divisor), out))
+
+    @staticmethod
+    def ternary_entropy_to_packed(received, nranks, count, packing):
+        return ops.ternary_entropy_to_packed(received.contiguous(), nranks, count, packing)
+
+    @staticmethod
+    def two_phase_levels_encode(stream, count, nranks, bits, bad):
+        return ops.two_phase_levels_encode(stream, count, nranks, bits, int(bad))
+
+    @staticmethod
+    def two_phase_levels_decode(gathered, counts, bits):
+        return ops.two_phase_levels_decode(gathered.contiguous(), [int(c) for c in counts], bits)
+
+    @staticmethod
+    def topk_extract_coded(x, idx, value_type):
+        if x.is_cuda:  # the remainder is written on the host copy, then back into x
+            host = x.cpu()
+            payload = ops.topk_extract_coded(host, _cpu(idx), value_type)
+            x.copy_(host)
+            return payload, x
+        return ops.topk_extract_coded(x, idx, value_type), x
+
+    @staticmethod
+    def topk_decode_average_coded(gathered, nranks, numel, divisor, into=None):
+        out, _ = _decoded_into(into, numel, gathered, lambda out: ops.topk_decode_average_coded(
+            _cpu(gathered), nranks, numel, float(divisor), out))
+        return out, -1

@@ -17,15 +17,22 @@ FIELDS = ("payload_bytes", "wire_bytes", "dense_bytes", "dense_wire_bytes", "ele
 CONFIGS = {
     "none": ("none", {}),
     "fp16": ("fp16", {}),
-    "ternary_base3": ("ternary", {}),
+    "ternary_base3": ("ternary", {"packing": "base3"}),
     "ternary_2bit": ("ternary", {"packing": "2bit"}),
     "ternary_shared_2bit": ("ternary", {"packing": "2bit", "shared_scale": True, "transport": "allgather"}),
-    "ternary_two_phase": ("ternary", {"shared_scale": True, "transport": "two_phase"}),
+    "ternary_two_phase": ("ternary", {"packing": "base3", "shared_scale": True, "transport": "two_phase"}),
     "ternary_two_phase_2bit": ("ternary", {"packing": "2bit", "shared_scale": True, "transport": "two_phase"}),
-    "topk_fp16": ("topk", {"ratio": 0.05}),
-    "topk_fp32": ("topk", {"ratio": 0.05, "value_dtype": "fp32"}),
-    "topk_no_ef": ("topk", {"ratio": 0.3, "error_feedback": False}),
-    "adaptive": ("adaptive_topk", {"min_cf": 2, "max_cf": 40, "epsilon": 0.3, "window": 1, "omega": 0.0}),
+    "topk_fp16": ("topk", {"ratio": 0.05, "packing": "int32"}),
+    "topk_fp32": ("topk", {"ratio": 0.05, "value_dtype": "fp32", "packing": "int32"}),
+    "topk_no_ef": ("topk", {"ratio": 0.3, "error_feedback": False, "packing": "int32"}),
+    "adaptive": ("adaptive_topk", {"min_cf": 2, "max_cf": 40, "epsilon": 0.3, "window": 1, "omega": 0.0,
+                                   "packing": "int32"}),
+    # entropy-coded payloads (the defaults): sizes depend on the values; test_bytes.py bounds them
+    "ternary_entropy": ("ternary", {}),
+    "ternary_two_phase_entropy": ("ternary", {"shared_scale": True, "transport": "two_phase"}),
+    "topk_delta_fp16": ("topk", {"ratio": 0.05}),
+    "topk_delta_ternary": ("topk", {"ratio": 0.05, "value_dtype": "ternary"}),
+    "adaptive_delta": ("adaptive_topk", {"min_cf": 2, "max_cf": 40, "epsilon": 0.3, "window": 1, "omega": 0.0}),
 }
 
 
