@@ -10,7 +10,7 @@ import os
 import sys
 
 from common import OUT_DIR, horovodrun_json, line_plot, machine, markdown_table, progress, write_outputs
-from netns import NamespaceUnavailable, shaped_namespace
+from horovod_ext.shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ["mlp", "cnn", "lstm"]

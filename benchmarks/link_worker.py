@@ -19,10 +19,15 @@ from baselines import DDP_METHODS, ddp_wrap  # noqa: E402
 from horovod_ext.compression.wire import allreduce_wire_bytes  # noqa: E402
 
 COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compression.fp16,
-                "ternary": lambda: hvd.Compression.ternary,
+                "ternary": lambda: hvd.Compression.ternary,  # entropy coded (the default)
+                "ternary-base3": lambda: hvd.Compression.ternary(packing="base3"),
                 "ternary-shared": lambda: hvd.Compression.ternary(shared_scale=True, transport="allgather"),
                 "ternary-2phase": lambda: hvd.Compression.ternary(shared_scale=True, transport="two_phase"),
-                "topk": lambda: hvd.Compression.topk(ratio=0.01),
+                "ternary-2phase-base3": lambda: hvd.Compression.ternary(shared_scale=True, transport="two_phase",
+                                                                        packing="base3"),
+                "topk": lambda: hvd.Compression.topk(ratio=0.01),  # delta-coded indices, fp16 values (the default)
+                "topk-int32": lambda: hvd.Compression.topk(ratio=0.01, packing="int32"),
+                "topk-ternary": lambda: hvd.Compression.topk(ratio=0.01, value_dtype="ternary"),
                 "adaptive_topk": lambda: hvd.Compression.adaptive_topk}  # GraVAC at its defaults
 
 

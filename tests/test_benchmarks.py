@@ -8,7 +8,7 @@ import sys
 from hvdrun import ROOT
 
 EXPECTED = {"kernels": ["kernels_speedup.png"], "tf_kernels": ["tf_kernels_speedup.png"],
-            "gpu_kernels": ["gpu_kernels.png"], "wire": ["wire_bytes.png"],
+            "gpu_kernels": ["gpu_kernels.png"], "wire": ["wire_bytes.png"], "coding": ["coding_bits.png"],
             "link": ["link_step_seconds.png"], "tta": ["tta_accuracy.png", "tta_cf.png"],
             "gravac": ["gravac_cf.png", "gravac_cnn_2_accuracy.png"],
             "soak": ["soak_rss_growth.png"]}

@@ -81,7 +81,7 @@ TF_ERRORS = {
     "keras2_optimizer": ("TypeError", ["needs a Keras 3 optimizer", "GradientDescentOptimizer"]),
     "topk_nan": ("FloatingPointError", ["NaN or Inf in the gradient of"]),
     "adaptive_inf": ("FloatingPointError", ["NaN or Inf"]),
-    "packing": ("ValueError", ["'2bit', 'base3'"]),
+    "packing": ("ValueError", ["'entropy', 'base3', '2bit'"]),
     "clip": ("ValueError", ["clip must be > 0.0"]),
 }
 

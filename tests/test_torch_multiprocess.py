@@ -20,7 +20,7 @@ EXPECTED_ERRORS = {
     "adaptive_inf": ("FloatingPointError", ["NaN or Inf"]),
     "topk_ratio": ("ValueError", ["topk ratio must be in (0, 1]"]),
     "clip": ("ValueError", ["clip", "> 0.0"]),
-    "packing": ("ValueError", ["packing", "'2bit', 'base3'", "'3bit'"]),
+    "packing": ("ValueError", ["packing", "'entropy', 'base3', '2bit'", "'3bit'"]),
     "min_size": ("ValueError", ["min_size", ">= 0"]),
 }
 
