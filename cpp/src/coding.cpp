@@ -95,26 +95,30 @@ uint64_t get_varint(const uint8_t* p, int64_t avail, int* used, const char* what
   BitReader::fail(what);
 }
 
-std::vector<uint8_t> frame(std::vector<uint8_t> body) {
-  const uint32_t c = crc32(body.data() + 4, static_cast<int64_t>(body.size()) - 4);
-  std::memcpy(body.data(), &c, 4);  // little-endian hosts
-  std::vector<uint8_t> out;
-  out.reserve(body.size() + 5);
-  put_varint(body.size(), &out);
-  out.insert(out.end(), body.begin(), body.end());
-  return out;
+std::vector<uint8_t> frame_begin(size_t reserve) {
+  std::vector<uint8_t> payload(kFrameHeaderBytes);
+  payload.reserve(kFrameHeaderBytes + reserve);
+  return payload;
+}
+
+void frame_end(std::vector<uint8_t>* payload) {
+  if (payload->size() - 4 > 0xFFFFFFFFu) throw std::invalid_argument("a coded payload must be below 4 GiB");
+  const uint32_t length = static_cast<uint32_t>(payload->size() - 4);
+  const uint32_t c = crc32(payload->data() + kFrameHeaderBytes, static_cast<int64_t>(payload->size() - 8));
+  std::memcpy(payload->data(), &length, 4);  // little-endian hosts
+  std::memcpy(payload->data() + 4, &c, 4);
 }
 
 Frame unframe(const uint8_t* buf, int64_t bytes, int64_t offset, const char* what, int rank) {
   const std::string where = std::string(what) + " from rank " + std::to_string(rank);
-  int used = 0;
   if (offset >= bytes) throw CorruptPayload(where + " is missing (the gathered payloads are truncated)");
-  const uint64_t length = get_varint(buf + offset, bytes - offset, &used, (where + " has a bad length").c_str());
-  const int64_t start = offset + used;
+  if (bytes - offset < 8) throw CorruptPayload(where + " is truncated");
+  uint32_t length, stored;
+  std::memcpy(&length, buf + offset, 4);
+  const int64_t start = offset + 4;
   if (length < 4 || length > static_cast<uint64_t>(bytes - start)) {
     throw CorruptPayload(where + " is truncated or has a bad length");
   }
-  uint32_t stored;
   std::memcpy(&stored, buf + start, 4);
   if (crc32(buf + start + 4, static_cast<int64_t>(length) - 4) != stored) {
     throw CorruptPayload(where + " is corrupted (CRC-32 mismatch)");
@@ -151,9 +155,9 @@ void SparseWriter::block(int64_t size, const uint32_t* pos, int64_t m, const uin
   if (signed_) bits += m;
   if (magnitudes_) bits += 6 + quotient_sum(extra, m, k2) + static_cast<uint64_t>(m) * (k2 + 1);
   // whole bytes written so far, and the partial one
-  const size_t done = static_cast<size_t>(bits_ / 8);
-  buf_.resize(done + static_cast<size_t>((bits_ % 8 + bits) / 8) + 9);
-  BitWriter w(buf_.data() + done, static_cast<int>(bits_ % 8));
+  const size_t done = start_ + static_cast<size_t>(bits_ / 8);
+  out_->resize(done + static_cast<size_t>((bits_ % 8 + bits) / 8) + 9);
+  BitWriter w(out_->data() + done, static_cast<int>(bits_ % 8));
   w.put(static_cast<uint64_t>(k), 6);
   if (magnitudes_) w.put(static_cast<uint64_t>(k2), 6);
   const int sign_bits = signed_ ? 1 : 0;
@@ -166,36 +170,34 @@ void SparseWriter::block(int64_t size, const uint32_t* pos, int64_t m, const uin
     words_.resize(static_cast<size_t>(m));
     lengths_.resize(static_cast<size_t>(m));
     rice_words(d, signed_ ? signs : nullptr, m, k, words_.data(), lengths_.data());
+    const auto one = [&](int64_t j) {  // a word, or a code too long for one, in pieces
+      if (lengths_[j] != 255) {
+        w.put(words_[j], lengths_[j]);
+      } else {
+        w.rice(d[j], k, signed_ ? signs[j] : 0, sign_bits);
+      }
+    };
     int64_t i = 0;
     for (; i + 1 < m; i += 2) {  // two codes per store where they fit in 56 bits together
       const int a = lengths_[i], b = lengths_[i + 1];
       if (a + b <= 56) {
         w.put(words_[i] | (words_[i + 1] << a), a + b);
-        continue;
-      }
-      for (int64_t j = i; j < i + 2; ++j) {
-        if (lengths_[j] != 255) {
-          w.put(words_[j], lengths_[j]);
-        } else {
-          w.rice(d[j], k, signed_ ? signs[j] : 0, sign_bits);
-        }
-      }
-    }
-    for (; i < m; ++i) {
-      if (lengths_[i] != 255) {
-        w.put(words_[i], lengths_[i]);
       } else {
-        w.rice(d[i], k, signed_ ? signs[i] : 0, sign_bits);
+        one(i);
+        one(i + 1);
       }
     }
+    if (i < m) one(i);
   }
   w.rice(d[m], k, 0, 0);
   w.flush();
   bits_ += bits;
 }
 
-void SparseWriter::append_to(std::vector<uint8_t>* out) const {
-  out->insert(out->end(), buf_.begin(), buf_.begin() + static_cast<int64_t>((bits_ + 7) / 8));
+size_t SparseWriter::finish() {
+  const size_t bytes = static_cast<size_t>((bits_ + 7) / 8);
+  out_->resize(start_ + bytes);
+  return bytes;
 }
 
 }  // namespace hvdext

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <limits>
 #include <stdexcept>
 #include <vector>
@@ -295,14 +296,17 @@ struct CompactionTable {
 };
 const CompactionTable kCompaction;
 
-// The offsets of the non-zero codes among m (codes has 8 readable bytes past them) into pos (m + 8 entries);
+// The offsets of the non-zero codes among m into pos (m + 8 entries);
 // returns their count. Branch-free, 8 codes at a time.
 int64_t compact_nonzero(const uint8_t* codes, int64_t m, uint32_t* pos) {
   int64_t count = 0;
   for (int64_t base = 0; base < m; base += 8) {
-    uint64_t w;
-    std::memcpy(&w, codes + base, 8);
-    if (base + 8 > m) w &= (uint64_t{1} << (8 * (m - base))) - 1;
+    uint64_t w = 0;
+    if (base + 8 <= m) {
+      std::memcpy(&w, codes + base, 8);
+    } else {  // the last codes: no reading past them
+      std::memcpy(&w, codes + base, static_cast<size_t>(m - base));
+    }
     // bit j of `mask`: code j is non-zero (codes are 0, 1 or 2)
     const unsigned mask =
         static_cast<unsigned>((((w | (w >> 1)) & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56);
@@ -314,50 +318,49 @@ int64_t compact_nonzero(const uint8_t* codes, int64_t m, uint32_t* pos) {
   return count;
 }
 
+// A payload being coded: the frame header, the scale, the mode, then the non-zero codes of each block of
+// kStreamBlock (= kChunk) codes as they are drawn.
 class CodeStream {
  public:
-  explicit CodeStream(int64_t n) : writer_(true, false, n / 4) {}
-  // One block: m codes (codes has 8 readable bytes past them).
+  CodeStream(int64_t n, float scale) : n_(n), payload_(frame_begin(static_cast<size_t>(n / 6 + 64))) {
+    payload_.resize(kFrameHeaderBytes + sizeof(float) + 1);
+    std::memcpy(payload_.data() + kFrameHeaderBytes, &scale, sizeof(float));
+    payload_.back() = kSparseCodes;
+    writer_.emplace(&payload_, true, false);
+  }
+  // One block of m codes.
   void add(const uint8_t* codes, int64_t m) {
     alignas(64) uint32_t pos[kChunk + 8];
     alignas(64) uint8_t signs[kChunk + 8];
     const int64_t count = compact_nonzero(codes, m, pos);
     for (int64_t i = 0; i < count; ++i) signs[i] = codes[pos[i]] >> 1;
-    writer_.block(m, pos, count, signs, nullptr);
-    nonzero_ += count;
+    writer_->block(m, pos, count, signs, nullptr);
   }
-  const SparseWriter& writer() const { return writer_; }
-  int64_t nonzero() const { return nonzero_; }
+  // The framed payload: the stream, or the base-3 codes (codes_of writes them) where those are fewer bytes.
+  std::vector<uint8_t> finish(const std::function<void(uint8_t*)>& codes_of) {
+    const int64_t base3 = ternary_packed_bytes(n_, Packing::kBase3);
+    if (static_cast<int64_t>(writer_->finish()) > base3) {  // mostly non-zero codes
+      std::vector<uint8_t> codes(static_cast<size_t>(n_) + 8, 0);
+      codes_of(codes.data());
+      const size_t at = kFrameHeaderBytes + sizeof(float) + 1;
+      payload_[at - 1] = kBase3Codes;
+      payload_.resize(at + static_cast<size_t>(base3));
+      ternary_pack_codes(codes.data(), n_, Packing::kBase3, payload_.data() + at);
+    }
+    frame_end(&payload_);
+    return std::move(payload_);
+  }
 
  private:
-  SparseWriter writer_;
-  int64_t nonzero_ = 0;
+  int64_t n_;
+  std::vector<uint8_t> payload_;
+  std::optional<SparseWriter> writer_;
 };
 
 void check_entropy_size(int64_t n) {
   if (n < 0 || n >= (int64_t{1} << 31)) {
     throw std::invalid_argument("packing \"entropy\" takes tensors of fewer than 2^31 elements");
   }
-}
-
-// The frame of one payload: the sparse stream, or the base-3 codes where those are fewer bytes.
-std::vector<uint8_t> entropy_frame(const CodeStream& stream, int64_t n, float scale,
-                                   const std::function<void(uint8_t*)>& codes_of) {
-  std::vector<uint8_t> body(4 + sizeof(float));  // the CRC's place, the scale
-  std::memcpy(body.data() + 4, &scale, sizeof(float));
-  const int64_t base3 = ternary_packed_bytes(n, Packing::kBase3);
-  if (static_cast<int64_t>((stream.writer().bits() + 7) / 8) <= base3) {
-    body.push_back(kSparseCodes);
-    stream.writer().append_to(&body);
-  } else {  // mostly non-zero codes: base 3 is smaller
-    std::vector<uint8_t> codes(static_cast<size_t>(n) + 8, 0);
-    codes_of(codes.data());
-    body.push_back(kBase3Codes);
-    const size_t at = body.size();
-    body.resize(at + static_cast<size_t>(base3));
-    ternary_pack_codes(codes.data(), n, Packing::kBase3, body.data() + at);
-  }
-  return frame(std::move(body));
 }
 
 struct EntropyPayload {
@@ -425,7 +428,7 @@ std::vector<EntropyPayload> read_payloads(const uint8_t* gathered, int64_t bytes
 std::vector<uint8_t> ternary_encode_entropy(const float* g, int64_t n, float threshold, float scale,
                                             const RandomKey& key) {
   check_entropy_size(n);
-  CodeStream stream(n);
+  CodeStream stream(n, scale);
   if (encodes_zeros(scale)) {
     alignas(64) static const uint8_t kZeros[kChunk + 8] = {0};
     for (int64_t start = 0; start < n; start += kChunk) stream.add(kZeros, std::min(kChunk, n - start));
@@ -433,14 +436,14 @@ std::vector<uint8_t> ternary_encode_entropy(const float* g, int64_t n, float thr
     for_each_code_chunk(g, n, threshold, scale, key,
                         [&](int64_t, int64_t m, const uint8_t* codes) { stream.add(codes, m); });
   }
-  return entropy_frame(stream, n, scale, [&](uint8_t* codes) { ternary_encode_codes(g, n, threshold, scale, key, codes); });
+  return stream.finish([&](uint8_t* codes) { ternary_encode_codes(g, n, threshold, scale, key, codes); });
 }
 
 std::vector<uint8_t> ternary_codes_encode_entropy(const uint8_t* codes, int64_t n, float scale) {
   check_entropy_size(n);
-  CodeStream stream(n);
+  CodeStream stream(n, scale);
   for (int64_t start = 0; start < n; start += kChunk) stream.add(codes + start, std::min(kChunk, n - start));
-  return entropy_frame(stream, n, scale, [&](uint8_t* out) { std::memcpy(out, codes, static_cast<size_t>(n)); });
+  return stream.finish([&](uint8_t* out) { std::memcpy(out, codes, static_cast<size_t>(n)); });
 }
 
 int ternary_decode_average_entropy(const uint8_t* gathered, int64_t bytes, int nranks, int64_t n, float divisor,

@@ -34,6 +34,18 @@ uint64_t kth_largest(std::vector<uint64_t>& keys, int64_t k) {
   return keys[k - 1];
 }
 
+// Value j of a payload's fp16 or fp32 values.
+float value_at(const uint8_t* values, int64_t j, ValueType type) {
+  if (type == ValueType::kFp16) {
+    uint16_t h;
+    std::memcpy(&h, values + 2 * j, 2);
+    return half_to_float(h);
+  }
+  float v;
+  std::memcpy(&v, values + 4 * j, 4);
+  return v;
+}
+
 void check_k(int64_t n, int64_t k) {
   if (n <= 0 || n >= (int64_t{1} << 31)) throw std::invalid_argument("top-k needs 1 <= n < 2^31 elements");
   if (k < 1 || k > n) throw std::invalid_argument("top-k needs 1 <= k <= n");
@@ -169,7 +181,10 @@ double sum_squares_at(const float* x, const int32_t* idx, int64_t k) {
 
 void topk_extract(float* r, const int32_t* idx, int64_t k, ValueType type, uint8_t* payload) {
   std::memcpy(payload, idx, static_cast<size_t>(k) * 4);  // little-endian hosts
-  uint8_t* values = payload + k * 4;
+  extract_values(r, idx, k, type, payload + k * 4);
+}
+
+void extract_values(float* r, const int32_t* idx, int64_t k, ValueType type, uint8_t* values) {
   for (int64_t j = 0; j < k; ++j) {
     const float v = r[idx[j]];
     if (type == ValueType::kFp16) {
@@ -201,15 +216,7 @@ int topk_decode_average(const uint8_t* gathered, int nranks, int64_t k, int64_t 
     for (int64_t j = 0; j < k; ++j) {
       int32_t i;
       std::memcpy(&i, p + 4 * j, 4);
-      float v;
-      if (type == ValueType::kFp16) {
-        uint16_t h;
-        std::memcpy(&h, values + 2 * j, 2);
-        v = half_to_float(h);
-      } else {
-        std::memcpy(&v, values + 4 * j, 4);
-      }
-      out[i] += v;
+      out[i] += value_at(values, j, type);
     }
   }
   for (int64_t i = 0; i < n; ++i) out[i] /= divisor;
@@ -223,10 +230,10 @@ int64_t topk_coded_max_bytes(int64_t k, int64_t n, ValueType type) {
 
 std::vector<uint8_t> topk_extract_coded(float* r, const int32_t* idx, int64_t k, int64_t n, ValueType type) {
   check_k(n, k);
-  std::vector<uint8_t> body(4);
-  body.push_back(static_cast<uint8_t>(type));
-  put_varint(static_cast<uint64_t>(k), &body);
   const bool ternary = type == ValueType::kTernary;
+  std::vector<uint8_t> payload = frame_begin(static_cast<size_t>(k * (value_bytes(type) + 2) + 32));
+  payload.push_back(static_cast<uint8_t>(type));
+  put_varint(static_cast<uint64_t>(k), &payload);
   std::vector<uint32_t> positions(static_cast<size_t>(k));
   std::vector<uint8_t> signs(ternary ? static_cast<size_t>(k) : 0);
   int64_t last = -1;
@@ -235,13 +242,13 @@ std::vector<uint8_t> topk_extract_coded(float* r, const int32_t* idx, int64_t k,
     positions[static_cast<size_t>(j)] = static_cast<uint32_t>(idx[j]);
     last = idx[j];
   }
-  if (type == ValueType::kTernary) {
+  const size_t at = payload.size();
+  if (ternary) {
     double total = 0.0;
     for (int64_t j = 0; j < k; ++j) total += std::fabs(static_cast<double>(r[idx[j]]));
     const float mu = static_cast<float>(total / static_cast<double>(k));
-    const size_t at = body.size();
-    body.resize(at + 4);
-    std::memcpy(body.data() + at, &mu, 4);
+    payload.resize(at + 4);
+    std::memcpy(payload.data() + at, &mu, 4);
     for (int64_t j = 0; j < k; ++j) {
       const float v = r[idx[j]];
       const bool negative = v < 0.0f;
@@ -249,17 +256,14 @@ std::vector<uint8_t> topk_extract_coded(float* r, const int32_t* idx, int64_t k,
       r[idx[j]] = v - (negative ? -mu : mu);
     }
   } else {
-    const size_t at = body.size();
-    body.resize(at + static_cast<size_t>(k * value_bytes(type)));
-    std::vector<int32_t> copy(idx, idx + k);  // topk_extract writes indices first; only its values are kept
-    std::vector<uint8_t> fixed(static_cast<size_t>(topk_payload_bytes(k, type)));
-    topk_extract(r, copy.data(), k, type, fixed.data());
-    std::memcpy(body.data() + at, fixed.data() + 4 * k, static_cast<size_t>(k * value_bytes(type)));
+    payload.resize(at + static_cast<size_t>(k * value_bytes(type)));
+    extract_values(r, idx, k, type, payload.data() + at);
   }
-  SparseWriter writer(ternary, false);
+  SparseWriter writer(&payload, ternary, false);
   writer.block(n, positions.data(), k, signs.data(), nullptr);  // one block: the whole tensor
-  writer.append_to(&body);
-  return frame(std::move(body));
+  writer.finish();
+  frame_end(&payload);
+  return payload;
 }
 
 void topk_decode_average_coded(const uint8_t* gathered, int64_t bytes, int nranks, int64_t n, float divisor,
@@ -292,17 +296,7 @@ void topk_decode_average_coded(const uint8_t* gathered, int64_t bytes, int nrank
         values + value_area, f.size - 1 - used - value_area, n, 0, type == ValueType::kTernary, false, what,
         [&](int64_t i, int sign, int64_t) {
           if (j >= static_cast<int64_t>(k)) BitReader::fail(what);
-          float v;
-          if (type == ValueType::kFp16) {
-            uint16_t h;
-            std::memcpy(&h, values + 2 * j, 2);
-            v = half_to_float(h);
-          } else if (type == ValueType::kFp32) {
-            std::memcpy(&v, values + 4 * j, 4);
-          } else {
-            v = sign ? -mu : mu;
-          }
-          out[i] += v;
+          out[i] += type == ValueType::kTernary ? (sign ? -mu : mu) : value_at(values, j, type);
           ++j;
         });
     if (count != static_cast<int64_t>(k)) BitReader::fail(what);

@@ -20,6 +20,39 @@ void check_bits(int nranks, int bits) {
   }
 }
 
+// Reads the levels of a little-endian bit stream of `bits`-bit levels, one after another, as sums k = level - N.
+class LevelReader {
+ public:
+  LevelReader(const uint8_t* stream, int bits, int nranks) : p_(stream), bits_(bits), nranks_(nranks),
+                                                               mask_((uint64_t{1} << bits) - 1) {}
+  // Starts at element `first` instead of 0.
+  void skip_to(int64_t first) {
+    const int64_t bit = first * bits_;
+    p_ += bit / 8;
+    const int skip = static_cast<int>(bit % 8);
+    if (skip) {
+      acc_ = static_cast<uint64_t>(*p_++) >> skip;
+      avail_ = 8 - skip;
+    }
+  }
+  int64_t next() {
+    while (avail_ < bits_) {
+      acc_ |= static_cast<uint64_t>(*p_++) << avail_;
+      avail_ += 8;
+    }
+    const int64_t k = static_cast<int64_t>(acc_ & mask_) - nranks_;
+    acc_ >>= bits_;
+    avail_ -= bits_;
+    return k;
+  }
+
+ private:
+  const uint8_t* p_;
+  int bits_, nranks_;
+  uint64_t mask_, acc_ = 0;
+  int avail_ = 0;
+};
+
 }  // namespace
 
 int two_phase_level_bits(int nranks) {
@@ -65,45 +98,30 @@ void two_phase_decode(const uint8_t* stream, int64_t first, int64_t count, int n
                       float divisor, float* out) {
   check_bits(nranks, bits);
   if (count <= 0) return;
-  const uint64_t mask = (uint64_t{1} << bits) - 1;
-  int64_t bit = first * bits;
-  const uint8_t* p = stream + bit / 8;
-  const int skip = static_cast<int>(bit % 8);
-  uint64_t acc = static_cast<uint64_t>(*p++) >> skip;  // the first byte, less the bits before `first`
-  int avail = 8 - skip;
-  for (int64_t i = 0; i < count; ++i) {
-    while (avail < bits) {
-      acc |= static_cast<uint64_t>(*p++) << avail;
-      avail += 8;
-    }
-    const int64_t k = static_cast<int64_t>(acc & mask) - nranks;
-    acc >>= bits;
-    avail -= bits;
-    out[i] = (static_cast<float>(k) * scale) / divisor;
-  }
+  LevelReader levels(stream, bits, nranks);
+  levels.skip_to(first);
+  for (int64_t i = 0; i < count; ++i) out[i] = (static_cast<float>(levels.next()) * scale) / divisor;
 }
 
 std::vector<uint8_t> two_phase_levels_encode(const uint8_t* stream, int64_t count, int nranks, int bits,
                                              int bad_rank) {
   check_bits(nranks, bits);
-  SparseWriter writer(true, true);
-  const uint64_t mask = (uint64_t{1} << bits) - 1;
-  uint64_t acc = 0;
-  int avail = 0;
-  const uint8_t* p = stream;
+  std::vector<uint8_t> payload = frame_begin(static_cast<size_t>(count / 2 + 64));
+  payload.push_back(bad_rank >= 0 ? 1 : 0);
+  put_varint(static_cast<uint64_t>(bad_rank >= 0 ? bad_rank : 0), &payload);
+  if (bad_rank >= 0) {  // no stream: every rank fails the step on this flag
+    frame_end(&payload);
+    return payload;
+  }
+  SparseWriter writer(&payload, true, true);
+  LevelReader levels(stream, bits, nranks);
   std::vector<uint32_t> pos(static_cast<size_t>(kStreamBlock)), extra(static_cast<size_t>(kStreamBlock));
   std::vector<uint8_t> signs(static_cast<size_t>(kStreamBlock));
   for (int64_t start = 0; start < count; start += kStreamBlock) {
     const int64_t size = std::min(kStreamBlock, count - start);
     int64_t m = 0;
     for (int64_t i = 0; i < size; ++i) {
-      while (avail < bits) {
-        acc |= static_cast<uint64_t>(*p++) << avail;
-        avail += 8;
-      }
-      const int64_t k = static_cast<int64_t>(acc & mask) - nranks;
-      acc >>= bits;
-      avail -= bits;
+      const int64_t k = levels.next();
       if (k != 0) {
         pos[static_cast<size_t>(m)] = static_cast<uint32_t>(i);
         signs[static_cast<size_t>(m)] = k < 0;
@@ -113,11 +131,9 @@ std::vector<uint8_t> two_phase_levels_encode(const uint8_t* stream, int64_t coun
     }
     writer.block(size, pos.data(), m, signs.data(), extra.data());
   }
-  std::vector<uint8_t> body(4);
-  body.push_back(bad_rank >= 0 ? 1 : 0);
-  put_varint(static_cast<uint64_t>(bad_rank >= 0 ? bad_rank : 0), &body);
-  if (bad_rank < 0) writer.append_to(&body);
-  return frame(std::move(body));
+  writer.finish();
+  frame_end(&payload);
+  return payload;
 }
 
 void two_phase_levels_decode(const uint8_t* gathered, int64_t bytes, const int64_t* counts, int nranks, int bits,

@@ -18,8 +18,8 @@ of their entropy (Gallager & van Voorhis 1975), and a k per block follows a dens
 Ternary codes (B = 4000) then take n H_b(p) + m sign bits, about 2% over the entropy of the codes; top-k's indices
 (one block) log2(n / k) + 1.5 bits each.
 
-A payload is framed as varint(L) | crc32 of the next L - 4 bytes | those bytes (zlib's CRC-32), so that a
-concatenation is walked without sizes and corruption or truncation is detected.
+A payload is framed as u32 L | crc32 of the next L - 4 bytes | those bytes (little-endian; zlib's CRC-32), so that
+a concatenation is walked without sizes and corruption or truncation is detected.
 """
 import zlib
 
@@ -55,9 +55,9 @@ def get_varint(buf, offset, what):
 
 
 def frame(body):
-    """varint(len) | crc32 | body."""
+    """u32 len | crc32 | body."""
     body = bytes(body)
-    return put_varint(len(body) + 4) + (zlib.crc32(body) & 0xFFFFFFFF).to_bytes(4, "little") + body
+    return (len(body) + 4).to_bytes(4, "little") + (zlib.crc32(body) & 0xFFFFFFFF).to_bytes(4, "little") + body
 
 
 def unframe(buf, offset, what, rank):
@@ -65,8 +65,10 @@ def unframe(buf, offset, what, rank):
     where = f"{what} from rank {rank}"
     if offset >= len(buf):
         raise CorruptPayload(f"{where} is missing (the gathered payloads are truncated)")
-    length, used = get_varint(buf, offset, f"{where} has a bad length")
-    start = offset + used
+    if len(buf) - offset < 8:
+        raise CorruptPayload(f"{where} is truncated")
+    length = int.from_bytes(bytes(buf[offset:offset + 4]), "little")
+    start = offset + 4
     if length < 4 or length > len(buf) - start:
         raise CorruptPayload(f"{where} is truncated or has a bad length")
     body = bytes(buf[start + 4:start + length])

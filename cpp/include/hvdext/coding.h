@@ -14,9 +14,10 @@
 //   1975), and a k per block follows a gradient whose density changes along the tensor. Ternary codes then take
 //   n H_b(p) + m sign bits; top-k's indices (one block) about log2(n / k) + 1.5 bits each.
 //
-// Every coded payload is framed as  varint(L) | crc32 (4 bytes, of the L - 4 bytes after it) | L - 4 bytes,
+// Every coded payload is framed as  u32 L | crc32 (of the L - 4 bytes after it) | L - 4 bytes  (little-endian),
 // so that a receiver walks an allgather's concatenation without sizes, and a corrupted or truncated payload is
-// detected (every rank checks the same bytes, so every rank reports it). Definition: python/hvdext_reference/coding.py.
+// detected (every rank checks the same bytes, so every rank reports it). A payload is built in place: frame_begin,
+// its body appended, frame_end. Definition: python/hvdext_reference/coding.py.
 #pragma once
 #include <cstdint>
 #include <algorithm>
@@ -169,8 +170,11 @@ void put_varint(uint64_t v, std::vector<uint8_t>* out);
 // Reads a varint at p (at most `avail` bytes); sets *used. Throws CorruptPayload.
 uint64_t get_varint(const uint8_t* p, int64_t avail, int* used, const char* what);
 
-// Frames `body` (which starts with 4 bytes reserved for the CRC): fills in the CRC and prepends varint(L).
-std::vector<uint8_t> frame(std::vector<uint8_t> body);
+constexpr size_t kFrameHeaderBytes = 8;  // u32 length, u32 CRC-32
+// A payload's buffer: the frame header's place, with `reserve` bytes reserved for the body.
+std::vector<uint8_t> frame_begin(size_t reserve);
+// Fills in the header of a payload built on frame_begin.
+void frame_end(std::vector<uint8_t>* payload);
 
 // One framed payload inside a concatenation: [start, start + size) holds what follows the CRC.
 struct Frame {
@@ -186,24 +190,22 @@ constexpr int64_t kStreamBlock = 4000;  // positions per block of ternary codes 
 // The k among floor(log2(mean + 1)) - 1 .. + 2 of fewest bits sum_i floor(d_i / 2^k) + count * (k + 1).
 int best_rice_parameter(const uint32_t* d, int64_t count);
 
-// Writes a sparse stream block by block.
+// Writes a sparse stream block by block at the end of `out` (finish() trims its slack).
 class SparseWriter {
  public:
-  // expected_bytes: a guess of the stream's size, reserved up front.
-  SparseWriter(bool is_signed, bool magnitudes, int64_t expected_bytes = 0)
-      : signed_(is_signed), magnitudes_(magnitudes) {
-    buf_.reserve(static_cast<size_t>(expected_bytes) + 64);
-  }
+  SparseWriter(std::vector<uint8_t>* out, bool is_signed, bool magnitudes)
+      : out_(out), start_(out->size()), signed_(is_signed), magnitudes_(magnitudes) {}
   // One block of `size` positions (< 2^32) with m non-zeros at ascending offsets pos[0..m) in it, their signs
   // (0/1) where the stream is signed and |v| - 1 where it has magnitudes.
   void block(int64_t size, const uint32_t* pos, int64_t m, const uint8_t* signs, const uint32_t* extra);
   uint64_t bits() const { return bits_; }
-  // The stream's bytes, appended to out.
-  void append_to(std::vector<uint8_t>* out) const;
+  // Ends the stream on a byte (zero padding); returns its bytes.
+  size_t finish();
 
  private:
+  std::vector<uint8_t>* out_;
+  size_t start_;
   bool signed_, magnitudes_;
-  std::vector<uint8_t> buf_;
   std::vector<uint32_t> gaps_;
   std::vector<uint64_t> words_;
   std::vector<uint8_t> lengths_;

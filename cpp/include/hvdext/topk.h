@@ -42,6 +42,8 @@ double sum_squares_at(const float* x, const int32_t* idx, int64_t k);
 // Writes the payload of the selected elements of r (= g_ef) and, with error feedback, leaves r = g_ef - sent on them
 // (without error feedback the caller discards r).
 void topk_extract(float* r, const int32_t* idx, int64_t k, ValueType type, uint8_t* payload);
+// Its values part alone (k fp16 or fp32 values of r at idx), with the same update of r.
+void extract_values(float* r, const int32_t* idx, int64_t k, ValueType type, uint8_t* values);
 
 // gathered: nranks payloads of k elements each, back to back. Writes out[0..n) = (sum of the ranks' values at their
 // indices) / divisor. Returns -1, or the first rank whose payload holds an index outside [0, n).
