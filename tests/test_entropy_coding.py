@@ -206,38 +206,34 @@ def corruptions(payload):
     return out
 
 
+# each payload kind's decoders: PyTorch's op, TensorFlow's op and the reference, all (gathered, nranks, n, divisor)
+DECODERS = {
+    "ternary": (ops.ternary_decode_average_entropy, lib.hvdext_ternary_decode_average_entropy,
+                terngrad.decode_average_entropy),
+    "topk": (ops.topk_decode_average_coded, lib.hvdext_topk_decode_average_coded, rtopk.decode_average_delta),
+}
+
+
 @pytest.mark.parametrize("kind", ["ternary", "topk"])
 def test_corrupted_or_truncated_payloads_raise_everywhere(kind):
     n = 20000
     g = heavy_tailed(n, 5)
     if kind == "ternary":
-        t, s = terngrad.local_scale(g, 2.5)
         payload = terngrad.encode(g, 2.5, "entropy", seed=1, step=1, tensor=1, rank=0).tobytes()
-
-        def torch_decode(b):
-            ops.ternary_decode_average_entropy(torch.from_numpy(np.frombuffer(b, np.uint8).copy()), 1, n, 1.0,
-                                               torch.empty(n))
-
-        def tf_decode(b):
-            lib.hvdext_ternary_decode_average_entropy(tf.constant(np.frombuffer(b, np.uint8)), nranks=1, count=n,
-                                                      divisor=1.0)
-
-        def ref_decode(b):
-            terngrad.decode_average_entropy(b, 1, n, 1.0)
     else:
         idx, values, _ = rtopk.ef_step(g, np.zeros(n, np.float32), 200, "fp16")
         payload = rtopk.encode_delta(idx, values, n, "fp16").tobytes()
+    torch_op, tf_op, ref = DECODERS[kind]
 
-        def torch_decode(b):
-            ops.topk_decode_average_coded(torch.from_numpy(np.frombuffer(b, np.uint8).copy()), 1, n, 1.0,
-                                          torch.empty(n))
+    def torch_decode(b):
+        torch_op(torch.from_numpy(np.frombuffer(b, np.uint8).copy()), 1, n, 1.0, torch.empty(n))
 
-        def tf_decode(b):
-            lib.hvdext_topk_decode_average_coded(tf.constant(np.frombuffer(b, np.uint8)), nranks=1, count=n,
-                                                 divisor=1.0)
+    def tf_decode(b):
+        tf_op(tf.constant(np.frombuffer(b, np.uint8)), nranks=1, count=n, divisor=1.0)
 
-        def ref_decode(b):
-            rtopk.decode_average_delta(b, 1, n, 1.0)
+    def ref_decode(b):
+        ref(b, 1, n, 1.0)
+
     for bad in corruptions(payload):
         with pytest.raises(ValueError, match="payload"):
             torch_decode(bad)

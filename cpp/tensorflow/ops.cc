@@ -34,6 +34,13 @@ tf::Status CountVector(InferenceContext* c) {
   return tf::OkStatus();
 }
 
+// A payload of unknown size, and a residual shaped as input 0.
+tf::Status PayloadAndResidual(InferenceContext* c) {
+  c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+  c->set_output(1, c->input(0));
+  return tf::OkStatus();
+}
+
 tf::Status UnknownVector(InferenceContext* c) {
   for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
   return tf::OkStatus();
@@ -442,32 +449,45 @@ REGISTER_OP("HvdextTopkExtract")
     .Attr("value_type: int")
     .Output("payload: uint8")
     .Output("residual: float")
-    .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
-      c->set_output(1, c->input(0));
-      return tf::OkStatus();
-    })
+    .SetShapeFn(PayloadAndResidual)
     .Doc("payload (int32 indices, then fp16/fp32 values) of the selected elements, and g_ef - sent as residual.");
 
+// The residual starts as a copy of g_ef; the payload is the int32 one, or the "delta" one (kCoded).
+template <bool kCoded>
 class TopkExtractOp : public tf::OpKernel {
  public:
-  explicit TopkExtractOp(tf::OpKernelConstruction* c) : OpKernel(c) { Attrs(c).ValueType(&type_); }
+  explicit TopkExtractOp(tf::OpKernelConstruction* c) : OpKernel(c) {
+    if (kCoded) {
+      Attrs(c).CodedValueType(&type_);
+    } else {
+      Attrs(c).ValueType(&type_);
+    }
+  }
   void Compute(tf::OpKernelContext* c) override {
     const tf::Tensor& g = c->input(0);
     const tf::Tensor& idx = c->input(1);
-    tf::Tensor *payload, *residual;
+    tf::Tensor* residual;
+    OP_REQUIRES_OK(c, c->allocate_output(1, g.shape(), &residual));
+    float* r = residual->flat<float>().data();
+    std::memcpy(r, g.flat<float>().data(), sizeof(float) * g.NumElements());
+    const tf::int32* id = idx.flat<tf::int32>().data();
+    if (kCoded) {
+      Guard(c, [&] {
+        OP_REQUIRES_OK(c, OutputBytes(c, 0, hvdext::topk_extract_coded(r, id, idx.NumElements(), g.NumElements(),
+                                                                       type_)));
+      });
+      return;
+    }
+    tf::Tensor* payload;
     OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({hvdext::topk_payload_bytes(idx.NumElements(), type_)}),
                                          &payload));
-    OP_REQUIRES_OK(c, c->allocate_output(1, g.shape(), &residual));
-    std::memcpy(residual->flat<float>().data(), g.flat<float>().data(), sizeof(float) * g.NumElements());
-    hvdext::topk_extract(residual->flat<float>().data(), idx.flat<tf::int32>().data(), idx.NumElements(), type_,
-                         payload->flat<tf::uint8>().data());
+    hvdext::topk_extract(r, id, idx.NumElements(), type_, payload->flat<tf::uint8>().data());
   }
 
  private:
   hvdext::ValueType type_;
 };
-REGISTER_KERNEL_BUILDER(Name("HvdextTopkExtract").Device(tf::DEVICE_CPU), TopkExtractOp);
+REGISTER_KERNEL_BUILDER(Name("HvdextTopkExtract").Device(tf::DEVICE_CPU), TopkExtractOp<false>);
 
 REGISTER_OP("HvdextTopkDecodeAverage")
     .Input("gathered: uint8")
@@ -572,9 +592,14 @@ REGISTER_OP("HvdextTernaryDecodeAverageEntropy")
     .Doc("average N entropy-coded payloads; bad_rank is -1 or the first rank that sent NaN/Inf; a corrupted "
          "payload fails the op.");
 
-class TernaryDecodeAverageEntropyOp : public tf::OpKernel {
+// Decodes the N coded payloads of an allgather (their framing gives their sizes) into their average; a corrupted
+// payload fails the op (Guard). kDecode returns -1 or a rank that sent NaN/Inf (the average is then NaN).
+using CodedDecode = int (*)(const uint8_t*, int64_t, int, int64_t, float, float*);
+
+template <CodedDecode kDecode>
+class CodedDecodeAverageOp : public tf::OpKernel {
  public:
-  explicit TernaryDecodeAverageEntropyOp(tf::OpKernelConstruction* c) : OpKernel(c) {
+  explicit CodedDecodeAverageOp(tf::OpKernelConstruction* c) : OpKernel(c) {
     Attrs(c).Int("nranks", &nranks_, 1, kMaxRanks).Int("count", &count_, 0).Float("divisor", &divisor_);
   }
   void Compute(tf::OpKernelContext* c) override {
@@ -583,9 +608,8 @@ class TernaryDecodeAverageEntropyOp : public tf::OpKernel {
     OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({count_}), &out));
     OP_REQUIRES_OK(c, c->allocate_output(1, tf::TensorShape({}), &bad));
     Guard(c, [&] {
-      const int bad_rank = hvdext::ternary_decode_average_entropy(
-          gathered.flat<tf::uint8>().data(), gathered.NumElements(), static_cast<int>(nranks_), count_, divisor_,
-          out->flat<float>().data());
+      const int bad_rank = kDecode(gathered.flat<tf::uint8>().data(), gathered.NumElements(),
+                                   static_cast<int>(nranks_), count_, divisor_, out->flat<float>().data());
       if (bad_rank >= 0) out->flat<float>().setConstant(std::numeric_limits<float>::quiet_NaN());
       bad->scalar<tf::int32>()() = bad_rank;
     });
@@ -595,8 +619,14 @@ class TernaryDecodeAverageEntropyOp : public tf::OpKernel {
   tf::int64 nranks_, count_;
   float divisor_;
 };
+
+static int TopkDecodeCoded(const uint8_t* gathered, int64_t bytes, int nranks, int64_t n, float divisor, float* out) {
+  hvdext::topk_decode_average_coded(gathered, bytes, nranks, n, divisor, out);
+  return -1;  // indices are checked by the stream's structure: a bad one is a corrupted payload
+}
+
 REGISTER_KERNEL_BUILDER(Name("HvdextTernaryDecodeAverageEntropy").Device(tf::DEVICE_CPU),
-                        TernaryDecodeAverageEntropyOp);
+                        CodedDecodeAverageOp<hvdext::ternary_decode_average_entropy>);
 
 REGISTER_OP("HvdextTernaryEntropyToPacked")
     .Input("received: uint8")
@@ -709,33 +739,10 @@ REGISTER_OP("HvdextTopkExtractCoded")
     .Attr("value_type: int")
     .Output("payload: uint8")
     .Output("residual: float")
-    .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
-      c->set_output(1, c->input(0));
-      return tf::OkStatus();
-    })
+    .SetShapeFn(PayloadAndResidual)
     .Doc("the \"delta\" payload (Rice-coded index gaps, fp16/fp32/ternary values) and g_ef - sent as residual.");
 
-class TopkExtractCodedOp : public tf::OpKernel {
- public:
-  explicit TopkExtractCodedOp(tf::OpKernelConstruction* c) : OpKernel(c) { Attrs(c).CodedValueType(&type_); }
-  void Compute(tf::OpKernelContext* c) override {
-    const tf::Tensor& g = c->input(0);
-    const tf::Tensor& idx = c->input(1);
-    tf::Tensor* residual;
-    OP_REQUIRES_OK(c, c->allocate_output(1, g.shape(), &residual));
-    std::memcpy(residual->flat<float>().data(), g.flat<float>().data(), sizeof(float) * g.NumElements());
-    Guard(c, [&] {
-      OP_REQUIRES_OK(c, OutputBytes(c, 0, hvdext::topk_extract_coded(residual->flat<float>().data(),
-                                                                     idx.flat<tf::int32>().data(), idx.NumElements(),
-                                                                     g.NumElements(), type_)));
-    });
-  }
-
- private:
-  hvdext::ValueType type_;
-};
-REGISTER_KERNEL_BUILDER(Name("HvdextTopkExtractCoded").Device(tf::DEVICE_CPU), TopkExtractCodedOp);
+REGISTER_KERNEL_BUILDER(Name("HvdextTopkExtractCoded").Device(tf::DEVICE_CPU), TopkExtractOp<true>);
 
 REGISTER_OP("HvdextTopkDecodeAverageCoded")
     .Input("gathered: uint8")
@@ -747,25 +754,5 @@ REGISTER_OP("HvdextTopkDecodeAverageCoded")
     .SetShapeFn(CountVector)
     .Doc("scatter-add N \"delta\" payloads / divisor (bad_rank: always -1); a corrupted payload fails the op.");
 
-class TopkDecodeAverageCodedOp : public tf::OpKernel {
- public:
-  explicit TopkDecodeAverageCodedOp(tf::OpKernelConstruction* c) : OpKernel(c) {
-    Attrs(c).Int("nranks", &nranks_, 1, kMaxRanks).Int("count", &count_, 0).Float("divisor", &divisor_);
-  }
-  void Compute(tf::OpKernelContext* c) override {
-    const tf::Tensor& gathered = c->input(0);
-    tf::Tensor *out, *bad;
-    OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({count_}), &out));
-    OP_REQUIRES_OK(c, c->allocate_output(1, tf::TensorShape({}), &bad));
-    bad->scalar<tf::int32>()() = -1;
-    Guard(c, [&] {
-      hvdext::topk_decode_average_coded(gathered.flat<tf::uint8>().data(), gathered.NumElements(),
-                                        static_cast<int>(nranks_), count_, divisor_, out->flat<float>().data());
-    });
-  }
-
- private:
-  tf::int64 nranks_, count_;
-  float divisor_;
-};
-REGISTER_KERNEL_BUILDER(Name("HvdextTopkDecodeAverageCoded").Device(tf::DEVICE_CPU), TopkDecodeAverageCodedOp);
+REGISTER_KERNEL_BUILDER(Name("HvdextTopkDecodeAverageCoded").Device(tf::DEVICE_CPU),
+                        CodedDecodeAverageOp<TopkDecodeCoded>);

@@ -83,7 +83,14 @@ hvdext::Packing to_packing(int64_t packing, bool entropy = false) {
   return static_cast<hvdext::Packing>(packing);
 }
 
-torch::Tensor bytes_tensor(const std::vector<uint8_t>& bytes) {
+// A coded payload of the core (`code` runs with the GIL released) as a uint8 tensor.
+template <class Code>
+torch::Tensor coded_payload(Code&& code) {
+  std::vector<uint8_t> bytes;
+  {
+    pybind11::gil_scoped_release release;
+    bytes = code();
+  }
   auto out = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
   if (!bytes.empty()) std::memcpy(out.data_ptr<uint8_t>(), bytes.data(), bytes.size());
   return out;
@@ -309,30 +316,28 @@ torch::Tensor ternary_encode_entropy(const torch::Tensor& g, double threshold, d
                                      uint32_t step, uint32_t tensor, uint32_t rank) {
   const float* data = cpu_float_data(g, "gradient");
   const hvdext::RandomKey key{seed, step, tensor, rank};
-  std::vector<uint8_t> payload;
-  {
-    pybind11::gil_scoped_release release;
-    payload = hvdext::ternary_encode_entropy(data, g.numel(), static_cast<float>(threshold),
-                                             static_cast<float>(scale), key);
-  }
-  return bytes_tensor(payload);
+  return coded_payload([&] {
+    return hvdext::ternary_encode_entropy(data, g.numel(), static_cast<float>(threshold), static_cast<float>(scale),
+                                          key);
+  });
 }
 
 torch::Tensor ternary_codes_encode_entropy(const torch::Tensor& codes, double scale) {
   const uint8_t* in = cpu_bytes(codes, "codes");
-  std::vector<uint8_t> payload;
-  {
-    pybind11::gil_scoped_release release;
-    payload = hvdext::ternary_codes_encode_entropy(in, codes.numel(), static_cast<float>(scale));
-  }
-  return bytes_tensor(payload);
+  return coded_payload(
+      [&] { return hvdext::ternary_codes_encode_entropy(in, codes.numel(), static_cast<float>(scale)); });
+}
+
+// The CPU float32 output of n elements a decoder writes.
+float* cpu_out(torch::Tensor& out, int64_t n) {
+  TORCH_CHECK(out.numel() == n, "out holds ", out.numel(), " elements, expected ", n);
+  return const_cast<float*>(cpu_float_data(out, "out"));
 }
 
 int64_t ternary_decode_average_entropy(const torch::Tensor& gathered, int64_t nranks, int64_t n, double divisor,
                                        torch::Tensor& out) {
   const uint8_t* in = cpu_bytes(gathered, "gathered payloads");
-  TORCH_CHECK(out.numel() == n, "out holds ", out.numel(), " elements, expected ", n);
-  float* o = const_cast<float*>(cpu_float_data(out, "out"));
+  float* o = cpu_out(out, n);
   pybind11::gil_scoped_release release;
   return hvdext::ternary_decode_average_entropy(in, gathered.numel(), static_cast<int>(nranks), n,
                                                 static_cast<float>(divisor), o);
@@ -357,13 +362,10 @@ torch::Tensor two_phase_levels_encode(const torch::Tensor& stream, int64_t count
   const uint8_t* in = cpu_bytes(stream, "stream");
   TORCH_CHECK(stream.numel() == hvdext::two_phase_stream_bytes(count, static_cast<int>(bits)), "stream holds ",
               stream.numel(), " bytes, expected ", hvdext::two_phase_stream_bytes(count, static_cast<int>(bits)));
-  std::vector<uint8_t> coded;
-  {
-    pybind11::gil_scoped_release release;
-    coded = hvdext::two_phase_levels_encode(in, count, static_cast<int>(nranks), static_cast<int>(bits),
-                                            static_cast<int>(bad_rank));
-  }
-  return bytes_tensor(coded);
+  return coded_payload([&] {
+    return hvdext::two_phase_levels_encode(in, count, static_cast<int>(nranks), static_cast<int>(bits),
+                                           static_cast<int>(bad_rank));
+  });
 }
 
 torch::Tensor two_phase_levels_decode(const torch::Tensor& gathered, const std::vector<int64_t>& counts,
@@ -383,21 +385,16 @@ torch::Tensor topk_extract_coded(torch::Tensor& r, const torch::Tensor& idx, int
   const hvdext::ValueType t = to_value_type(value_type, true);
   float* rd = const_cast<float*>(cpu_float_data(r, "residual"));
   const int32_t* id = cpu_int32_data(idx, "indices");
-  std::vector<uint8_t> payload;
-  {
-    pybind11::gil_scoped_release release;
-    payload = hvdext::topk_extract_coded(rd, id, idx.numel(), r.numel(), t);
-  }
-  return bytes_tensor(payload);
+  return coded_payload([&] { return hvdext::topk_extract_coded(rd, id, idx.numel(), r.numel(), t); });
 }
 
 void topk_decode_average_coded(const torch::Tensor& gathered, int64_t nranks, int64_t n, double divisor,
                                torch::Tensor& out) {
   const uint8_t* g = cpu_bytes(gathered, "gathered payloads");
-  TORCH_CHECK(out.numel() == n, "out holds ", out.numel(), " elements, expected ", n);
-  float* o = const_cast<float*>(cpu_float_data(out, "out"));
+  float* o = cpu_out(out, n);
   pybind11::gil_scoped_release release;
-  hvdext::topk_decode_average_coded(g, gathered.numel(), static_cast<int>(nranks), n, static_cast<float>(divisor), o);
+  hvdext::topk_decode_average_coded(g, gathered.numel(), static_cast<int>(nranks), n, static_cast<float>(divisor),
+                                    o);
 }
 
 torch::Tensor half_bits(const torch::Tensor& x) {

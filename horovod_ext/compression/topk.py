@@ -57,8 +57,8 @@ class TopKCodec(Codec):
     def k(self, numel):
         return k_of(numel, self.cf)
 
-    def payload_bytes(self, numel, cf=None):
-        return None if self.coded else sizes.topk_payload_bytes(k_of(numel, cf or self.cf), self.value_type)
+    def payload_bytes(self, numel):
+        return None if self.coded else sizes.topk_payload_bytes(self.k(numel), self.value_type)
 
     def encode(self, be, item, flat, want_remainder=False):
         item.k = self.k(item.numel)
