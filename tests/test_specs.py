@@ -75,6 +75,10 @@ def test_transport_argument():
     (dict(packing="bits"), "packing must be one of ('delta', 'int32')"),
     (dict(value_dtype="ternary", packing="int32"), "value_dtype='ternary' needs packing='delta'"),
     (dict(error_feedback="yes"), "error_feedback must be True or False"),
+    (dict(transport="ring"), "transport must be one of ('auto', 'allgather', 'sparse_reduce')"),
+    (dict(transport="sparse_reduce", packing="int32"), "transport='sparse_reduce' needs packing='delta'"),
+    (dict(transport="sparse_reduce", value_dtype="ternary"), "value_dtype 'fp16' or 'fp32'"),
+    (dict(rebalance_every=0), "rebalance_every must be"),
 ])
 def test_topk_invalid_arguments(kwargs, fragment):
     from horovod_ext.compression.specs import TopK
@@ -89,7 +93,7 @@ def test_checkpoint_residuals_restore_only_on_their_own_rank_and_size():
 
     shared, per_rank = split_checkpoint({"step": 7, "seed": 3, "stats": None, "controller": {"step": 7},
                                          "rank": 1, "size": 4, "residuals": {"w": [1.0]}})
-    assert shared == {"step": 7, "seed": 3, "stats": None, "controller": {"step": 7}}
+    assert shared == {"step": 7, "seed": 3, "stats": None, "controller": {"step": 7}, "regions": None}
     assert residuals_for(per_rank, 1, 4) == {"w": [1.0]}
     assert residuals_for(per_rank, 0, 4) is None  # another rank's residuals are never taken
     assert residuals_for(per_rank, 1, 2) is None  # nor those of a job of another size

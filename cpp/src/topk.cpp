@@ -51,6 +51,12 @@ void check_k(int64_t n, int64_t k) {
   if (k < 1 || k > n) throw std::invalid_argument("top-k needs 1 <= k <= n");
 }
 
+// A "delta" payload may be empty (k = 0, n >= 0): a region of sparse_reduce that holds none of a rank's indices.
+void check_coded_k(int64_t n, int64_t k) {
+  if (n < 0 || n >= (int64_t{1} << 31)) throw std::invalid_argument("top-k needs 0 <= n < 2^31 elements");
+  if (k < 0 || k > n) throw std::invalid_argument("top-k needs 0 <= k <= n");
+}
+
 }  // namespace
 
 
@@ -229,7 +235,7 @@ int64_t topk_coded_max_bytes(int64_t k, int64_t n, ValueType type) {
 }
 
 std::vector<uint8_t> topk_extract_coded(float* r, const int32_t* idx, int64_t k, int64_t n, ValueType type) {
-  check_k(n, k);
+  check_coded_k(n, k);
   const bool ternary = type == ValueType::kTernary;
   std::vector<uint8_t> payload = frame_begin(static_cast<size_t>(k * (value_bytes(type) + 2) + 32));
   payload.push_back(static_cast<uint8_t>(type));
@@ -246,7 +252,7 @@ std::vector<uint8_t> topk_extract_coded(float* r, const int32_t* idx, int64_t k,
   if (ternary) {
     double total = 0.0;
     for (int64_t j = 0; j < k; ++j) total += std::fabs(static_cast<double>(r[idx[j]]));
-    const float mu = static_cast<float>(total / static_cast<double>(k));
+    const float mu = k > 0 ? static_cast<float>(total / static_cast<double>(k)) : 0.0f;
     payload.resize(at + 4);
     std::memcpy(payload.data() + at, &mu, 4);
     for (int64_t j = 0; j < k; ++j) {
@@ -260,47 +266,107 @@ std::vector<uint8_t> topk_extract_coded(float* r, const int32_t* idx, int64_t k,
     extract_values(r, idx, k, type, payload.data() + at);
   }
   SparseWriter writer(&payload, ternary, false);
-  writer.block(n, positions.data(), k, signs.data(), nullptr);  // one block: the whole tensor
+  if (n > 0) writer.block(n, positions.data(), k, signs.data(), nullptr);  // one block: the whole tensor
   writer.finish();
   frame_end(&payload);
   return payload;
 }
 
-void topk_decode_average_coded(const uint8_t* gathered, int64_t bytes, int nranks, int64_t n, float divisor,
-                               float* out) {
-  if (nranks <= 0) throw std::invalid_argument("nranks must be >= 1");
-  std::vector<Frame> frames;  // every CRC checked before out is touched
+namespace {
+
+constexpr uint8_t kUpstreamCorrupted = 0xFE;  // horovod_ext.compression.sparse_reduce.UPSTREAM_MARKER
+
+// Every frame of `nframes` "delta" payloads back to back, their CRCs checked before anything is decoded.
+std::vector<Frame> coded_frames(const uint8_t* gathered, int64_t bytes, int nframes) {
+  if (nframes <= 0) throw std::invalid_argument("nranks must be >= 1");
+  std::vector<Frame> frames;
   int64_t offset = 0;
-  for (int r = 0; r < nranks; ++r) {
+  for (int r = 0; r < nframes; ++r) {
     frames.push_back(unframe(gathered, bytes, offset, "top-k payload", r));
     offset = frames.back().next;
   }
   if (offset != bytes) throw CorruptPayload("top-k payloads: trailing bytes (the sizes do not match)");
+  return frames;
+}
+
+// out[i] += value for every (i, value) of frame r, a payload over n elements.
+void add_coded_frame(const Frame& f, int r, int64_t n, float* out) {
+  const std::string where = "top-k payload from rank " + std::to_string(r) + " is malformed";
+  const char* what = where.c_str();
+  if (f.size == 1 && f.data[0] == kUpstreamCorrupted)
+    throw CorruptPayload("rank " + std::to_string(r) + " received a corrupted top-k payload in sparse_reduce's "
+                         "alltoall (its sender's bytes did not arrive intact)");
+  if (f.size < 2 || f.data[0] > 2) BitReader::fail(what);
+  const ValueType type = static_cast<ValueType>(f.data[0]);
+  int used = 0;
+  const uint64_t k = get_varint(f.data + 1, f.size - 1, &used, what);
+  if (k > static_cast<uint64_t>(n)) BitReader::fail(what);
+  const uint8_t* values = f.data + 1 + used;
+  const int64_t value_area = type == ValueType::kTernary ? 4 : static_cast<int64_t>(k) * value_bytes(type);
+  if (f.size - 1 - used < value_area) BitReader::fail(what);
+  float mu = 0.0f;
+  if (type == ValueType::kTernary) std::memcpy(&mu, values, 4);
+  int64_t j = 0;
+  const int64_t count = read_sparse_stream(
+      values + value_area, f.size - 1 - used - value_area, n, 0, type == ValueType::kTernary, false, what,
+      [&](int64_t i, int sign, int64_t) {
+        if (j >= static_cast<int64_t>(k)) BitReader::fail(what);
+        out[i] += type == ValueType::kTernary ? (sign ? -mu : mu) : value_at(values, j, type);
+        ++j;
+      });
+  if (count != static_cast<int64_t>(k)) BitReader::fail(what);
+}
+
+void check_bounds(const int64_t* bounds, int nregions) {
+  if (nregions <= 0) throw std::invalid_argument("sparse_reduce needs at least one region");
+  if (bounds[0] != 0 || bounds[nregions] >= (int64_t{1} << 31))
+    throw std::invalid_argument("region bounds must start at 0 and end below 2^31");
+  for (int g = 0; g < nregions; ++g)
+    if (bounds[g] > bounds[g + 1]) throw std::invalid_argument("region bounds must be ascending");
+}
+
+}  // namespace
+
+void topk_decode_average_coded(const uint8_t* gathered, int64_t bytes, int nranks, int64_t n, float divisor,
+                               float* out) {
+  const std::vector<Frame> frames = coded_frames(gathered, bytes, nranks);
   std::fill(out, out + n, 0.0f);
-  for (int r = 0; r < nranks; ++r) {
-    const Frame& f = frames[static_cast<size_t>(r)];
-    const std::string where = "top-k payload from rank " + std::to_string(r) + " is malformed";
-    const char* what = where.c_str();
-    if (f.size < 2 || f.data[0] > 2) BitReader::fail(what);
-    const ValueType type = static_cast<ValueType>(f.data[0]);
-    int used = 0;
-    const uint64_t k = get_varint(f.data + 1, f.size - 1, &used, what);
-    if (k < 1 || k > static_cast<uint64_t>(n)) BitReader::fail(what);
-    const uint8_t* values = f.data + 1 + used;
-    const int64_t value_area = type == ValueType::kTernary ? 4 : static_cast<int64_t>(k) * value_bytes(type);
-    if (f.size - 1 - used < value_area) BitReader::fail(what);
-    float mu = 0.0f;
-    if (type == ValueType::kTernary) std::memcpy(&mu, values, 4);
-    int64_t j = 0;
-    const int64_t count = read_sparse_stream(
-        values + value_area, f.size - 1 - used - value_area, n, 0, type == ValueType::kTernary, false, what,
-        [&](int64_t i, int sign, int64_t) {
-          if (j >= static_cast<int64_t>(k)) BitReader::fail(what);
-          out[i] += type == ValueType::kTernary ? (sign ? -mu : mu) : value_at(values, j, type);
-          ++j;
-        });
-    if (count != static_cast<int64_t>(k)) BitReader::fail(what);
+  for (int r = 0; r < nranks; ++r) add_coded_frame(frames[static_cast<size_t>(r)], r, n, out);
+  for (int64_t i = 0; i < n; ++i) out[i] /= divisor;
+}
+
+std::vector<uint8_t> topk_extract_regions_coded(float* r, const int32_t* idx, int64_t k, const int64_t* bounds,
+                                                int nregions, ValueType type, int64_t* sizes) {
+  check_bounds(bounds, nregions);
+  std::vector<uint8_t> out;
+  std::vector<int32_t> local;
+  int64_t first = 0;
+  for (int g = 0; g < nregions; ++g) {
+    const int64_t lo = bounds[g], hi = bounds[g + 1];
+    int64_t last = first;
+    while (last < k && idx[last] < hi) ++last;
+    local.resize(static_cast<size_t>(last - first));
+    for (int64_t j = first; j < last; ++j) {
+      if (idx[j] < lo) throw std::invalid_argument("top-k indices must be ascending, in [0, n)");
+      local[static_cast<size_t>(j - first)] = static_cast<int32_t>(idx[j] - lo);
+    }
+    const std::vector<uint8_t> part = topk_extract_coded(r + lo, local.data(), last - first, hi - lo, type);
+    sizes[g] = static_cast<int64_t>(part.size());
+    out.insert(out.end(), part.begin(), part.end());
+    first = last;
   }
+  if (first != k) throw std::invalid_argument("top-k indices must be ascending, in [0, n)");
+  return out;
+}
+
+void topk_decode_regions_coded(const uint8_t* gathered, int64_t bytes, int nregions, const int64_t* bounds,
+                               float divisor, float* out) {
+  check_bounds(bounds, nregions);
+  const std::vector<Frame> frames = coded_frames(gathered, bytes, nregions);
+  const int64_t n = bounds[nregions];
+  std::fill(out, out + n, 0.0f);
+  for (int g = 0; g < nregions; ++g)
+    add_coded_frame(frames[static_cast<size_t>(g)], g, bounds[g + 1] - bounds[g], out + bounds[g]);
   for (int64_t i = 0; i < n; ++i) out[i] /= divisor;
 }
 

@@ -390,10 +390,10 @@ class TopkSelectOp : public tf::OpKernel {
   void Compute(tf::OpKernelContext* c) override {
     const tf::Tensor& x = c->input(0);
     const tf::int64 k = c->input(1).scalar<tf::int32>()();
-    OP_REQUIRES(c, k >= 1 && k <= x.NumElements(), tf::errors::InvalidArgument("top-k needs 1 <= k <= n"));
+    OP_REQUIRES(c, k >= 0 && k <= x.NumElements(), tf::errors::InvalidArgument("top-k needs 0 <= k <= n"));
     tf::Tensor* out;
     OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({k}), &out));
-    hvdext::topk_select(x.flat<float>().data(), x.NumElements(), k, out->flat<tf::int32>().data());
+    if (k > 0) hvdext::topk_select(x.flat<float>().data(), x.NumElements(), k, out->flat<tf::int32>().data());
   }
 };
 REGISTER_KERNEL_BUILDER(Name("HvdextTopkSelect").Device(tf::DEVICE_CPU).HostMemory("k"), TopkSelectOp);
@@ -756,3 +756,127 @@ REGISTER_OP("HvdextTopkDecodeAverageCoded")
 
 REGISTER_KERNEL_BUILDER(Name("HvdextTopkDecodeAverageCoded").Device(tf::DEVICE_CPU),
                         CodedDecodeAverageOp<TopkDecodeCoded>);
+
+// ----------------------------------------------------------------------------------------- sparse_reduce
+std::vector<int64_t> BoundsOf(const tf::Tensor& bounds) {
+  const auto b = bounds.flat<tf::int64>();
+  return std::vector<int64_t>(b.data(), b.data() + b.size());
+}
+
+REGISTER_OP("HvdextTopkExtractRegionsCoded")
+    .Input("g_ef: float")
+    .Input("indices: int32")
+    .Input("bounds: int64")
+    .Attr("value_type: int")
+    .Output("payload: uint8")
+    .Output("region_bytes: int64")
+    .Output("residual: float")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(2, c->input(0));
+      return tf::OkStatus();
+    })
+    .Doc("sparse_reduce's phase 1: one \"delta\" payload per region [bounds[j], bounds[j+1]) back to back, their "
+         "sizes, and g_ef - sent as residual.");
+
+class TopkExtractRegionsCodedOp : public tf::OpKernel {
+ public:
+  explicit TopkExtractRegionsCodedOp(tf::OpKernelConstruction* c) : OpKernel(c) { Attrs(c).ValueType(&type_); }
+  void Compute(tf::OpKernelContext* c) override {
+    const tf::Tensor& g = c->input(0);
+    const tf::Tensor& idx = c->input(1);
+    const std::vector<int64_t> bounds = BoundsOf(c->input(2));
+    OP_REQUIRES(c, bounds.size() >= 2 && bounds.back() == g.NumElements(),
+                tf::errors::InvalidArgument("bounds must end at g_ef's size"));
+    tf::Tensor *residual, *sizes;
+    OP_REQUIRES_OK(c, c->allocate_output(2, g.shape(), &residual));
+    OP_REQUIRES_OK(c, c->allocate_output(1, tf::TensorShape({static_cast<tf::int64>(bounds.size() - 1)}), &sizes));
+    float* r = residual->flat<float>().data();
+    std::memcpy(r, g.flat<float>().data(), sizeof(float) * g.NumElements());
+    Guard(c, [&] {
+      std::vector<int64_t> region_bytes(bounds.size() - 1);
+      OP_REQUIRES_OK(c, OutputBytes(c, 0, hvdext::topk_extract_regions_coded(
+                                               r, idx.flat<tf::int32>().data(), idx.NumElements(), bounds.data(),
+                                               static_cast<int>(region_bytes.size()), type_, region_bytes.data())));
+      std::copy(region_bytes.begin(), region_bytes.end(), sizes->flat<tf::int64>().data());
+    });
+  }
+
+ private:
+  hvdext::ValueType type_;
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextTopkExtractRegionsCoded").Device(tf::DEVICE_CPU).HostMemory("bounds"),
+                        TopkExtractRegionsCodedOp);
+
+REGISTER_OP("HvdextTopkDecodeRegionsCoded")
+    .Input("gathered: uint8")
+    .Input("bounds: int64")
+    .Attr("divisor: float")
+    .Output("average: float")
+    .SetShapeFn(UnknownVector)
+    .Doc("sparse_reduce's phase 2: the regions' payloads decoded at their offsets, / divisor; a corrupted payload "
+         "fails the op.");
+
+class TopkDecodeRegionsCodedOp : public tf::OpKernel {
+ public:
+  explicit TopkDecodeRegionsCodedOp(tf::OpKernelConstruction* c) : OpKernel(c) { Attrs(c).Float("divisor", &divisor_); }
+  void Compute(tf::OpKernelContext* c) override {
+    const tf::Tensor& gathered = c->input(0);
+    const std::vector<int64_t> bounds = BoundsOf(c->input(1));
+    OP_REQUIRES(c, bounds.size() >= 2, tf::errors::InvalidArgument("bounds needs at least one region"));
+    tf::Tensor* out;
+    OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({bounds.back()}), &out));
+    Guard(c, [&] {
+      hvdext::topk_decode_regions_coded(gathered.flat<tf::uint8>().data(), gathered.NumElements(),
+                                        static_cast<int>(bounds.size() - 1), bounds.data(), divisor_,
+                                        out->flat<float>().data());
+    });
+  }
+
+ private:
+  float divisor_;
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextTopkDecodeRegionsCoded").Device(tf::DEVICE_CPU).HostMemory("bounds"),
+                        TopkDecodeRegionsCodedOp);
+
+REGISTER_OP("HvdextTopkRegionSum")
+    .Input("received: uint8")
+    .Input("count: int64")
+    .Attr("nranks: int")
+    .Output("sum: float")
+    .Output("bad: int32")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Scalar());
+      return tf::OkStatus();
+    })
+    .Doc("sparse_reduce's owner: the sum of N \"delta\" payloads over a region of `count` elements; bad = 1 (and "
+         "zeros) where one is corrupted, so that the owner still takes part in phase 2.");
+
+class TopkRegionSumOp : public tf::OpKernel {
+ public:
+  explicit TopkRegionSumOp(tf::OpKernelConstruction* c) : OpKernel(c) {
+    Attrs(c).Int("nranks", &nranks_, 1, kMaxRanks);
+  }
+  void Compute(tf::OpKernelContext* c) override {
+    const tf::Tensor& received = c->input(0);
+    const tf::int64 count = c->input(1).scalar<tf::int64>()();
+    OP_REQUIRES(c, count >= 0, tf::errors::InvalidArgument("count must be >= 0"));
+    tf::Tensor *out, *bad;
+    OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({count}), &out));
+    OP_REQUIRES_OK(c, c->allocate_output(1, tf::TensorShape({}), &bad));
+    bad->scalar<tf::int32>()() = -1;
+    try {
+      hvdext::topk_decode_average_coded(received.flat<tf::uint8>().data(), received.NumElements(),
+                                        static_cast<int>(nranks_), count, 1.0f, out->flat<float>().data());
+    } catch (const hvdext::CorruptPayload&) {
+      out->flat<float>().setZero();
+      bad->scalar<tf::int32>()() = 1;
+    }
+  }
+
+ private:
+  tf::int64 nranks_;
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextTopkRegionSum").Device(tf::DEVICE_CPU).HostMemory("count"), TopkRegionSumOp);

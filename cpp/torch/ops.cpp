@@ -397,6 +397,32 @@ void topk_decode_average_coded(const torch::Tensor& gathered, int64_t nranks, in
                                     o);
 }
 
+// sparse_reduce's region payloads: (bytes of one payload per region, back to back; bytes per region).
+std::tuple<torch::Tensor, std::vector<int64_t>> topk_extract_regions_coded(torch::Tensor& r, const torch::Tensor& idx,
+                                                                          const std::vector<int64_t>& bounds,
+                                                                          int64_t value_type) {
+  const hvdext::ValueType t = to_value_type(value_type, true);
+  TORCH_CHECK(bounds.size() >= 2 && bounds.back() == r.numel(), "bounds must end at the residual's size");
+  float* rd = const_cast<float*>(cpu_float_data(r, "residual"));
+  const int32_t* id = cpu_int32_data(idx, "indices");
+  std::vector<int64_t> sizes(bounds.size() - 1);
+  torch::Tensor payload = coded_payload([&] {
+    return hvdext::topk_extract_regions_coded(rd, id, idx.numel(), bounds.data(), static_cast<int>(sizes.size()), t,
+                                              sizes.data());
+  });
+  return {payload, sizes};
+}
+
+void topk_decode_regions_coded(const torch::Tensor& gathered, const std::vector<int64_t>& bounds, double divisor,
+                               torch::Tensor& out) {
+  TORCH_CHECK(bounds.size() >= 2, "bounds needs at least one region");
+  const uint8_t* g = cpu_bytes(gathered, "gathered payloads");
+  float* o = cpu_out(out, bounds.back());
+  pybind11::gil_scoped_release release;
+  hvdext::topk_decode_regions_coded(g, gathered.numel(), static_cast<int>(bounds.size() - 1), bounds.data(),
+                                    static_cast<float>(divisor), o);
+}
+
 torch::Tensor half_bits(const torch::Tensor& x) {
   const float* xd = cpu_float_data(x, "tensor");
   auto out = torch::empty({x.numel()}, torch::kInt32);
@@ -443,5 +469,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("two_phase_levels_decode", &two_phase_levels_decode, "the fixed level streams of N coded ones");
   m.def("topk_extract_coded", &topk_extract_coded, "the delta payload; leaves r = g_ef - sent there");
   m.def("topk_decode_average_coded", &topk_decode_average_coded, "scatter-add N delta payloads / divisor");
+  m.def("topk_extract_regions_coded", &topk_extract_regions_coded, "one delta payload per region (sparse_reduce)");
+  m.def("topk_decode_regions_coded", &topk_decode_regions_coded, "region payloads at their offsets / divisor");
   m.def("half_bits", &half_bits, "IEEE binary16 bits of each float (round to nearest even)");
 }

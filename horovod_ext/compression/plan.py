@@ -24,6 +24,8 @@ The backend's contract (both adapters implement exactly this):
     step, seed                     this step's counter and the random seed, as the kernels take them
     kernels                        the kernel table (uniform, functional signatures; see the codecs)
     flat32(g), copy(x), sub(a, b), stack(values, dtype), unstack(t, n), concat(parts), sum(values)
+    where_nonzero(test, a, b)      a where test != 0, else b (elementwise)
+    minimum(a, b)                  the smaller of two counts (host ints, or integer tensors in a graph)
     all_finite(x) -> truth         a Python bool, or a boolean tensor in a graph
     allreduce(x, name, op)         op "sum" / "average" / "max"; returns a future
     allreduce_grad(item, name, compression=None)   the gradient with the user's op and predivide factor, through
@@ -44,6 +46,8 @@ The backend's contract (both adapters implement exactly this):
     failed()                       whether a requirement failed so far this step (False in a graph)
     timed(field)                   a context that adds its seconds to the statistics (no-op in a graph)
     count(**amounts)               bytes known when the step is built
+    controller_loaded/saved(c), regions_loaded/saved(r)   host state a TensorFlow checkpoint must hold (GraVAC's
+                                   controller, sparse_reduce's regions): no-ops in PyTorch
     count_decided(**amounts)       bytes known only once a host decision is taken (GraVAC's path)
     count_runtime(**amounts)       bytes known only as the step runs (entropy-coded payloads: sizes, or tensors of
                                    them in a graph)
@@ -105,6 +109,14 @@ class Method:
     def load_state(self, be, residuals):
         if self.feedback is not None:
             self.feedback.load_state(be, residuals)
+
+    def shared_state(self):
+        """What of the method's state every rank holds alike and a checkpoint restores on all (resume.py), or
+        None: sparse_reduce's regions."""
+        return None
+
+    def load_shared_state(self, state):
+        """Take on shared_state() from a checkpoint."""
 
     def abandon_step(self):
         """Launched gradients were dropped before finish() (a checkpoint was loaded): forget the step's state."""

@@ -2,8 +2,9 @@
 resume pattern (rank 0 loads the checkpoint, then ``broadcast_parameters`` and ``broadcast_optimizer_state``).
 
 Shared (every rank holds the same value in an uninterrupted run, so one rank's checkpoint restores it everywhere):
-the step counter (part of every ternary random key), the seed, the byte statistics, and GraVAC's controller (its
-decisions are taken from allreduced gains, so every rank's controller is the same).
+the step counter (part of every ternary random key), the seed, the byte statistics, GraVAC's controller (its
+decisions are taken from allreduced gains, so every rank's controller is the same), and sparse_reduce's regions
+(rebalanced from an allreduce, so the same on every rank).
 
 Per rank: error-feedback residuals r_i (top-k, adaptive top-k). They hold what rank i computed but has not sent yet
 and exist only on rank i. A checkpoint written by rank 0 alone holds rank 0's residuals; they are restored only on
@@ -17,7 +18,7 @@ the optimizer already makes before its first collective); every rank adopts the 
 resuming works with Horovod's own ``broadcast_optimizer_state`` (which knows nothing of this state) as well as with
 horovod_ext's, which broadcasts it at once.
 """
-SHARED_KEYS = ("step", "seed", "stats", "controller")
+SHARED_KEYS = ("step", "seed", "stats", "controller", "regions")
 
 
 def split_checkpoint(ours):
@@ -25,7 +26,7 @@ def split_checkpoint(ours):
     the residuals and the controller sat under "transport"."""
     transport = ours.get("transport") or {}
     shared = {"step": int(ours["step"]), "seed": ours.get("seed"), "stats": ours.get("stats"),
-              "controller": ours.get("controller", transport.get("controller"))}
+              "controller": ours.get("controller", transport.get("controller")), "regions": ours.get("regions")}
     per_rank = {"rank": ours.get("rank", 0), "size": ours.get("size"),
                 "residuals": ours.get("residuals", transport.get("residuals")) or {}}
     return shared, per_rank

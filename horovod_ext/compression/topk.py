@@ -8,7 +8,8 @@ cpp/include/hvdext/topk.h, its definition in python/hvdext_reference/topk.py, th
 """
 from . import sizes
 from .gravac import GravacController
-from .plan import Allgather, Codec, ErrorFeedback, Method, count_dense, k_of
+from .plan import Allgather, Codec, DenseSplit, ErrorFeedback, Method, count_dense, k_of
+from .sparse_reduce import TRANSPORTS, SparseReduce, choose_transport
 from .specs import CompressorSpec, check_bool, check_choice, check_int, check_real
 from .wire import allreduce_wire_bytes
 
@@ -27,14 +28,32 @@ def check_fraction(argument, value):
     return value
 
 
-def check_values(name, value_dtype, packing):
-    """The payload settings of top-k and GraVAC, checked."""
+def check_values(name, value_dtype, packing, transport, rebalance_every):
+    """The payload and transport settings of top-k and GraVAC, checked."""
     value_dtype = check_choice(f"{name} value_dtype", value_dtype, VALUE_DTYPES)
     packing = check_choice(f"{name} packing", packing, PACKINGS)
+    transport = check_choice(f"{name} transport", transport, TRANSPORTS)
     if value_dtype == "ternary" and packing != "delta":
         raise ValueError(f"{name} value_dtype='ternary' needs packing='delta' (its signs travel in the coded "
                          f"indices), got packing={packing!r}")
-    return {"value_dtype": value_dtype, "packing": packing}
+    if transport == "sparse_reduce" and (packing != "delta" or value_dtype == "ternary"):
+        raise ValueError(f"{name} transport='sparse_reduce' needs packing='delta' and value_dtype 'fp16' or 'fp32' "
+                         f"(its owners sum the values and send the sums), got packing={packing!r}, "
+                         f"value_dtype={value_dtype!r}")
+    return {"value_dtype": value_dtype, "packing": packing, "transport": transport,
+            "rebalance_every": check_int(f"{name} rebalance_every", rebalance_every, low=1)}
+
+
+def transport_of(spec, be, sizes_, cf):
+    """The transport a top-k method runs ("auto": sparse_reduce where it plans fewer bytes per rank; only with
+    delta-coded fp16/fp32 values); recorded in the statistics."""
+    requested = spec.transport
+    if requested == "auto" and (spec.packing != "delta" or spec.value_dtype == "ternary"):
+        requested = "allgather"
+    value_bits = 32 if spec.value_dtype == "fp32" else 16
+    transport = choose_transport(requested, sizes_, cf, be.nranks, value_bits)
+    be.stats.extra["transport"] = transport
+    return transport
 
 
 class TopKCodec(Codec):
@@ -80,6 +99,52 @@ class TopKCodec(Codec):
         return be.kernels.topk_decode_average(gathered, k, be.nranks, numel, self.value_type, be.divisor, into)
 
 
+class TopKMethod(Allgather):
+    """Static top-k with error feedback: by allgather (Allgather: each payload started in launch()), or by
+    sparse_reduce (sparse_reduce.py): launch() selects each tensor's k as its gradient is ready, finish() runs the
+    step's one alltoall and one allgather over all of them."""
+
+    def __init__(self, spec, be, sizes_):
+        super().__init__(spec, be, sizes_)
+        self.transport = transport_of(spec, be, self.sizes, 1.0 / spec.ratio)
+        self.sparse = SparseReduce(self.codec, self.feedback, spec.rebalance_every, be) \
+            if self.transport == "sparse_reduce" else None
+
+    def launch(self, be, item):
+        if self.sparse is None:
+            return super().launch(be, item)
+        item.kind = "payload"
+        count_dense(be, item)
+        with be.timed("compress_seconds"):
+            flat = be.flat32(item.grad)
+            item.flat = self.feedback.accumulate(be, item, flat)[0] if self.feedback is not None else be.copy(flat)
+            item.k = self.codec.k(item.numel)
+            item.candidates = be.kernels.topk_select(item.flat, item.k)
+        be.count(compressed_elements=item.numel)
+        return item
+
+    def finish(self, be, items):
+        if self.sparse is None:
+            return super().finish(be, items)
+        DenseSplit.finish(be, [i for i in items if i.kind == "small"])
+        items = [i for i in items if i.kind == "payload"]
+        if not items:
+            return
+        averages, payload_bytes, wire_bytes = self.sparse.reduce(be, items, [i.candidates for i in items], "static")
+        be.count_runtime(payload_bytes=payload_bytes, wire_bytes=wire_bytes)
+        for item, avg in zip(items, averages):
+            be.write(item, avg)
+            be.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
+            item.flat = item.candidates = None
+
+    def shared_state(self):
+        return self.sparse.regions.state() if self.sparse is not None else None
+
+    def load_shared_state(self, state):
+        if self.sparse is not None:
+            self.sparse.regions.load_state(state)
+
+
 class AdaptiveTopKMethod(Method):
     """GraVAC's step.
      1. launch(), per tensor as soon as its gradient is ready (in PyTorch's backward hook, overlapping the rest of
@@ -101,6 +166,9 @@ class AdaptiveTopKMethod(Method):
         self.be, self.nranks = be, be.nranks
         self.step_cfs = None  # (theta_min, theta_c) of the step being launched
         self.step_sizes = list(self.sizes)  # the sizes of the tensors this step compresses
+        self.transport = transport_of(spec, be, self.sizes, spec.min_cf)
+        self.sparse = SparseReduce(self.codec, self.feedback, spec.rebalance_every, be) \
+            if self.transport == "sparse_reduce" else None
 
     def launch(self, be, item):
         item.kind = "payload"
@@ -164,9 +232,20 @@ class AdaptiveTopKMethod(Method):
             be.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
             item.flat = item.candidates = item.energy = None
 
+    def shared_state(self):
+        return self.sparse.regions.state() if self.sparse is not None else None
+
+    def load_shared_state(self, state):
+        if self.sparse is not None:
+            self.sparse.regions.load_state(state)
+
     def _sparse(self, be, items, which, tag):
-        """Send each tensor's selection `which` by allgather; returns the averages, the bad-rank flags, and the
-        (payload, wire) bytes sent."""
+        """Send each tensor's selection `which` by allgather or sparse_reduce; returns the averages, the bad-rank
+        flags, and the (payload, wire) bytes sent."""
+        if self.sparse is not None:
+            averages, payload_bytes, wire_bytes = self.sparse.reduce(
+                be, items, [item.candidates[which] for item in items], tag)
+            return averages + [be.no_flag() for _ in items] + [be.stack([payload_bytes, wire_bytes], "float64")]
         sent, nbytes = [], []
         with be.timed("compress_seconds"):
             for item in items:
@@ -212,18 +291,27 @@ class TopK(CompressorSpec):
             mean |value|, Sattler et al. 2019; what that leaves out stays in the residual; needs packing="delta").
         packing: "delta" (indices as Rice-coded gaps, about log2(1/ratio) + 1.5 bits each: at ratio 0.01 about 0.25
             bits per element with fp16 values, 0.1 with ternary ones; coded on the CPU) or "int32" (32 bits each).
+        transport: "allgather" (every rank receives every rank's payload: each rank sends (N-1) payloads, linear in
+            N), "sparse_reduce" (Ok-Topk's sparse allreduce, sparse_reduce.py: one alltoall to the owners of N
+            index regions, which sum the entries exactly and keep the ceil(K/N) largest sums, then one allgather of
+            those: about 4K(N-1)/N words per rank, at most 6K(N-1)/N, whatever N; what the global selection drops
+            goes back into the sender's residual; needs packing="delta" and fp16/fp32 values), or "auto"
+            (sparse_reduce where it plans fewer bytes per rank: from 3 ranks on).
+        rebalance_every: sparse_reduce's regions are rebalanced from the selections (one allreduce of N-1 integers)
+            every this many steps, and at the first.
     """
 
     name = "topk"
     payload = True
-    method = Allgather
+    method = TopKMethod
     codec = TopKCodec
     max_elements = TOPK_MAX_ELEMENTS
 
-    def __init__(self, ratio=0.01, error_feedback=True, value_dtype="fp16", packing="delta"):
+    def __init__(self, ratio=0.01, error_feedback=True, value_dtype="fp16", packing="delta", transport="auto",
+                 rebalance_every=32):
         super().__init__(ratio=check_fraction("topk ratio", ratio),
                          error_feedback=check_bool("topk error_feedback", error_feedback),
-                         **check_values("topk", value_dtype, packing))
+                         **check_values("topk", value_dtype, packing, transport, rebalance_every))
 
 
 class AdaptiveTopK(CompressorSpec):
@@ -240,7 +328,8 @@ class AdaptiveTopK(CompressorSpec):
             the lower of the two CFs whose compression throughputs are highest when those are within omega; [0, 1).
         policy: how the candidate's scale-up moves each window: "exponential" (theta_s squared: CF 10, 20, 40, 160,
             1000 from min_cf 10) or "geometric" (doubled).
-        value_dtype, packing: the payload's values and index coding, as Compression.topk's.
+        value_dtype, packing, transport, rebalance_every: the payload's values and index coding and how the
+            payloads travel, as Compression.topk's ("auto" plans its bytes at min_cf).
 
     Defaults. epsilon 0.7 is the lower of the two values the paper reports (0.7, 0.9; the authors' code: 0.75):
     with error feedback, top-k at CF 10 keeps a gain of 0.74-0.86 on the digits MLP and CNN and about 0.7 on a
@@ -256,7 +345,7 @@ class AdaptiveTopK(CompressorSpec):
     max_elements = TOPK_MAX_ELEMENTS
 
     def __init__(self, min_cf=10, max_cf=1000, epsilon=0.7, window=500, omega=0.05, policy="exponential",
-                 value_dtype="fp16", packing="delta"):
+                 value_dtype="fp16", packing="delta", transport="auto", rebalance_every=32):
         min_cf = check_real("adaptive_topk min_cf", min_cf, low=1.0, low_open=False)
         max_cf = check_real("adaptive_topk max_cf", max_cf, low=1.0, low_open=False)
         if min_cf > max_cf:
@@ -267,6 +356,6 @@ class AdaptiveTopK(CompressorSpec):
         super().__init__(min_cf=min_cf, max_cf=max_cf, epsilon=check_fraction("adaptive_topk epsilon", epsilon),
                          window=check_int("adaptive_topk window", window, low=1), omega=omega,
                          policy=check_choice("adaptive_topk policy", policy, POLICIES),
-                         **check_values("adaptive_topk", value_dtype, packing))
+                         **check_values("adaptive_topk", value_dtype, packing, transport, rebalance_every))
 
     error_feedback = True

@@ -73,12 +73,16 @@ class GradientAggregator(tf.Module):
             self.seed = tf.Variable(0, dtype=tf.int64, trainable=False, name="seed")
             # GraVAC's controller state as JSON: the source of truth, so that restoring a checkpoint restores it
             self.controller_state = tf.Variable("", dtype=tf.string, trainable=False, name="controller_state")
+            # sparse_reduce's regions as JSON, likewise
+            self.regions_state = tf.Variable("", dtype=tf.string, trainable=False, name="regions_state")
         self.residuals = {}  # error feedback's tf.Variables, by tensor name (tracked for tf.train.Checkpoint)
         self._agreed = None
         self.stats = CompressionStats(getattr(compression, "name", getattr(compression, "__name__", "custom")))
         self.backend = TFBackend(self, process_set, op, self.predivide, self.stats)
         self.backend.on_controller_loaded = self._sync_controller
         self.backend.on_controller_saved = self._save_controller
+        self.backend.on_regions_loaded = self._sync_regions
+        self.backend.on_regions_saved = self._save_regions
         self.method = None  # the compressor's plan (registry.method_for), made at the first step
 
     @property
@@ -206,6 +210,16 @@ class GradientAggregator(tf.Module):
             if state["step"] != controller.step:
                 log = controller.log[:state["step"]]
                 controller.load_state({**state, "log": log})
+
+    def _sync_regions(self, regions):
+        """Reload sparse_reduce's regions if their variable was restored from a checkpoint (it differs)."""
+        saved = self.regions_state.numpy().decode()
+        state = json.loads(saved) if saved else None
+        if state != regions.state():
+            regions.load_state(state)
+
+    def _save_regions(self, regions):
+        self.regions_state.assign(json.dumps(regions.state()))
 
     def _save_controller(self, controller):
         """Keep the controller's state (its log aside) in its variable, so that a checkpoint holds it."""

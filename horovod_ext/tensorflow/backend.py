@@ -12,7 +12,7 @@ import tensorflow as tf
 from .ops import TFKernels
 
 OPS = {"sum": hvd.Sum, "average": hvd.Average, "max": hvd.Max}
-DTYPES = {"float32": tf.float32, "float64": tf.float64, "int32": tf.int32, "uint8": tf.uint8}
+DTYPES = {"float32": tf.float32, "float64": tf.float64, "int32": tf.int32, "int64": tf.int64, "uint8": tf.uint8}
 NONFINITE = "NaN or Inf in the gradient of "
 
 
@@ -39,6 +39,7 @@ class TFBackend:
         self.runtime_total, self.runtime_last = {}, {}  # bytes of entropy-coded payloads, as the steps run
         self.runtime = []  # in a graph: (field, size tensor) of the step being built
         self.on_controller_loaded = self.on_controller_saved = None
+        self.on_regions_loaded = self.on_regions_saved = None
 
     def begin(self, step, seed):
         """A new step is being built (eagerly: run)."""
@@ -75,6 +76,14 @@ class TFBackend:
     @staticmethod
     def sub(a, b):
         return tf.subtract(a, b)
+
+    @staticmethod
+    def where_nonzero(test, a, b):
+        return tf.where(tf.not_equal(test, 0.0), a, b)
+
+    @staticmethod
+    def minimum(a, b):
+        return tf.minimum(tf.cast(a, tf.int64), tf.cast(b, tf.int64))
 
     @staticmethod
     def size(x):
@@ -212,6 +221,14 @@ class TFBackend:
         self.decided_last = dict(amounts)
         for key, value in amounts.items():
             self.decided_total[key] = self.decided_total.get(key, 0) + value
+
+    def regions_loaded(self, regions):
+        if self.on_regions_loaded is not None:
+            self.on_regions_loaded(regions)
+
+    def regions_saved(self, regions):
+        if self.on_regions_saved is not None:
+            self.on_regions_saved(regions)
 
     def controller_loaded(self, controller):
         if self.on_controller_loaded is not None:

@@ -3,6 +3,8 @@ import os
 
 import tensorflow as tf
 
+from horovod_ext.compression.sparse_reduce import UPSTREAM_CORRUPTED
+
 LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tf_ops.so")
 if not os.path.exists(LIBRARY):
     raise ImportError(f"{LIBRARY} is missing: build horovod-ext's native ops with `python setup.py build_ext "
@@ -57,7 +59,7 @@ class TFKernels:
 
     @staticmethod
     def topk_select(x, k):
-        return lib.hvdext_topk_select(x, k)
+        return lib.hvdext_topk_select(x, tf.cast(k, tf.int32))
 
     @staticmethod
     def topk_select_among(x, among, k):
@@ -108,3 +110,23 @@ class TFKernels:
     @staticmethod
     def topk_decode_average_coded(gathered, nranks, numel, divisor, into=None):
         return lib.hvdext_topk_decode_average_coded(gathered, nranks=nranks, count=numel, divisor=divisor)
+
+    # ------------------------------------------------------------------------------------------ sparse_reduce
+    @staticmethod
+    def topk_extract_regions_coded(x, idx, bounds, value_type):
+        payload, region_bytes, remainder = lib.hvdext_topk_extract_regions_coded(
+            x, idx, tf.cast(tf.stack(bounds), tf.int64), value_type=value_type)
+        return payload, region_bytes, remainder
+
+    @staticmethod
+    def topk_decode_regions_coded(gathered, bounds, divisor, like, into=None):
+        return lib.hvdext_topk_decode_regions_coded(gathered, tf.cast(tf.stack(bounds), tf.int64), divisor=divisor)
+
+    @staticmethod
+    def topk_region_sum(received, nranks, numel):
+        return lib.hvdext_topk_region_sum(received, tf.cast(numel, tf.int64), nranks=nranks)
+
+    @staticmethod
+    def coded_flagged(payload, bad):
+        marker = tf.constant(list(UPSTREAM_CORRUPTED), dtype=tf.uint8)
+        return tf.cond(bad < 0, lambda: payload, lambda: marker)

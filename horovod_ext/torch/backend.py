@@ -14,7 +14,8 @@ from horovod_ext.compression.plan import k_of
 from .kernels import TorchKernels, as_float32
 
 OPS = {"sum": hvd.Sum, "average": hvd.Average, "max": hvd.Max}
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int32, "uint8": torch.uint8}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int32, "int64": torch.int64,
+          "uint8": torch.uint8}
 
 
 class Future:
@@ -98,6 +99,14 @@ class TorchBackend:
     @staticmethod
     def sub(a, b):
         return torch.sub(a, b)
+
+    @staticmethod
+    def where_nonzero(test, a, b):
+        return torch.where(test != 0, a, b)
+
+    @staticmethod
+    def minimum(a, b):
+        return min(int(a), int(b))
 
     @staticmethod
     def size(x):
@@ -204,6 +213,14 @@ class TorchBackend:
 
     def count_runtime(self, **amounts):
         self.stats.add(**{key: float(value) for key, value in amounts.items()})
+
+    @staticmethod
+    def regions_loaded(regions):
+        """sparse_reduce's regions live in the method (checkpointed through its shared_state())."""
+
+    @staticmethod
+    def regions_saved(regions):
+        pass
 
     def controller_loaded(self, controller):
         pass

@@ -14,6 +14,7 @@ import torch
 from horovod_ext import _torch_ops as ops
 from horovod_ext.compression import sizes
 from horovod_ext.compression.specs import check_tensor
+from horovod_ext.compression.sparse_reduce import UPSTREAM_CORRUPTED
 
 
 def stream_of(tensor):
@@ -101,6 +102,8 @@ class TorchKernels:
 
     @staticmethod
     def topk_select(x, k):
+        if k == 0:  # an empty region of sparse_reduce
+            return torch.empty(0, dtype=torch.int32, device=x.device)
         return ops.topk_select(x, k, stream_of(x))
 
     @staticmethod
@@ -161,3 +164,36 @@ class TorchKernels:
         out, _ = _decoded_into(into, numel, gathered, lambda out: ops.topk_decode_average_coded(
             _cpu(gathered), nranks, numel, float(divisor), out))
         return out, -1
+
+    @staticmethod
+    def topk_extract_regions_coded(x, idx, bounds, value_type):
+        """(payloads back to back, bytes per region, remainder): sparse_reduce's phase 1 (x is the concatenation of
+        the step's g_ef, idx ascending positions in it)."""
+        host = x.cpu() if x.is_cuda else x
+        payload, region_bytes = ops.topk_extract_regions_coded(host, _cpu(idx), [int(b) for b in bounds], value_type)
+        if x.is_cuda:
+            x.copy_(host)
+        return payload, region_bytes, x
+
+    @staticmethod
+    def topk_decode_regions_coded(gathered, bounds, divisor, like, into=None):
+        bounds = [int(b) for b in bounds]
+        out, _ = _decoded_into(into, bounds[-1], like, lambda out: ops.topk_decode_regions_coded(
+            _cpu(gathered), bounds, float(divisor), out))
+        return out
+
+    @staticmethod
+    def topk_region_sum(received, nranks, numel):
+        """(the sum of N "delta" payloads over a region, -1 or 1 where one was corrupted): sparse_reduce's owner,
+        which must still take part in the allgather when its own input is bad."""
+        out = torch.empty(numel, dtype=torch.float32)
+        try:
+            ops.topk_decode_average_coded(_cpu(received), nranks, numel, 1.0, out)
+        except ValueError:  # CorruptPayload
+            return out.zero_(), 1
+        return out, -1
+
+    @staticmethod
+    def coded_flagged(payload, bad):
+        """payload, or (bad >= 0) the marker payload that makes every rank's decode raise."""
+        return payload if bad < 0 else torch.frombuffer(bytearray(UPSTREAM_CORRUPTED), dtype=torch.uint8)

@@ -92,6 +92,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_loaded = None  # the shared part of a loaded checkpoint, offered to every rank at the next agreement
         self._hx_residuals = None  # this rank's residuals from a checkpoint, restored once the transport exists
         self._hx_controller_state = None  # a checkpoint's GraVAC controller, restored once the transport exists
+        self._hx_regions = None  # a checkpoint's sparse_reduce regions, likewise
         self._hx_pending = {}
         self._hx_training = None  # ranks still training this step (None: not asked yet this step)
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
@@ -145,7 +146,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return dict(self._hx_loaded)
         controller = getattr(self._hx_method, "controller", None)
         return {"step": self._hx_step, "seed": self._hx_seed, "stats": self._hx_stats.state(),
-                "controller": controller.state() if controller is not None else self._hx_controller_state}
+                "controller": controller.state() if controller is not None else self._hx_controller_state,
+                "regions": self._hx_method.shared_state() if self._hx_method is not None else self._hx_regions}
 
     def _hx_adopt(self, shared):
         """Take on a checkpoint's shared state (step counter, seed, statistics, GraVAC controller)."""
@@ -156,11 +158,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if shared.get("stats") is not None:
             self._hx_stats.load_state(shared["stats"])
         self._hx_controller_state = shared.get("controller")
+        self._hx_regions = shared.get("regions")
 
     def _hx_restore_transport_state(self, offer):
         controller = getattr(self._hx_method, "controller", None)
         if controller is not None and offer is not None and offer.get("controller") is not None:
             controller.load_state(offer["controller"])
+        if offer is not None:
+            self._hx_method.load_shared_state(offer.get("regions"))
         if self._hx_residuals is not None:
             self._hx_method.load_state(self._hx_backend, self._hx_residuals)
             self._hx_residuals = None

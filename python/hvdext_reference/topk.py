@@ -118,7 +118,7 @@ def decode_average_delta(gathered, nranks, n, divisor):
             raise coding.CorruptPayload(what)
         kind = body[0]
         k, used = coding.get_varint(body, 1, what)
-        if not 1 <= k <= n:
+        if not 0 <= k <= n:  # an empty payload: a region of sparse_reduce with none of its indices
             raise coding.CorruptPayload(what)
         at = 1 + used
         if kind == 2:

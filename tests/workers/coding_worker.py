@@ -24,10 +24,13 @@ PAIRS = {  # name: (compressor, coded settings, fixed settings)
                           dict(TERNARY, packing="base3", shared_scale=True, transport="two_phase")),
     "ternary_ef": ("ternary", dict(TERNARY, packing="entropy", error_feedback=True),
                    dict(TERNARY, packing="base3", error_feedback=True)),
-    "topk_fp16": ("topk", {"ratio": 0.02, "packing": "delta"}, {"ratio": 0.02, "packing": "int32"}),
-    "topk_fp32": ("topk", {"ratio": 0.02, "value_dtype": "fp32", "packing": "delta"},
+    # the same transport for both packings ("auto" takes sparse_reduce for "delta" from 3 ranks on)
+    "topk_fp16": ("topk", {"ratio": 0.02, "packing": "delta", "transport": "allgather"},
+                  {"ratio": 0.02, "packing": "int32"}),
+    "topk_fp32": ("topk", {"ratio": 0.02, "value_dtype": "fp32", "packing": "delta", "transport": "allgather"},
                   {"ratio": 0.02, "value_dtype": "fp32", "packing": "int32"}),
-    "adaptive": ("adaptive_topk", {"min_cf": 2, "max_cf": 40, "epsilon": 0.3, "window": 1, "packing": "delta"},
+    "adaptive": ("adaptive_topk", {"min_cf": 2, "max_cf": 40, "epsilon": 0.3, "window": 1, "packing": "delta",
+                                   "transport": "allgather"},
                  {"min_cf": 2, "max_cf": 40, "epsilon": 0.3, "window": 1, "packing": "int32"}),
 }
 if FRAMEWORK == "tf":  # TensorFlow runs each config eagerly and in a tf.function: a smaller set

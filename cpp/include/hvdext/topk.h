@@ -50,7 +50,8 @@ void extract_values(float* r, const int32_t* idx, int64_t k, ValueType type, uin
 int topk_decode_average(const uint8_t* gathered, int nranks, int64_t k, int64_t n, ValueType type, float divisor,
                         float* out);
 
-// The "delta" payload of the selected elements of r (= g_ef), leaving r = g_ef - sent on them (as topk_extract).
+// The "delta" payload of the selected elements of r (= g_ef), leaving r = g_ef - sent on them (as topk_extract);
+// 0 <= k <= n (an empty payload is allowed).
 std::vector<uint8_t> topk_extract_coded(float* r, const int32_t* idx, int64_t k, int64_t n, ValueType type);
 // Upper bound of its size (index gaps at most 32 bits + 1 each).
 int64_t topk_coded_max_bytes(int64_t k, int64_t n, ValueType type);
@@ -58,5 +59,15 @@ int64_t topk_coded_max_bytes(int64_t k, int64_t n, ValueType type);
 // Throws CorruptPayload for a corrupted payload (every rank holds the same bytes).
 void topk_decode_average_coded(const uint8_t* gathered, int64_t bytes, int nranks, int64_t n, float divisor,
                                float* out);
+
+// sparse_reduce (horovod_ext/compression/sparse_reduce.py): the index space [0, bounds[nregions]) is cut into regions
+// [bounds[g], bounds[g+1]). One "delta" payload per region (region-relative indices, possibly none) of the selected
+// elements of r, back to back, leaving r = g_ef - sent on them; sizes[g] = bytes of region g's payload.
+std::vector<uint8_t> topk_extract_regions_coded(float* r, const int32_t* idx, int64_t k, const int64_t* bounds,
+                                                int nregions, ValueType type, int64_t* sizes);
+// gathered: one payload per region, in region order; out[0..bounds[nregions]) = the values at their regions'
+// positions / divisor. Throws CorruptPayload as topk_decode_average_coded.
+void topk_decode_regions_coded(const uint8_t* gathered, int64_t bytes, int nregions, const int64_t* bounds,
+                               float divisor, float* out);
 
 }  // namespace hvdext
