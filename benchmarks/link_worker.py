@@ -26,6 +26,10 @@ COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compre
                 "ternary-2phase-base3": lambda: hvd.Compression.ternary(shared_scale=True, transport="two_phase",
                                                                         packing="base3"),
                 "topk": lambda: hvd.Compression.topk(ratio=0.01),  # delta-coded indices, fp16 values (the default)
+                "topk-allgather": lambda: hvd.Compression.topk(ratio=0.01, transport="allgather"),
+                "topk-sparse": lambda: hvd.Compression.topk(ratio=0.01, transport="sparse_reduce"),
+                "topk0.1-allgather": lambda: hvd.Compression.topk(ratio=0.001, transport="allgather"),
+                "topk0.1-sparse": lambda: hvd.Compression.topk(ratio=0.001, transport="sparse_reduce"),
                 "topk-int32": lambda: hvd.Compression.topk(ratio=0.01, packing="int32"),
                 "topk-ternary": lambda: hvd.Compression.topk(ratio=0.01, value_dtype="ternary"),
                 "adaptive_topk": lambda: hvd.Compression.adaptive_topk}  # GraVAC at its defaults

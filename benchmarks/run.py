@@ -7,13 +7,16 @@
 Benchmarks: kernels (native ops vs torch ops / NumPy), tf_kernels (vs TF ops), gpu_kernels (the CUDA kernels as a
 fraction of the GPU's memory bandwidth, top-k vs torch.topk; skipped where no GPU is), wire (bytes per step of every
 compressor and optimizer, 2-64 ranks), coding (bits per element of the entropy-coded payloads on three models'
-gradients, the coders' speed against the fixed packings, step time on 100 Mbit/s beside PowerSGD rank 4), link (step time on loopback shaped to 100 Mbit/s and 1 Gbit/s, 2 and 4 ranks,
+gradients, the coders' speed against the fixed packings, step time on 100 Mbit/s beside PowerSGD rank 4),
+sparse_reduce (top-k's bytes per rank by allgather and by sparse_reduce, counted at 2-4 ranks and planned to 1024,
+and step time at 4 ranks on 100 Mbit/s beside dense and PowerSGD rank 4), link (step time on loopback shaped to
+100 Mbit/s and 1 Gbit/s, 2 and 4 ranks,
 beside Horovod dense/fp16 and PyTorch DDP with its fp16 and PowerSGD hooks), tta (test accuracy against
 wall-clock time on digits for every compressor and optimizer), gravac (GraVAC's time to dense's accuracy against
 static top-k 10/100/1000x and PowerSGD on three models) and soak (10,000 steps at 4 ranks per method: resident
 memory and steps/s at steps 1,000 and 10,000). Each writes JSON, a markdown table and PNG plots to
 benchmarks/out/ (or $HVDEXT_BENCH_OUT); this script adds summary.md with every table. link and tta create a network
-namespace (root), as do gravac and coding's link part; where that is not allowed they say why and are skipped, not failed; so does gpu_kernels without
+namespace (root), as do gravac, coding's and sparse_reduce's link parts; where that is not allowed they say why and are skipped, not failed; so does gpu_kernels without
 a GPU.
 """
 import argparse
@@ -26,7 +29,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import OUT_DIR, progress  # noqa: E402
 
-BENCHMARKS = ["kernels", "tf_kernels", "gpu_kernels", "wire", "coding", "link", "tta", "gravac", "soak"]
+BENCHMARKS = ["kernels", "tf_kernels", "gpu_kernels", "wire", "coding", "sparse_reduce", "link", "tta", "gravac",
+              "soak"]
 
 
 def main(argv=None):

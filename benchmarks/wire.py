@@ -1,9 +1,10 @@
 """Wire benchmark: bytes each rank sends per step, for the link benchmark's 10.5M-parameter MLP: dense allreduce,
-fp16, ternary by allgather and two-phase, top-k 1%, adaptive top-k at its CF bounds, and the parameter-space
-optimizers (LSGD, multi-leader LSGD with nodes of 8 ranks, EASGD, averaged over their pull periods).
+fp16, ternary by allgather and two-phase, top-k 1% by allgather and by sparse_reduce, adaptive top-k at its CF
+bounds, and the parameter-space optimizers (LSGD, multi-leader LSGD with nodes of 8 ranks, EASGD, averaged over
+their pull periods).
 
 Counted from real horovodrun runs at N = 2 and 4 (unshaped loopback, compression_stats()["last_step"]), and by the
-transport's plan (the same code that sizes the real tensors) and closed-form formula at N = 2 ... 64; the counts at
+transport's plan (the same code that sizes the real tensors) and closed-form formula at N = 2 ... 1024; the counts at
 2 and 4 check the plan. Ring algorithms: allreduce 2(N-1)/N * bytes, allgather (N-1) * payload, alltoall the
 (N-1)/N that leaves the rank.
 """
@@ -14,6 +15,7 @@ from common import OUT_DIR, horovodrun_json, line_plot, machine, markdown_table,
 from horovod_ext.compression import CompressionStats
 from horovod_ext.compression.plan import k_of
 from horovod_ext.compression.join import join_check_wire_bytes
+from horovod_ext.compression.sparse_reduce import planned_bytes
 from horovod_ext.compression.wire import allgather_wire_bytes
 from horovod_ext.consensus import ElasticSync, LeaderSync
 from horovod_ext.compression.two_phase import (TwoPhasePlan, allgather_transport_bytes, formula_wire_bytes,
@@ -67,6 +69,7 @@ def others(sizes, nranks):
     join = join_check_wire_bytes(nranks)  # payload compressors' ranks-still-training check (hvd.join)
     return {"fp16": allreduce_wire_bytes(dense // 2, nranks),
             "topk": allgather_wire_bytes(6 * sum(k_of(n, 100) for n in sizes), nranks) + join,
+            "topk_sparse": planned_bytes(sizes, 100, nranks)["sparse_reduce"] + join,
             "adaptive_cf10": allgather_wire_bytes(6 * sum(k_of(n, 10) for n in sizes), nranks)
             + allreduce_wire_bytes(32, nranks) + join,
             "adaptive_cf1000": allgather_wire_bytes(6 * sum(k_of(n, 1000) for n in sizes), nranks)
@@ -81,12 +84,14 @@ def counted(nranks, params_m):
     defaults (variable sizes: counted only)."""
     rows = {r["compression"]: r for r in horovodrun_json(
         [], nranks, os.path.join(HERE, "link_worker.py"),
-        ["--compression", "none,fp16,ternary-base3,ternary-2phase-base3,topk-int32,ternary,ternary-2phase,topk",
+        ["--compression", "none,fp16,ternary-base3,ternary-2phase-base3,topk-int32,ternary,ternary-2phase,"
+                          "topk-allgather,topk-sparse",
          "--params-m", params_m, "--steps", 1], 900)}
     return {"dense": rows["none"]["wire_bytes"], "allgather": rows["ternary-base3"]["wire_bytes"],
             "two_phase": rows["ternary-2phase-base3"]["wire_bytes"], "fp16": rows["fp16"]["wire_bytes"],
             "topk": rows["topk-int32"]["wire_bytes"], "allgather_entropy": rows["ternary"]["wire_bytes"],
-            "two_phase_entropy": rows["ternary-2phase"]["wire_bytes"], "topk_delta": rows["topk"]["wire_bytes"]}
+            "two_phase_entropy": rows["ternary-2phase"]["wire_bytes"],
+            "topk_delta": rows["topk-allgather"]["wire_bytes"], "topk_sparse": rows["topk-sparse"]["wire_bytes"]}
 
 
 def main():
@@ -96,7 +101,7 @@ def main():
     args = parser.parse_args()
     params_m, count_at = (1.0, [2]) if args.quick else (args.params_m, [2, 4])
     sizes = model_sizes(params_m)
-    rows = [{**planned(sizes, n), **others(sizes, n)} for n in (2, 3, 4, 8, 16, 32, 64)]
+    rows = [{**planned(sizes, n), **others(sizes, n)} for n in (2, 3, 4, 8, 16, 32, 64, 128, 256, 512, 1024)]
     for n in count_at:
         measured = counted(n, params_m)
         row = next(r for r in rows if r["ranks"] == n)
@@ -115,18 +120,20 @@ def main():
                             "dense / allgather", "dense / two-phase", "source", "|plan - formula| bytes"], table))
     coded = [[r["ranks"]] + [f"{r['counted'][k] / 1e6:.3f} ({r['dense'] / r['counted'][k]:.0f}x)"
                              for k in ("allgather", "allgather_entropy", "two_phase", "two_phase_entropy", "topk",
-                                       "topk_delta")] for r in rows if "counted" in r]
+                                       "topk_delta", "topk_sparse")] for r in rows if "counted" in r]
     md += ("\n\nCounted with the entropy-coded defaults (sizes depend on the gradients: this model's random "
            "initial gradients): MB per rank per step (dense / it), beside the fixed packings.\n\n"
            + markdown_table(["ranks", "ternary base3", "ternary entropy", "two-phase base3", "two-phase entropy",
-                             "top-k 1% int32", "top-k 1% delta"], coded))
-    keys = ["dense", "fp16", "allgather", "two_phase", "topk", "adaptive_cf10", "adaptive_cf1000", "lsgd",
-            "multi_lsgd", "easgd"]
-    labels = ["dense", "fp16", "ternary allgather", "ternary two-phase", "top-k 1%", "adaptive CF 10",
-              "adaptive CF 1000", "LSGD", "multi-leader LSGD", "EASGD"]
+                             "top-k 1% int32", "top-k 1% delta", "top-k 1% delta, sparse_reduce"], coded))
+    keys = ["dense", "fp16", "allgather", "two_phase", "topk", "topk_sparse", "adaptive_cf10", "adaptive_cf1000",
+            "lsgd", "multi_lsgd", "easgd"]
+    labels = ["dense", "fp16", "ternary allgather", "ternary two-phase", "top-k 1%", "top-k 1% sparse_reduce",
+              "adaptive CF 10", "adaptive CF 1000", "LSGD", "multi-leader LSGD", "EASGD"]
     every = [[r["ranks"]] + [f"{r[k] / 1e6:.3f} ({r['dense'] / r[k]:.0f}x)" for k in keys[1:]] for r in rows]
     md += ("\n\nEvery compressor and optimizer, planned with the fixed packings: MB per rank per step (dense / it). "
-           "Top-k sends an int32 index and an fp16 value per kept element of every tensor; adaptive top-k moves between its CF bounds (plus one "
+           "Top-k sends an int32 index and an fp16 value per kept element of every tensor by allgather; top-k "
+           "sparse_reduce is planned with delta-coded indices (sparse_reduce.planned_bytes); adaptive top-k moves "
+           "between its CF bounds (allgather, plus one "
            "32-byte allreduce of norms per step); LSGD, multi-leader LSGD (groups: nodes of 8 ranks, two nodes "
            "below 16 ranks) and EASGD at their defaults, averaged over 16 steps.\n\n"
            + markdown_table(["ranks"] + labels[1:], every) + "\n\n![bytes per rank](wire_bytes.png)")

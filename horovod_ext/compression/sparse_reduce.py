@@ -82,8 +82,11 @@ class Regions:
         self.bounds = None
         self.age = 0  # sparse steps since the last rebalance
 
-    def due(self, total):
-        return int(self.bounds is None or self.age >= self.every or self.bounds[-1] != total)
+    def due(self, total, nranks):
+        """Whether this step rebalances: at the first, every `every` steps, and whenever the held bounds are not
+        this job's (a checkpoint of another model or number of ranks)."""
+        return int(self.bounds is None or self.age >= self.every or self.bounds[-1] != total
+                   or len(self.bounds) != nranks + 1)
 
     def current(self):
         return tuple(self.bounds)
@@ -157,7 +160,7 @@ class SparseReduce:
         by one allreduce of P-1 float64 integers."""
         nranks = be.nranks
         shape = ("int64",) * (nranks + 1)
-        due, = be.host(self._due, [total], ("int32",))
+        due, = be.host(self._due, [total, nranks], ("int32",))
 
         def current():
             return list(be.host(self.regions.current, [], shape)) + [be.stack([0, 0], "float64")]
@@ -176,9 +179,9 @@ class SparseReduce:
         bounds = be.host(self._store, [due] + list(chosen[:-1]), shape)
         return bounds, be.unstack(chosen[-1], 2)
 
-    def _due(self, total):
+    def _due(self, total, nranks):
         self.be.regions_loaded(self.regions)  # TensorFlow: a checkpoint may have restored them
-        return self.regions.due(total)
+        return self.regions.due(total, nranks)
 
     def _store(self, due, *bounds):
         result = self.regions.store(due, *bounds)
