@@ -181,8 +181,9 @@ def test_tensorflow_sparse_reduce_matches_reference_eager_and_in_a_graph():
 
 @pytest.mark.parametrize("value_dtype", ["fp16", "fp32"])
 def test_region_kernels_write_the_reference_bytes(value_dtype):
-    """Phase 1's payloads (one per region, an empty region and empty payloads included) are the reference's "delta"
-    payloads byte for byte, the remainder is exact, and phase 2's decode places each region at its offset."""
+    """Phase 1's payloads over tensors read in place as one index space (one payload per region, an empty region
+    and empty payloads included) are the reference's "delta" payloads byte for byte; phase 2's decode places each
+    region at its offset across the tensors; the residual is g_ef - sent exactly where the entry was applied."""
     import torch
     from hvdext_reference import topk as ref_topk
     from horovod_ext.compression.topk import VALUE_DTYPE_IDS
@@ -190,11 +191,13 @@ def test_region_kernels_write_the_reference_bytes(value_dtype):
 
     rng = np.random.default_rng(5)
     g = (rng.standard_t(3, 5000) * 1e-2).astype(np.float32)
+    pieces = [1000, 2500, 1500]  # tensors; the regions cut across them
     idx = np.sort(rng.choice(np.arange(1200, 5000), size=300, replace=False)).astype(np.int32)  # none below 1200
     bounds = [0, 0, 1200, 3000, 5000]  # an empty region, and a region with no selected index
-    payload, region_bytes, remainder = K.topk_extract_regions_coded(torch.from_numpy(g.copy()),
-                                                                    torch.from_numpy(idx), bounds,
-                                                                    VALUE_DTYPE_IDS[value_dtype])
+    flats = [torch.from_numpy(part.copy()) for part in split(g, pieces)]
+    vtype = VALUE_DTYPE_IDS[value_dtype]
+    payload, region_bytes = K.topk_encode_regions(flats, torch.from_numpy(idx), bounds, vtype)
+    assert np.array_equal(torch.cat(flats).numpy(), g)  # only read
     vdt = ref_topk.VALUE_DTYPES[value_dtype]
     expected = []
     for lo, hi in zip(bounds, bounds[1:]):
@@ -204,8 +207,56 @@ def test_region_kernels_write_the_reference_bytes(value_dtype):
     assert payload.numpy().tobytes() == b"".join(p.tobytes() for p in expected)
     sent = np.zeros_like(g)
     sent[idx] = g[idx].astype(vdt).astype(np.float32)
-    assert np.array_equal(remainder.numpy() + sent, g) and np.array_equal(remainder.numpy(), g - sent)
-    average = K.topk_decode_regions_coded(payload, bounds, 4.0, torch.zeros(1))
-    assert np.array_equal(average.numpy(), sent / np.float32(4.0))
+    into = [torch.full((n,), 7.0) for n in pieces[:2]] + [None]
+    averages = K.topk_decode_regions(payload, bounds, 4.0, pieces, into)
+    assert averages[0] is into[0] and averages[1] is into[1]
+    assert np.array_equal(torch.cat(averages).numpy(), sent / np.float32(4.0))
     with pytest.raises(ValueError, match="rank 3 is truncated"):
-        K.topk_decode_regions_coded(payload[:-1], bounds, 1.0, torch.zeros(1))
+        K.topk_decode_regions(payload[:-1], bounds, 1.0, pieces, [None] * 3)
+    # keep: only the applied entries (here: every other one) keep their remainder
+    applied = [a.clone() for a in averages]
+    dropped = idx[::2]
+    flat_applied = torch.cat(applied)
+    flat_applied[torch.from_numpy(dropped.astype(np.int64))] = 0.0
+    applied = list(torch.split(flat_applied, pieces))
+    residuals = K.topk_keep_applied(flats, applied, torch.from_numpy(idx), vtype)
+    expect = g.copy()
+    kept = idx[1::2]
+    expect[kept] = g[kept] - sent[kept] if value_dtype == "fp16" else 0.0
+    assert residuals[0] is flats[0] and np.array_equal(torch.cat(residuals).numpy(), expect)
+
+
+def test_auto_takes_sparse_reduce_where_it_plans_clearly_fewer_bytes():
+    from horovod_ext.compression.sparse_reduce import choose_transport, planned_bytes
+
+    sizes = [6007, 37, 20000, 1 << 20]
+    assert choose_transport("auto", sizes, 100, 2) == "allgather"  # about the same bytes, one collective fewer
+    for nranks in (3, 4, 64, 1024):
+        assert choose_transport("auto", sizes, 100, nranks) == "sparse_reduce"
+        plan = planned_bytes(sizes, 100, nranks)
+        assert plan["sparse_reduce"] < plan["allgather"]
+    assert choose_transport("allgather", sizes, 100, 64) == "allgather"
+    assert choose_transport("sparse_reduce", sizes, 100, 2) == "sparse_reduce"
+    # sparse_reduce's bytes per rank level off at about 2K pairs (from K at 2 ranks: 2 (P-1)/P), allgather's grow
+    # linearly; beyond, P frame headers per step add up where K is small
+    for nranks, most in ((64, 2.1), (1024, 3.0)):
+        growth = planned_bytes(sizes, 100, nranks)["sparse_reduce"] / planned_bytes(sizes, 100, 2)["sparse_reduce"]
+        assert growth < most, (nranks, growth)
+
+
+def test_regions_rebalance_when_due_and_when_held_for_another_job():
+    from horovod_ext.compression.sparse_reduce import Regions
+
+    regions = Regions(every=2)
+    assert regions.due(100, 4)  # none yet
+    regions.store(1, 0, 10, 50, 70, 100)
+    assert not regions.due(100, 4)
+    regions.store(0, *regions.current())
+    assert regions.due(100, 4)  # every 2 sparse steps
+    regions.store(1, 0, 10, 50, 70, 100)
+    assert regions.due(100, 2) and regions.due(120, 4)  # another number of ranks, another model
+    restored = Regions(every=2)
+    restored.load_state(regions.state())
+    assert restored.current() == regions.current() and restored.age == regions.age
+    restored.load_state(None)
+    assert restored.due(100, 4)

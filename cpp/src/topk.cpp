@@ -234,41 +234,99 @@ int64_t topk_coded_max_bytes(int64_t k, int64_t n, ValueType type) {
   return 5 + 4 + 1 + 5 + 4 + k * value_bytes(type) + 2 + (k + 1) * 40 / 8 + 8;
 }
 
-std::vector<uint8_t> topk_extract_coded(float* r, const int32_t* idx, int64_t k, int64_t n, ValueType type) {
+namespace {
+
+// The "delta" payload of k values at ascending positions (< n); sent[j] = what value j stands for once coded
+// (fp16: rounded; fp32: itself; ternary: +-mu).
+std::vector<uint8_t> delta_payload(const float* values, const uint32_t* positions, int64_t k, int64_t n,
+                                   ValueType type, float* sent) {
   check_coded_k(n, k);
   const bool ternary = type == ValueType::kTernary;
   std::vector<uint8_t> payload = frame_begin(static_cast<size_t>(k * (value_bytes(type) + 2) + 32));
   payload.push_back(static_cast<uint8_t>(type));
   put_varint(static_cast<uint64_t>(k), &payload);
-  std::vector<uint32_t> positions(static_cast<size_t>(k));
   std::vector<uint8_t> signs(ternary ? static_cast<size_t>(k) : 0);
-  int64_t last = -1;
-  for (int64_t j = 0; j < k; ++j) {
-    if (idx[j] <= last || idx[j] >= n) throw std::invalid_argument("top-k indices must be ascending, in [0, n)");
-    positions[static_cast<size_t>(j)] = static_cast<uint32_t>(idx[j]);
-    last = idx[j];
-  }
   const size_t at = payload.size();
   if (ternary) {
     double total = 0.0;
-    for (int64_t j = 0; j < k; ++j) total += std::fabs(static_cast<double>(r[idx[j]]));
+    for (int64_t j = 0; j < k; ++j) total += std::fabs(static_cast<double>(values[j]));
     const float mu = k > 0 ? static_cast<float>(total / static_cast<double>(k)) : 0.0f;
     payload.resize(at + 4);
     std::memcpy(payload.data() + at, &mu, 4);
     for (int64_t j = 0; j < k; ++j) {
-      const float v = r[idx[j]];
-      const bool negative = v < 0.0f;
+      const bool negative = values[j] < 0.0f;
       signs[static_cast<size_t>(j)] = negative;
-      r[idx[j]] = v - (negative ? -mu : mu);
+      sent[j] = negative ? -mu : mu;
     }
   } else {
     payload.resize(at + static_cast<size_t>(k * value_bytes(type)));
-    extract_values(r, idx, k, type, payload.data() + at);
+    uint8_t* out = payload.data() + at;
+    for (int64_t j = 0; j < k; ++j) {
+      if (type == ValueType::kFp16) {
+        const uint16_t h = float_to_half(values[j]);
+        std::memcpy(out + 2 * j, &h, 2);
+        sent[j] = half_to_float(h);
+      } else {
+        std::memcpy(out + 4 * j, &values[j], 4);
+        sent[j] = values[j];
+      }
+    }
   }
   SparseWriter writer(&payload, ternary, false);
-  if (n > 0) writer.block(n, positions.data(), k, signs.data(), nullptr);  // one block: the whole tensor
+  if (n > 0) writer.block(n, positions, k, signs.data(), nullptr);  // one block: the whole tensor
   writer.finish();
   frame_end(&payload);
+  return payload;
+}
+
+// r = g_ef - sent, exactly as top-k keeps it (fp32 values leave 0).
+inline float remainder_of(float v, float sent, ValueType type) { return type == ValueType::kFp32 ? 0.0f : v - sent; }
+
+// What an fp16/fp32 value stands for once sent (sparse_reduce's values; ternary is not allowed there).
+inline float sent_value(float v, ValueType type) {
+  return type == ValueType::kFp16 ? half_to_float(float_to_half(v)) : v;
+}
+
+// The elements of a sequence of segments, read at ascending global positions.
+class SegmentCursor {
+ public:
+  SegmentCursor(const Segment* segs, int nsegs) : segs_(segs), nsegs_(nsegs) {}
+  float& at(int64_t position) {
+    while (s_ < nsegs_ && position >= start_ + segs_[s_].n) start_ += segs_[s_++].n;
+    if (s_ == nsegs_ || position < start_) throw std::invalid_argument("position outside the segments");
+    return segs_[s_].data[position - start_];
+  }
+
+ private:
+  const Segment* segs_;
+  int nsegs_, s_ = 0;
+  int64_t start_ = 0;
+};
+
+int64_t total_of(const Segment* segs, int nsegs) {
+  int64_t total = 0;
+  for (int i = 0; i < nsegs; ++i) total += segs[i].n;
+  return total;
+}
+
+}  // namespace
+
+std::vector<uint8_t> topk_extract_coded(float* r, const int32_t* idx, int64_t k, int64_t n, ValueType type) {
+  check_coded_k(n, k);
+  std::vector<uint32_t> positions(static_cast<size_t>(k));
+  std::vector<float> values(static_cast<size_t>(k)), sent(static_cast<size_t>(k));
+  int64_t last = -1;
+  for (int64_t j = 0; j < k; ++j) {
+    if (idx[j] <= last || idx[j] >= n) throw std::invalid_argument("top-k indices must be ascending, in [0, n)");
+    positions[static_cast<size_t>(j)] = static_cast<uint32_t>(idx[j]);
+    values[static_cast<size_t>(j)] = r[idx[j]];
+    last = idx[j];
+  }
+  std::vector<uint8_t> payload = delta_payload(values.data(), positions.data(), k, n, type, sent.data());
+  for (int64_t j = 0; j < k; ++j) {
+    const size_t u = static_cast<size_t>(j);
+    r[idx[j]] = remainder_of(values[u], sent[u], type);
+  }
   return payload;
 }
 
@@ -289,8 +347,9 @@ std::vector<Frame> coded_frames(const uint8_t* gathered, int64_t bytes, int nfra
   return frames;
 }
 
-// out[i] += value for every (i, value) of frame r, a payload over n elements.
-void add_coded_frame(const Frame& f, int r, int64_t n, float* out) {
+// visit(i, value) for every (i, value) of frame r, a payload over n elements.
+template <typename Visit>
+void visit_coded_frame(const Frame& f, int r, int64_t n, Visit visit) {
   const std::string where = "top-k payload from rank " + std::to_string(r) + " is malformed";
   const char* what = where.c_str();
   if (f.size == 1 && f.data[0] == kUpstreamCorrupted)
@@ -311,10 +370,15 @@ void add_coded_frame(const Frame& f, int r, int64_t n, float* out) {
       values + value_area, f.size - 1 - used - value_area, n, 0, type == ValueType::kTernary, false, what,
       [&](int64_t i, int sign, int64_t) {
         if (j >= static_cast<int64_t>(k)) BitReader::fail(what);
-        out[i] += type == ValueType::kTernary ? (sign ? -mu : mu) : value_at(values, j, type);
+        visit(i, type == ValueType::kTernary ? (sign ? -mu : mu) : value_at(values, j, type));
         ++j;
       });
   if (count != static_cast<int64_t>(k)) BitReader::fail(what);
+}
+
+// out[i] += value for every (i, value) of frame r.
+void add_coded_frame(const Frame& f, int r, int64_t n, float* out) {
+  visit_coded_frame(f, r, n, [&](int64_t i, float v) { out[i] += v; });
 }
 
 void check_bounds(const int64_t* bounds, int nregions) {
@@ -335,22 +399,33 @@ void topk_decode_average_coded(const uint8_t* gathered, int64_t bytes, int nrank
   for (int64_t i = 0; i < n; ++i) out[i] /= divisor;
 }
 
-std::vector<uint8_t> topk_extract_regions_coded(float* r, const int32_t* idx, int64_t k, const int64_t* bounds,
-                                                int nregions, ValueType type, int64_t* sizes) {
+std::vector<uint8_t> topk_encode_regions(const Segment* segs, int nsegs, const int32_t* positions, int64_t k,
+                                         const int64_t* bounds, int nregions, ValueType type, int64_t* sizes) {
   check_bounds(bounds, nregions);
+  if (type == ValueType::kTernary) throw std::invalid_argument("sparse_reduce takes fp16 or fp32 values");
+  if (total_of(segs, nsegs) != bounds[nregions]) throw std::invalid_argument("bounds must end at the segments' size");
+  SegmentCursor g_ef(segs, nsegs);
   std::vector<uint8_t> out;
-  std::vector<int32_t> local;
-  int64_t first = 0;
+  std::vector<uint32_t> local;
+  std::vector<float> values, sent;
+  int64_t first = 0, last_position = -1;
   for (int g = 0; g < nregions; ++g) {
     const int64_t lo = bounds[g], hi = bounds[g + 1];
     int64_t last = first;
-    while (last < k && idx[last] < hi) ++last;
-    local.resize(static_cast<size_t>(last - first));
+    while (last < k && positions[last] < hi) ++last;
+    const size_t m = static_cast<size_t>(last - first);
+    local.resize(m);
+    values.resize(m);
+    sent.resize(m);
     for (int64_t j = first; j < last; ++j) {
-      if (idx[j] < lo) throw std::invalid_argument("top-k indices must be ascending, in [0, n)");
-      local[static_cast<size_t>(j - first)] = static_cast<int32_t>(idx[j] - lo);
+      if (positions[j] <= last_position || positions[j] < lo)
+        throw std::invalid_argument("top-k indices must be ascending, in [0, n)");
+      last_position = positions[j];
+      local[static_cast<size_t>(j - first)] = static_cast<uint32_t>(positions[j] - lo);
+      values[static_cast<size_t>(j - first)] = g_ef.at(positions[j]);
     }
-    const std::vector<uint8_t> part = topk_extract_coded(r + lo, local.data(), last - first, hi - lo, type);
+    const std::vector<uint8_t> part = delta_payload(values.data(), local.data(), last - first, hi - lo, type,
+                                                    sent.data());
     sizes[g] = static_cast<int64_t>(part.size());
     out.insert(out.end(), part.begin(), part.end());
     first = last;
@@ -359,15 +434,34 @@ std::vector<uint8_t> topk_extract_regions_coded(float* r, const int32_t* idx, in
   return out;
 }
 
-void topk_decode_regions_coded(const uint8_t* gathered, int64_t bytes, int nregions, const int64_t* bounds,
-                               float divisor, float* out) {
+void topk_decode_regions_into(const uint8_t* gathered, int64_t bytes, int nregions, const int64_t* bounds,
+                              float divisor, const Segment* out, int nsegs) {
   check_bounds(bounds, nregions);
+  if (total_of(out, nsegs) != bounds[nregions]) throw std::invalid_argument("bounds must end at the outputs' size");
   const std::vector<Frame> frames = coded_frames(gathered, bytes, nregions);
-  const int64_t n = bounds[nregions];
-  std::fill(out, out + n, 0.0f);
-  for (int g = 0; g < nregions; ++g)
-    add_coded_frame(frames[static_cast<size_t>(g)], g, bounds[g + 1] - bounds[g], out + bounds[g]);
-  for (int64_t i = 0; i < n; ++i) out[i] /= divisor;
+  for (int i = 0; i < nsegs; ++i) std::fill(out[i].data, out[i].data + out[i].n, 0.0f);
+  SegmentCursor average(out, nsegs);
+  for (int g = 0; g < nregions; ++g) {
+    const int64_t base = bounds[g];
+    // each position comes once (the regions are disjoint): (0 + v) / divisor, a scatter-add into zeros then a divide
+    visit_coded_frame(frames[static_cast<size_t>(g)], g, bounds[g + 1] - base,
+                      [&](int64_t i, float v) { average.at(base + i) = (0.0f + v) / divisor; });
+  }
+}
+
+void topk_keep_applied(const Segment* g_ef, const Segment* average, int nsegs, const int32_t* positions, int64_t k,
+                       ValueType type) {
+  if (total_of(g_ef, nsegs) != total_of(average, nsegs)) throw std::invalid_argument("segments differ in size");
+  SegmentCursor r(g_ef, nsegs), avg(average, nsegs);
+  int64_t last = -1;
+  for (int64_t j = 0; j < k; ++j) {
+    if (positions[j] <= last) throw std::invalid_argument("top-k indices must be ascending, in [0, n)");
+    last = positions[j];
+    if (avg.at(positions[j]) != 0.0f) {
+      float& v = r.at(positions[j]);
+      v = remainder_of(v, sent_value(v, type), type);
+    }
+  }
 }
 
 }  // namespace hvdext

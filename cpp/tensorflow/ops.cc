@@ -763,42 +763,49 @@ std::vector<int64_t> BoundsOf(const tf::Tensor& bounds) {
   return std::vector<int64_t>(b.data(), b.data() + b.size());
 }
 
-REGISTER_OP("HvdextTopkExtractRegionsCoded")
-    .Input("g_ef: float")
-    .Input("indices: int32")
+// The tensors of an N-input list as segments (read-only ones are cast: the core only reads them).
+std::vector<hvdext::Segment> SegmentsOf(const tf::OpInputList& list) {
+  std::vector<hvdext::Segment> segs;
+  for (int i = 0; i < list.size(); ++i)
+    segs.push_back({const_cast<float*>(list[i].flat<float>().data()), list[i].NumElements()});
+  return segs;
+}
+
+REGISTER_OP("HvdextTopkEncodeRegions")
+    .Input("g_ef: N * float")
+    .Input("positions: int32")
     .Input("bounds: int64")
+    .Attr("N: int >= 1")
     .Attr("value_type: int")
     .Output("payload: uint8")
     .Output("region_bytes: int64")
-    .Output("residual: float")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
       c->set_output(1, c->Vector(InferenceContext::kUnknownDim));
-      c->set_output(2, c->input(0));
       return tf::OkStatus();
     })
-    .Doc("sparse_reduce's phase 1: one \"delta\" payload per region [bounds[j], bounds[j+1]) back to back, their "
-         "sizes, and g_ef - sent as residual.");
+    .Doc("sparse_reduce's phase 1: one \"delta\" payload per region [bounds[j], bounds[j+1]) of the tensors' "
+         "concatenation, back to back, and their sizes.");
 
-class TopkExtractRegionsCodedOp : public tf::OpKernel {
+class TopkEncodeRegionsOp : public tf::OpKernel {
  public:
-  explicit TopkExtractRegionsCodedOp(tf::OpKernelConstruction* c) : OpKernel(c) { Attrs(c).ValueType(&type_); }
+  explicit TopkEncodeRegionsOp(tf::OpKernelConstruction* c) : OpKernel(c) { Attrs(c).ValueType(&type_); }
   void Compute(tf::OpKernelContext* c) override {
-    const tf::Tensor& g = c->input(0);
-    const tf::Tensor& idx = c->input(1);
-    const std::vector<int64_t> bounds = BoundsOf(c->input(2));
-    OP_REQUIRES(c, bounds.size() >= 2 && bounds.back() == g.NumElements(),
-                tf::errors::InvalidArgument("bounds must end at g_ef's size"));
-    tf::Tensor *residual, *sizes;
-    OP_REQUIRES_OK(c, c->allocate_output(2, g.shape(), &residual));
+    tf::OpInputList g_ef;
+    OP_REQUIRES_OK(c, c->input_list("g_ef", &g_ef));
+    const tf::Tensor& positions = c->input(g_ef.size());
+    const std::vector<int64_t> bounds = BoundsOf(c->input(g_ef.size() + 1));
+    OP_REQUIRES(c, bounds.size() >= 2, tf::errors::InvalidArgument("bounds needs at least one region"));
+    const std::vector<hvdext::Segment> segs = SegmentsOf(g_ef);
+    tf::Tensor* sizes;
     OP_REQUIRES_OK(c, c->allocate_output(1, tf::TensorShape({static_cast<tf::int64>(bounds.size() - 1)}), &sizes));
-    float* r = residual->flat<float>().data();
-    std::memcpy(r, g.flat<float>().data(), sizeof(float) * g.NumElements());
     Guard(c, [&] {
       std::vector<int64_t> region_bytes(bounds.size() - 1);
-      OP_REQUIRES_OK(c, OutputBytes(c, 0, hvdext::topk_extract_regions_coded(
-                                               r, idx.flat<tf::int32>().data(), idx.NumElements(), bounds.data(),
-                                               static_cast<int>(region_bytes.size()), type_, region_bytes.data())));
+      OP_REQUIRES_OK(c, OutputBytes(c, 0, hvdext::topk_encode_regions(
+                                               segs.data(), static_cast<int>(segs.size()),
+                                               positions.flat<tf::int32>().data(), positions.NumElements(),
+                                               bounds.data(), static_cast<int>(region_bytes.size()), type_,
+                                               region_bytes.data())));
       std::copy(region_bytes.begin(), region_bytes.end(), sizes->flat<tf::int64>().data());
     });
   }
@@ -806,39 +813,94 @@ class TopkExtractRegionsCodedOp : public tf::OpKernel {
  private:
   hvdext::ValueType type_;
 };
-REGISTER_KERNEL_BUILDER(Name("HvdextTopkExtractRegionsCoded").Device(tf::DEVICE_CPU).HostMemory("bounds"),
-                        TopkExtractRegionsCodedOp);
+REGISTER_KERNEL_BUILDER(Name("HvdextTopkEncodeRegions").Device(tf::DEVICE_CPU).HostMemory("bounds"),
+                        TopkEncodeRegionsOp);
 
-REGISTER_OP("HvdextTopkDecodeRegionsCoded")
+REGISTER_OP("HvdextTopkDecodeRegions")
     .Input("gathered: uint8")
     .Input("bounds: int64")
     .Attr("divisor: float")
-    .Output("average: float")
-    .SetShapeFn(UnknownVector)
-    .Doc("sparse_reduce's phase 2: the regions' payloads decoded at their offsets, / divisor; a corrupted payload "
-         "fails the op.");
+    .Attr("sizes: list(int)")
+    .Output("average: N * float")
+    .Attr("N: int >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      std::vector<tf::int64> sizes;
+      TF_RETURN_IF_ERROR(c->GetAttr("sizes", &sizes));
+      for (size_t i = 0; i < sizes.size(); ++i) c->set_output(static_cast<int>(i), c->Vector(sizes[i]));
+      return tf::OkStatus();
+    })
+    .Doc("sparse_reduce's phase 2: the regions' payloads decoded at their offsets, / divisor, split into tensors "
+         "of `sizes` elements; a corrupted payload fails the op.");
 
-class TopkDecodeRegionsCodedOp : public tf::OpKernel {
+class TopkDecodeRegionsOp : public tf::OpKernel {
  public:
-  explicit TopkDecodeRegionsCodedOp(tf::OpKernelConstruction* c) : OpKernel(c) { Attrs(c).Float("divisor", &divisor_); }
+  explicit TopkDecodeRegionsOp(tf::OpKernelConstruction* c) : OpKernel(c) {
+    Attrs(c).Float("divisor", &divisor_);
+    OP_REQUIRES_OK(c, c->GetAttr("sizes", &sizes_));
+  }
   void Compute(tf::OpKernelContext* c) override {
-    const tf::Tensor& gathered = c->input(0);
     const std::vector<int64_t> bounds = BoundsOf(c->input(1));
     OP_REQUIRES(c, bounds.size() >= 2, tf::errors::InvalidArgument("bounds needs at least one region"));
-    tf::Tensor* out;
-    OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({bounds.back()}), &out));
+    std::vector<hvdext::Segment> segs;
+    for (size_t i = 0; i < sizes_.size(); ++i) {
+      tf::Tensor* out;
+      OP_REQUIRES_OK(c, c->allocate_output(static_cast<int>(i), tf::TensorShape({sizes_[i]}), &out));
+      segs.push_back({out->flat<float>().data(), sizes_[i]});
+    }
     Guard(c, [&] {
-      hvdext::topk_decode_regions_coded(gathered.flat<tf::uint8>().data(), gathered.NumElements(),
-                                        static_cast<int>(bounds.size() - 1), bounds.data(), divisor_,
-                                        out->flat<float>().data());
+      hvdext::topk_decode_regions_into(c->input(0).flat<tf::uint8>().data(), c->input(0).NumElements(),
+                                       static_cast<int>(bounds.size() - 1), bounds.data(), divisor_, segs.data(),
+                                       static_cast<int>(segs.size()));
     });
   }
 
  private:
   float divisor_;
+  std::vector<tf::int64> sizes_;
 };
-REGISTER_KERNEL_BUILDER(Name("HvdextTopkDecodeRegionsCoded").Device(tf::DEVICE_CPU).HostMemory("bounds"),
-                        TopkDecodeRegionsCodedOp);
+REGISTER_KERNEL_BUILDER(Name("HvdextTopkDecodeRegions").Device(tf::DEVICE_CPU).HostMemory("bounds"),
+                        TopkDecodeRegionsOp);
+
+REGISTER_OP("HvdextTopkKeepApplied")
+    .Input("g_ef: N * float")
+    .Input("average: N * float")
+    .Input("positions: int32")
+    .Attr("N: int >= 1")
+    .Attr("value_type: int")
+    .Output("residual: N * float")
+    .SetShapeFn([](InferenceContext* c) {
+      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
+      return tf::OkStatus();
+    })
+    .Doc("sparse_reduce's error feedback: g_ef - sent at this rank's positions whose average is non-zero, g_ef "
+         "elsewhere.");
+
+class TopkKeepAppliedOp : public tf::OpKernel {
+ public:
+  explicit TopkKeepAppliedOp(tf::OpKernelConstruction* c) : OpKernel(c) { Attrs(c).ValueType(&type_); }
+  void Compute(tf::OpKernelContext* c) override {
+    tf::OpInputList g_ef, average;
+    OP_REQUIRES_OK(c, c->input_list("g_ef", &g_ef));
+    OP_REQUIRES_OK(c, c->input_list("average", &average));
+    const tf::Tensor& positions = c->input(2 * g_ef.size());
+    std::vector<hvdext::Segment> residual;
+    for (int i = 0; i < g_ef.size(); ++i) {
+      tf::Tensor* out;
+      OP_REQUIRES_OK(c, c->allocate_output(i, g_ef[i].shape(), &out));
+      std::memcpy(out->flat<float>().data(), g_ef[i].flat<float>().data(), sizeof(float) * g_ef[i].NumElements());
+      residual.push_back({out->flat<float>().data(), g_ef[i].NumElements()});
+    }
+    const std::vector<hvdext::Segment> avg = SegmentsOf(average);
+    Guard(c, [&] {
+      hvdext::topk_keep_applied(residual.data(), avg.data(), static_cast<int>(residual.size()),
+                                positions.flat<tf::int32>().data(), positions.NumElements(), type_);
+    });
+  }
+
+ private:
+  hvdext::ValueType type_;
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextTopkKeepApplied").Device(tf::DEVICE_CPU), TopkKeepAppliedOp);
 
 REGISTER_OP("HvdextTopkRegionSum")
     .Input("received: uint8")

@@ -397,30 +397,47 @@ void topk_decode_average_coded(const torch::Tensor& gathered, int64_t nranks, in
                                     o);
 }
 
-// sparse_reduce's region payloads: (bytes of one payload per region, back to back; bytes per region).
-std::tuple<torch::Tensor, std::vector<int64_t>> topk_extract_regions_coded(torch::Tensor& r, const torch::Tensor& idx,
-                                                                          const std::vector<int64_t>& bounds,
-                                                                          int64_t value_type) {
-  const hvdext::ValueType t = to_value_type(value_type, true);
-  TORCH_CHECK(bounds.size() >= 2 && bounds.back() == r.numel(), "bounds must end at the residual's size");
-  float* rd = const_cast<float*>(cpu_float_data(r, "residual"));
-  const int32_t* id = cpu_int32_data(idx, "indices");
+// sparse_reduce: the step's tensors (CPU, contiguous float32) as the segments of one index space.
+std::vector<hvdext::Segment> segments_of(const std::vector<torch::Tensor>& tensors, const char* what) {
+  std::vector<hvdext::Segment> segs;
+  for (const torch::Tensor& t : tensors) segs.push_back({const_cast<float*>(cpu_float_data(t, what)), t.numel()});
+  return segs;
+}
+
+std::tuple<torch::Tensor, std::vector<int64_t>> topk_encode_regions(const std::vector<torch::Tensor>& g_ef,
+                                                                   const torch::Tensor& positions,
+                                                                   const std::vector<int64_t>& bounds,
+                                                                   int64_t value_type) {
+  const hvdext::ValueType t = to_value_type(value_type, false);
+  TORCH_CHECK(bounds.size() >= 2, "bounds needs at least one region");
+  const std::vector<hvdext::Segment> segs = segments_of(g_ef, "g_ef");
+  const int32_t* pos = cpu_int32_data(positions, "positions");
   std::vector<int64_t> sizes(bounds.size() - 1);
   torch::Tensor payload = coded_payload([&] {
-    return hvdext::topk_extract_regions_coded(rd, id, idx.numel(), bounds.data(), static_cast<int>(sizes.size()), t,
-                                              sizes.data());
+    return hvdext::topk_encode_regions(segs.data(), static_cast<int>(segs.size()), pos, positions.numel(),
+                                       bounds.data(), static_cast<int>(sizes.size()), t, sizes.data());
   });
   return {payload, sizes};
 }
 
-void topk_decode_regions_coded(const torch::Tensor& gathered, const std::vector<int64_t>& bounds, double divisor,
-                               torch::Tensor& out) {
+void topk_decode_regions_into(const torch::Tensor& gathered, const std::vector<int64_t>& bounds, double divisor,
+                              const std::vector<torch::Tensor>& out) {
   TORCH_CHECK(bounds.size() >= 2, "bounds needs at least one region");
   const uint8_t* g = cpu_bytes(gathered, "gathered payloads");
-  float* o = cpu_out(out, bounds.back());
+  const std::vector<hvdext::Segment> segs = segments_of(out, "out");
   pybind11::gil_scoped_release release;
-  hvdext::topk_decode_regions_coded(g, gathered.numel(), static_cast<int>(bounds.size() - 1), bounds.data(),
-                                    static_cast<float>(divisor), o);
+  hvdext::topk_decode_regions_into(g, gathered.numel(), static_cast<int>(bounds.size() - 1), bounds.data(),
+                                   static_cast<float>(divisor), segs.data(), static_cast<int>(segs.size()));
+}
+
+void topk_keep_applied(const std::vector<torch::Tensor>& g_ef, const std::vector<torch::Tensor>& average,
+                       const torch::Tensor& positions, int64_t value_type) {
+  const hvdext::ValueType t = to_value_type(value_type, false);
+  const std::vector<hvdext::Segment> r = segments_of(g_ef, "g_ef"), avg = segments_of(average, "average");
+  TORCH_CHECK(r.size() == avg.size(), "g_ef and average hold different numbers of tensors");
+  const int32_t* pos = cpu_int32_data(positions, "positions");
+  pybind11::gil_scoped_release release;
+  hvdext::topk_keep_applied(r.data(), avg.data(), static_cast<int>(r.size()), pos, positions.numel(), t);
 }
 
 torch::Tensor half_bits(const torch::Tensor& x) {
@@ -469,7 +486,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("two_phase_levels_decode", &two_phase_levels_decode, "the fixed level streams of N coded ones");
   m.def("topk_extract_coded", &topk_extract_coded, "the delta payload; leaves r = g_ef - sent there");
   m.def("topk_decode_average_coded", &topk_decode_average_coded, "scatter-add N delta payloads / divisor");
-  m.def("topk_extract_regions_coded", &topk_extract_regions_coded, "one delta payload per region (sparse_reduce)");
-  m.def("topk_decode_regions_coded", &topk_decode_regions_coded, "region payloads at their offsets / divisor");
+  m.def("topk_encode_regions", &topk_encode_regions, "sparse_reduce: one delta payload per region");
+  m.def("topk_decode_regions_into", &topk_decode_regions_into, "sparse_reduce: region payloads at their offsets");
+  m.def("topk_keep_applied", &topk_keep_applied, "sparse_reduce: g_ef - sent where applied, in place");
   m.def("half_bits", &half_bits, "IEEE binary16 bits of each float (round to nearest even)");
 }

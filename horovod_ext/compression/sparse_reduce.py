@@ -113,7 +113,9 @@ class Regions:
 class SparseReduce:
     """The transport: reduce(be, items, indices, tag) -> (averages, payload bytes, wire bytes). items carry g_ef
     in item.flat (the residual's storage with error feedback); indices[t] are item t's selected positions
-    (ascending int32). With error feedback, each residual is left as the module docstring's step 4."""
+    (ascending int32). The kernels read the tensors in place as the segments of one index space (no
+    concatenation), decode straight into the gradients' buffers (PyTorch), and touch only this rank's K entries of
+    g_ef to leave each residual as the module docstring's step 4."""
 
     def __init__(self, codec, feedback, every, be):
         self.codec, self.feedback, self.be = codec, feedback, be
@@ -127,10 +129,9 @@ class SparseReduce:
         kept = sum(be.size(idx) for idx in indices)
         with be.timed("compress_seconds"):
             positions = be.concat([idx + offset for idx, offset in zip(indices, offsets)])
-            g_ef = be.concat([be.copy(item.flat) for item in items])  # the phase-1 kernel leaves the remainder in it
             bounds, rebalance_bytes = self._bounds(be, positions, kept, offsets[-1], tag)
-            payload, region_bytes, remainder = k.topk_extract_regions_coded(g_ef, positions, bounds,
-                                                                            self.codec.value_type)
+            payload, region_bytes = k.topk_encode_regions([item.flat for item in items], positions, bounds,
+                                                          self.codec.value_type)
         received = be.wait(be.alltoall(payload, region_bytes, be.step_name(f"topk.{tag}.sparse_reduce.alltoall")))
         with be.timed("compress_seconds"):
             region = bounds[rank + 1] - bounds[rank]
@@ -139,15 +140,14 @@ class SparseReduce:
             reduced, _ = k.topk_extract_coded(region_sum, selected, self.codec.value_type)
             reduced = k.coded_flagged(reduced, bad)  # a corrupted phase-1 payload fails phase 2 on every rank
         gathered = be.wait(be.allgather(reduced, be.step_name(f"topk.{tag}.sparse_reduce.allgather")))
-        averages = []
         with be.timed("decompress_seconds"):
-            average = k.topk_decode_regions_coded(gathered, bounds, be.divisor, items[0].flat)
-            for item, start in zip(items, offsets):
-                avg = average[start:start + item.numel]
-                if self.feedback is not None:
-                    self.feedback.keep(be, item, be.where_nonzero(avg, remainder[start:start + item.numel],
-                                                                  item.flat))
-                averages.append(avg)
+            averages = k.topk_decode_regions(gathered, bounds, be.divisor, [item.numel for item in items],
+                                             [be.output_buffer(item) for item in items])
+            if self.feedback is not None:
+                residuals = k.topk_keep_applied([item.flat for item in items], averages, positions,
+                                                self.codec.value_type)
+                for item, residual in zip(items, residuals):
+                    self.feedback.keep(be, item, residual)
         sent, own, kept_sums = be.unstack(be.stack([be.size(payload), region_bytes[rank], be.size(reduced)],
                                                    "float64"), 3)
         payload_bytes = sent + kept_sums + rebalance_bytes[0]

@@ -113,14 +113,20 @@ class TFKernels:
 
     # ------------------------------------------------------------------------------------------ sparse_reduce
     @staticmethod
-    def topk_extract_regions_coded(x, idx, bounds, value_type):
-        payload, region_bytes, remainder = lib.hvdext_topk_extract_regions_coded(
-            x, idx, tf.cast(tf.stack(bounds), tf.int64), value_type=value_type)
-        return payload, region_bytes, remainder
+    def topk_encode_regions(flats, positions, bounds, value_type):
+        payload, region_bytes = lib.hvdext_topk_encode_regions(list(flats), positions,
+                                                               tf.cast(tf.stack(bounds), tf.int64),
+                                                               value_type=value_type)
+        return payload, tf.cast(region_bytes, tf.int32)
 
     @staticmethod
-    def topk_decode_regions_coded(gathered, bounds, divisor, like, into=None):
-        return lib.hvdext_topk_decode_regions_coded(gathered, tf.cast(tf.stack(bounds), tf.int64), divisor=divisor)
+    def topk_decode_regions(gathered, bounds, divisor, sizes, into):
+        return lib.hvdext_topk_decode_regions(gathered, tf.cast(tf.stack(bounds), tf.int64), divisor=divisor,
+                                              sizes=[int(n) for n in sizes], N=len(sizes))
+
+    @staticmethod
+    def topk_keep_applied(flats, averages, positions, value_type):
+        return lib.hvdext_topk_keep_applied(list(flats), list(averages), positions, value_type=value_type)
 
     @staticmethod
     def topk_region_sum(received, nranks, numel):

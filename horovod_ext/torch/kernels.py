@@ -165,22 +165,35 @@ class TorchKernels:
             _cpu(gathered), nranks, numel, float(divisor), out))
         return out, -1
 
+    # --------------------------------------------------------------------- sparse_reduce (CPU, in place)
     @staticmethod
-    def topk_extract_regions_coded(x, idx, bounds, value_type):
-        """(payloads back to back, bytes per region, remainder): sparse_reduce's phase 1 (x is the concatenation of
-        the step's g_ef, idx ascending positions in it)."""
-        host = x.cpu() if x.is_cuda else x
-        payload, region_bytes = ops.topk_extract_regions_coded(host, _cpu(idx), [int(b) for b in bounds], value_type)
-        if x.is_cuda:
-            x.copy_(host)
-        return payload, region_bytes, x
+    def topk_encode_regions(flats, positions, bounds, value_type):
+        """(payloads back to back, bytes per region): phase 1 over the tensors' concatenation; flats are only
+        read."""
+        return ops.topk_encode_regions([_cpu(f) for f in flats], _cpu(positions), [int(b) for b in bounds],
+                                       value_type)
 
     @staticmethod
-    def topk_decode_regions_coded(gathered, bounds, divisor, like, into=None):
-        bounds = [int(b) for b in bounds]
-        out, _ = _decoded_into(into, bounds[-1], like, lambda out: ops.topk_decode_regions_coded(
-            _cpu(gathered), bounds, float(divisor), out))
-        return out
+    def topk_decode_regions(gathered, bounds, divisor, sizes, into):
+        """The averages, one per tensor of `sizes` elements: decoded straight into `into` (a float32 buffer per
+        tensor, or None for a new one)."""
+        outs = [buffer if buffer is not None and not buffer.is_cuda else torch.empty(n, dtype=torch.float32)
+                for buffer, n in zip(into, sizes)]
+        ops.topk_decode_regions_into(_cpu(gathered), [int(b) for b in bounds], float(divisor), outs)
+        for k, buffer in enumerate(into):
+            if buffer is not None and buffer.is_cuda:
+                outs[k] = buffer.copy_(outs[k])
+        return outs
+
+    @staticmethod
+    def topk_keep_applied(flats, averages, positions, value_type):
+        """Each flat (g_ef) becomes its residual in place: g_ef - sent where this rank's entry was applied."""
+        hosts = [_cpu(f) for f in flats]
+        ops.topk_keep_applied(hosts, [_cpu(a) for a in averages], _cpu(positions), value_type)
+        for flat, host in zip(flats, hosts):
+            if flat.is_cuda:
+                flat.copy_(host)
+        return flats
 
     @staticmethod
     def topk_region_sum(received, nranks, numel):

@@ -123,20 +123,20 @@ def corrupted_chunk(settings):
     """The last rank flips a byte of the phase-1 payload it sends rank 0: only rank 0 sees it (by alltoall); its
     flagged phase-2 payload makes every rank fail the step."""
     from horovod_ext.torch import kernels
-    original = kernels.TorchKernels.topk_extract_regions_coded
+    original = kernels.TorchKernels.topk_encode_regions
 
-    def corrupting(x, idx, bounds, value_type):
-        payload, region_bytes, remainder = original(x, idx, bounds, value_type)
+    def corrupting(flats, positions, bounds, value_type):
+        payload, region_bytes = original(flats, positions, bounds, value_type)
         if hvd.rank() == hvd.size() - 1:
             payload = payload.clone()
             payload[region_bytes[0] // 2] ^= 0x20
-        return payload, region_bytes, remainder
+        return payload, region_bytes
 
-    kernels.TorchKernels.topk_extract_regions_coded = staticmethod(corrupting)
+    kernels.TorchKernels.topk_encode_regions = staticmethod(corrupting)
     try:
         run(*make("topk", settings, SIZES), range(1))
     finally:
-        kernels.TorchKernels.topk_extract_regions_coded = staticmethod(original)
+        kernels.TorchKernels.topk_encode_regions = staticmethod(original)
 
 
 def errors():

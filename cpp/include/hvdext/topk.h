@@ -60,14 +60,23 @@ int64_t topk_coded_max_bytes(int64_t k, int64_t n, ValueType type);
 void topk_decode_average_coded(const uint8_t* gathered, int64_t bytes, int nranks, int64_t n, float divisor,
                                float* out);
 
-// sparse_reduce (horovod_ext/compression/sparse_reduce.py): the index space [0, bounds[nregions]) is cut into regions
-// [bounds[g], bounds[g+1]). One "delta" payload per region (region-relative indices, possibly none) of the selected
-// elements of r, back to back, leaving r = g_ef - sent on them; sizes[g] = bytes of region g's payload.
-std::vector<uint8_t> topk_extract_regions_coded(float* r, const int32_t* idx, int64_t k, const int64_t* bounds,
-                                                int nregions, ValueType type, int64_t* sizes);
-// gathered: one payload per region, in region order; out[0..bounds[nregions]) = the values at their regions'
-// positions / divisor. Throws CorruptPayload as topk_decode_average_coded.
-void topk_decode_regions_coded(const uint8_t* gathered, int64_t bytes, int nregions, const int64_t* bounds,
-                               float divisor, float* out);
+// sparse_reduce (horovod_ext/compression/sparse_reduce.py). Its index space is the concatenation of segments (the
+// step's tensors, in order), cut into regions [bounds[g], bounds[g+1]).
+struct Segment {
+  float* data;
+  int64_t n;
+};
+// Phase 1: one "delta" payload per region (region-relative indices, possibly none; fp16/fp32 values of g_ef at the
+// ascending global positions), back to back; sizes[g] = bytes of region g's. g_ef is only read.
+std::vector<uint8_t> topk_encode_regions(const Segment* g_ef, int nsegs, const int32_t* positions, int64_t k,
+                                         const int64_t* bounds, int nregions, ValueType type, int64_t* sizes);
+// Phase 2: one payload per region, in region order, decoded at their offsets into `out` (zeros elsewhere):
+// (0 + value) / divisor. Throws CorruptPayload as topk_decode_average_coded.
+void topk_decode_regions_into(const uint8_t* gathered, int64_t bytes, int nregions, const int64_t* bounds,
+                              float divisor, const Segment* out, int nsegs);
+// Error feedback: g_ef becomes the residual, in place: g_ef - sent at this rank's positions whose average is
+// non-zero (applied), g_ef elsewhere (never sent, or dropped by the global selection).
+void topk_keep_applied(const Segment* g_ef, const Segment* average, int nsegs, const int32_t* positions, int64_t k,
+                       ValueType type);
 
 }  // namespace hvdext
