@@ -260,3 +260,33 @@ def test_regions_rebalance_when_due_and_when_held_for_another_job():
     assert restored.current() == regions.current() and restored.age == regions.age
     restored.load_state(None)
     assert restored.due(100, 4)
+
+
+@pytest.mark.parametrize("quota", [1, 40, 1000])
+def test_owner_sums_in_rank_order_and_keeps_the_largest_received(quota):
+    """topk_reduce_region: the N payloads summed at the positions received (cancellations included), the top
+    min(q, received) sums coded as the reference's payload; a corrupted payload gives the marker payload."""
+    import torch
+    from hvdext_reference import topk as ref_topk
+    from horovod_ext.torch.kernels import TorchKernels as K
+
+    rng = np.random.default_rng(11)
+    n, payloads, sums, seen = 3000, [], np.zeros(3000, np.float32), np.zeros(3000, bool)
+    for rank in range(3):
+        idx = np.sort(rng.choice(n // 2, size=200, replace=False))  # overlapping positions
+        values = rng.standard_normal(200).astype(np.float16)
+        if rank == 2:
+            values[:5] = -sums[idx[:5]].astype(np.float16)  # some sums cancel, or nearly
+        payloads.append(ref_topk.encode_delta(idx, values, n, "fp16"))
+        sums += ref_topk.decode_average_delta(payloads[-1], 1, n, 1.0)
+        seen[idx] = True
+    received = np.flatnonzero(seen)
+    keep = ref_topk.select(sums, min(quota, received.size), candidates=received)
+    expected = ref_topk.encode_delta(keep, sums[keep].astype(np.float16), n, "fp16")
+    got = K.topk_reduce_region(torch.from_numpy(np.concatenate(payloads)), 3, n, quota, 0)
+    assert got.numpy().tobytes() == expected.tobytes()
+    broken = np.concatenate(payloads)
+    broken[len(broken) // 2] ^= 0x20
+    marker = K.topk_reduce_region(torch.from_numpy(broken), 3, n, quota, 0)
+    with pytest.raises(ValueError, match="rank 0 received a corrupted top-k payload"):
+        K.topk_decode_regions(marker, [0, n], 1.0, [n], [None])

@@ -197,3 +197,19 @@ def test_topk_resume_from_checkpoint_is_bit_identical(compression):
             return [{k: v for k, v in e.items() if k != "step_seconds"} for e in opt.compression_stats()["log"]]
         assert decisions(opt_resumed) == decisions(opt_full)
         assert {e["path"] for e in opt_full.compression_stats()["log"]} != {"dense"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_backend_all_finite_sees_every_nan_and_inf(dtype):
+    from horovod_ext.torch.backend import TorchBackend
+
+    x = torch.randn(100_003).to(dtype)
+    assert TorchBackend.all_finite(x) and TorchBackend.all_finite(torch.zeros(0, dtype=dtype))
+    assert TorchBackend.all_finite(torch.arange(5)) and TorchBackend.all_finite(2.0)
+    assert not TorchBackend.all_finite(float("nan"))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for position in (0, 777, x.numel() - 1):
+            y = x.clone()
+            y[position] = bad
+            assert not TorchBackend.all_finite(y), (bad, position)
+            assert not TorchBackend.all_finite(y.view(-1, 1))

@@ -434,6 +434,59 @@ std::vector<uint8_t> topk_encode_regions(const Segment* segs, int nsegs, const i
   return out;
 }
 
+std::vector<uint8_t> topk_reduce_region(const uint8_t* received, int64_t bytes, int nranks, int64_t n, int64_t q,
+                                        ValueType type) {
+  if (type == ValueType::kTernary) throw std::invalid_argument("sparse_reduce takes fp16 or fp32 values");
+  if (q < 0) throw std::invalid_argument("q must be >= 0");
+  struct Entry {
+    uint32_t position;
+    float value;
+  };
+  std::vector<Entry> entries;
+  try {
+    const std::vector<Frame> frames = coded_frames(received, bytes, nranks);
+    for (int r = 0; r < nranks; ++r)
+      visit_coded_frame(frames[static_cast<size_t>(r)], r, n,
+                        [&](int64_t i, float v) { entries.push_back({static_cast<uint32_t>(i), v}); });
+  } catch (const CorruptPayload&) {  // still take part in phase 2: a payload that fails every rank's decode
+    std::vector<uint8_t> marker = frame_begin(1);
+    marker.push_back(kUpstreamCorrupted);
+    frame_end(&marker);
+    return marker;
+  }
+  // the sums, in rank order from 0 (as a scatter-add of the N payloads into zeros), at the positions received
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const Entry& a, const Entry& b) { return a.position < b.position; });
+  std::vector<uint32_t> positions;
+  std::vector<float> sums;
+  for (size_t j = 0; j < entries.size();) {
+    float sum = 0.0f;
+    const uint32_t at = entries[j].position;
+    for (; j < entries.size() && entries[j].position == at; ++j) sum += entries[j].value;
+    positions.push_back(at);
+    sums.push_back(sum);
+  }
+  // the top min(q, m) of the m sums by |sum| (top-k's order: float bits, ties to the lower position), ascending
+  const int64_t m = static_cast<int64_t>(sums.size()), kept = std::min(q, m);
+  std::vector<uint64_t> keys(static_cast<size_t>(m));
+  for (int64_t j = 0; j < m; ++j)
+    keys[static_cast<size_t>(j)] = order_key(magnitude_bits(sums.data(), j), positions[static_cast<size_t>(j)]);
+  std::vector<uint32_t> order(static_cast<size_t>(m));
+  for (int64_t j = 0; j < m; ++j) order[static_cast<size_t>(j)] = static_cast<uint32_t>(j);
+  if (kept < m)
+    std::nth_element(order.begin(), order.begin() + kept, order.end(),
+                     [&](uint32_t a, uint32_t b) { return keys[a] > keys[b]; });
+  order.resize(static_cast<size_t>(kept));
+  std::sort(order.begin(), order.end());  // entry order is position order
+  std::vector<uint32_t> chosen(order.size());
+  std::vector<float> values(order.size()), sent(order.size());
+  for (size_t j = 0; j < order.size(); ++j) {
+    chosen[j] = positions[order[j]];
+    values[j] = sums[order[j]];
+  }
+  return delta_payload(values.data(), chosen.data(), kept, n, type, sent.data());
+}
+
 void topk_decode_regions_into(const uint8_t* gathered, int64_t bytes, int nregions, const int64_t* bounds,
                               float divisor, const Segment* out, int nsegs) {
   check_bounds(bounds, nregions);

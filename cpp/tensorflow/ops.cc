@@ -390,10 +390,10 @@ class TopkSelectOp : public tf::OpKernel {
   void Compute(tf::OpKernelContext* c) override {
     const tf::Tensor& x = c->input(0);
     const tf::int64 k = c->input(1).scalar<tf::int32>()();
-    OP_REQUIRES(c, k >= 0 && k <= x.NumElements(), tf::errors::InvalidArgument("top-k needs 0 <= k <= n"));
+    OP_REQUIRES(c, k >= 1 && k <= x.NumElements(), tf::errors::InvalidArgument("top-k needs 1 <= k <= n"));
     tf::Tensor* out;
     OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({k}), &out));
-    if (k > 0) hvdext::topk_select(x.flat<float>().data(), x.NumElements(), k, out->flat<tf::int32>().data());
+    hvdext::topk_select(x.flat<float>().data(), x.NumElements(), k, out->flat<tf::int32>().data());
   }
 };
 REGISTER_KERNEL_BUILDER(Name("HvdextTopkSelect").Device(tf::DEVICE_CPU).HostMemory("k"), TopkSelectOp);
@@ -902,43 +902,36 @@ class TopkKeepAppliedOp : public tf::OpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("HvdextTopkKeepApplied").Device(tf::DEVICE_CPU), TopkKeepAppliedOp);
 
-REGISTER_OP("HvdextTopkRegionSum")
+REGISTER_OP("HvdextTopkReduceRegion")
     .Input("received: uint8")
     .Input("count: int64")
+    .Input("q: int64")
     .Attr("nranks: int")
-    .Output("sum: float")
-    .Output("bad: int32")
-    .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
-      c->set_output(1, c->Scalar());
-      return tf::OkStatus();
-    })
-    .Doc("sparse_reduce's owner: the sum of N \"delta\" payloads over a region of `count` elements; bad = 1 (and "
-         "zeros) where one is corrupted, so that the owner still takes part in phase 2.");
+    .Attr("value_type: int")
+    .Output("payload: uint8")
+    .SetShapeFn(UnknownVector)
+    .Doc("sparse_reduce's owner: the N payloads over a region of `count` elements summed, the top q sums coded; a "
+         "corrupted payload gives the marker payload that fails every rank's phase 2.");
 
-class TopkRegionSumOp : public tf::OpKernel {
+class TopkReduceRegionOp : public tf::OpKernel {
  public:
-  explicit TopkRegionSumOp(tf::OpKernelConstruction* c) : OpKernel(c) {
-    Attrs(c).Int("nranks", &nranks_, 1, kMaxRanks);
+  explicit TopkReduceRegionOp(tf::OpKernelConstruction* c) : OpKernel(c) {
+    Attrs(c).Int("nranks", &nranks_, 1, kMaxRanks).ValueType(&type_);
   }
   void Compute(tf::OpKernelContext* c) override {
     const tf::Tensor& received = c->input(0);
     const tf::int64 count = c->input(1).scalar<tf::int64>()();
-    OP_REQUIRES(c, count >= 0, tf::errors::InvalidArgument("count must be >= 0"));
-    tf::Tensor *out, *bad;
-    OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({count}), &out));
-    OP_REQUIRES_OK(c, c->allocate_output(1, tf::TensorShape({}), &bad));
-    bad->scalar<tf::int32>()() = -1;
-    try {
-      hvdext::topk_decode_average_coded(received.flat<tf::uint8>().data(), received.NumElements(),
-                                        static_cast<int>(nranks_), count, 1.0f, out->flat<float>().data());
-    } catch (const hvdext::CorruptPayload&) {
-      out->flat<float>().setZero();
-      bad->scalar<tf::int32>()() = 1;
-    }
+    const tf::int64 q = c->input(2).scalar<tf::int64>()();
+    Guard(c, [&] {
+      OP_REQUIRES_OK(c, OutputBytes(c, 0, hvdext::topk_reduce_region(received.flat<tf::uint8>().data(),
+                                                                     received.NumElements(),
+                                                                     static_cast<int>(nranks_), count, q, type_)));
+    });
   }
 
  private:
   tf::int64 nranks_;
+  hvdext::ValueType type_;
 };
-REGISTER_KERNEL_BUILDER(Name("HvdextTopkRegionSum").Device(tf::DEVICE_CPU).HostMemory("count"), TopkRegionSumOp);
+REGISTER_KERNEL_BUILDER(Name("HvdextTopkReduceRegion").Device(tf::DEVICE_CPU).HostMemory("count").HostMemory("q"),
+                        TopkReduceRegionOp);

@@ -420,6 +420,15 @@ std::tuple<torch::Tensor, std::vector<int64_t>> topk_encode_regions(const std::v
   return {payload, sizes};
 }
 
+torch::Tensor topk_reduce_region(const torch::Tensor& received, int64_t nranks, int64_t n, int64_t q,
+                                 int64_t value_type) {
+  const hvdext::ValueType t = to_value_type(value_type, false);
+  const uint8_t* in = cpu_bytes(received, "received");
+  return coded_payload([&] {
+    return hvdext::topk_reduce_region(in, received.numel(), static_cast<int>(nranks), n, q, t);
+  });
+}
+
 void topk_decode_regions_into(const torch::Tensor& gathered, const std::vector<int64_t>& bounds, double divisor,
                               const std::vector<torch::Tensor>& out) {
   TORCH_CHECK(bounds.size() >= 2, "bounds needs at least one region");
@@ -487,6 +496,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("topk_extract_coded", &topk_extract_coded, "the delta payload; leaves r = g_ef - sent there");
   m.def("topk_decode_average_coded", &topk_decode_average_coded, "scatter-add N delta payloads / divisor");
   m.def("topk_encode_regions", &topk_encode_regions, "sparse_reduce: one delta payload per region");
+  m.def("topk_reduce_region", &topk_reduce_region, "sparse_reduce's owner: sum, keep the top q, code");
   m.def("topk_decode_regions_into", &topk_decode_regions_into, "sparse_reduce: region payloads at their offsets");
   m.def("topk_keep_applied", &topk_keep_applied, "sparse_reduce: g_ef - sent where applied, in place");
   m.def("half_bits", &half_bits, "IEEE binary16 bits of each float (round to nearest even)");

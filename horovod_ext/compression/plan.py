@@ -25,7 +25,6 @@ The backend's contract (both adapters implement exactly this):
     kernels                        the kernel table (uniform, functional signatures; see the codecs)
     flat32(g), copy(x), sub(a, b), stack(values, dtype), unstack(t, n), concat(parts), sum(values)
     where_nonzero(test, a, b)      a where test != 0, else b (elementwise)
-    minimum(a, b)                  the smaller of two counts (host ints, or integer tensors in a graph)
     all_finite(x) -> truth         a Python bool, or a boolean tensor in a graph
     allreduce(x, name, op)         op "sum" / "average" / "max"; returns a future
     allreduce_grad(item, name, compression=None)   the gradient with the user's op and predivide factor, through

@@ -9,9 +9,9 @@ top-k does (k_t of g_ef = g + r), K = sum_t k_t entries at ascending positions I
 
 1. one alltoall: each rank sends owner j its entries in region j (a "delta" payload over the region, possibly
    empty), keeping remainder = g_ef - sent as top-k does;
-2. owner j sums what it received exactly as top-k's decode does (float32, in rank order), and keeps the
-   q = ceil(K / P) entries of largest |sum| (top-k's order and ties; fewer where the region is smaller): the global
-   selection, about K entries in all;
+2. owner j sums what it received exactly as top-k's decode does (float32, in rank order, at the positions it
+   received: O(K log K), never a dense buffer of its region), and keeps the q = ceil(K / P) entries of largest |sum|
+   (top-k's order and ties; all of them where it received fewer): the global selection, about K entries in all;
 3. one allgather of the owners' payloads; every rank decodes them at their regions' offsets: avg = sum / divisor;
 4. error feedback: r = remainder where avg != 0, g_ef where avg == 0 -- what a rank sent but the global selection
    dropped goes back into its residual, so sum over ranks of (applied + r) == sum over ranks of g_ef, exactly.
@@ -27,15 +27,11 @@ any distribution of indices, within Ok-Topk's bound 6K(P-1)/P for every P >= 2; 
 against allgather's 2K(P-1).
 """
 import math
-import zlib
 
 from .plan import k_of
 from .wire import allgather_wire_bytes, allreduce_wire_bytes
 
 TRANSPORTS = ("auto", "allgather", "sparse_reduce")
-UPSTREAM_MARKER = 0xFE  # a payload's value-type byte: "its sender received a corrupted payload" (cpp/src/topk.cpp)
-UPSTREAM_CORRUPTED = (5).to_bytes(4, "little") + zlib.crc32(bytes([UPSTREAM_MARKER])).to_bytes(4, "little") + \
-    bytes([UPSTREAM_MARKER])  # framed as every payload (u32 length, CRC-32, body), so that it arrives intact
 FRAME_OVERHEAD = 13  # a "delta" payload's fixed bytes: u32 length, CRC-32, value type, varint k, Rice parameter
 
 
@@ -134,11 +130,10 @@ class SparseReduce:
                                                           self.codec.value_type)
         received = be.wait(be.alltoall(payload, region_bytes, be.step_name(f"topk.{tag}.sparse_reduce.alltoall")))
         with be.timed("compress_seconds"):
-            region = bounds[rank + 1] - bounds[rank]
-            region_sum, bad = k.topk_region_sum(received, nranks, region)
-            selected = k.topk_select(region_sum, be.minimum((kept + nranks - 1) // nranks, region))
-            reduced, _ = k.topk_extract_coded(region_sum, selected, self.codec.value_type)
-            reduced = k.coded_flagged(reduced, bad)  # a corrupted phase-1 payload fails phase 2 on every rank
+            # the owner sums what it received and keeps the ceil(K/P) largest sums (a corrupted payload gives a
+            # marker payload instead, which fails phase 2 on every rank)
+            reduced = k.topk_reduce_region(received, nranks, bounds[rank + 1] - bounds[rank],
+                                           (kept + nranks - 1) // nranks, self.codec.value_type)
         gathered = be.wait(be.allgather(reduced, be.step_name(f"topk.{tag}.sparse_reduce.allgather")))
         with be.timed("decompress_seconds"):
             averages = k.topk_decode_regions(gathered, bounds, be.divisor, [item.numel for item in items],

@@ -82,10 +82,6 @@ class TFBackend:
         return tf.where(tf.not_equal(test, 0.0), a, b)
 
     @staticmethod
-    def minimum(a, b):
-        return tf.minimum(tf.cast(a, tf.int64), tf.cast(b, tf.int64))
-
-    @staticmethod
     def size(x):
         return tf.size(x)
 

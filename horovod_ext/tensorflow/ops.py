@@ -3,8 +3,6 @@ import os
 
 import tensorflow as tf
 
-from horovod_ext.compression.sparse_reduce import UPSTREAM_CORRUPTED
-
 LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tf_ops.so")
 if not os.path.exists(LIBRARY):
     raise ImportError(f"{LIBRARY} is missing: build horovod-ext's native ops with `python setup.py build_ext "
@@ -59,7 +57,7 @@ class TFKernels:
 
     @staticmethod
     def topk_select(x, k):
-        return lib.hvdext_topk_select(x, tf.cast(k, tf.int32))
+        return lib.hvdext_topk_select(x, k)
 
     @staticmethod
     def topk_select_among(x, among, k):
@@ -129,10 +127,6 @@ class TFKernels:
         return lib.hvdext_topk_keep_applied(list(flats), list(averages), positions, value_type=value_type)
 
     @staticmethod
-    def topk_region_sum(received, nranks, numel):
-        return lib.hvdext_topk_region_sum(received, tf.cast(numel, tf.int64), nranks=nranks)
-
-    @staticmethod
-    def coded_flagged(payload, bad):
-        marker = tf.constant(list(UPSTREAM_CORRUPTED), dtype=tf.uint8)
-        return tf.cond(bad < 0, lambda: payload, lambda: marker)
+    def topk_reduce_region(received, nranks, numel, q, value_type):
+        return lib.hvdext_topk_reduce_region(received, tf.cast(numel, tf.int64), tf.cast(q, tf.int64), nranks=nranks,
+                                             value_type=value_type)

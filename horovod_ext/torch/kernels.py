@@ -14,7 +14,6 @@ import torch
 from horovod_ext import _torch_ops as ops
 from horovod_ext.compression import sizes
 from horovod_ext.compression.specs import check_tensor
-from horovod_ext.compression.sparse_reduce import UPSTREAM_CORRUPTED
 
 
 def stream_of(tensor):
@@ -102,8 +101,6 @@ class TorchKernels:
 
     @staticmethod
     def topk_select(x, k):
-        if k == 0:  # an empty region of sparse_reduce
-            return torch.empty(0, dtype=torch.int32, device=x.device)
         return ops.topk_select(x, k, stream_of(x))
 
     @staticmethod
@@ -196,17 +193,6 @@ class TorchKernels:
         return flats
 
     @staticmethod
-    def topk_region_sum(received, nranks, numel):
-        """(the sum of N "delta" payloads over a region, -1 or 1 where one was corrupted): sparse_reduce's owner,
-        which must still take part in the allgather when its own input is bad."""
-        out = torch.empty(numel, dtype=torch.float32)
-        try:
-            ops.topk_decode_average_coded(_cpu(received), nranks, numel, 1.0, out)
-        except ValueError:  # CorruptPayload
-            return out.zero_(), 1
-        return out, -1
-
-    @staticmethod
-    def coded_flagged(payload, bad):
-        """payload, or (bad >= 0) the marker payload that makes every rank's decode raise."""
-        return payload if bad < 0 else torch.frombuffer(bytearray(UPSTREAM_CORRUPTED), dtype=torch.uint8)
+    def topk_reduce_region(received, nranks, numel, q, value_type):
+        """sparse_reduce's owner: the N payloads over its region summed, the top q sums as its phase-2 payload."""
+        return ops.topk_reduce_region(received.contiguous(), nranks, int(numel), int(q), value_type)

@@ -15,8 +15,8 @@ holds about K/P of every rank's entries when the ranks' selections are alike.
 Phase 1 (one alltoall): rank r sends owner j its entries in region j, a "delta" payload over the region
 (region-relative indices; possibly empty). Owner j sums them: S_j = 0, then S_j[i] += v in rank order (float32),
 as top-k's decode with divisor 1.
-Selection: q = ceil(K / P); owner j keeps the top min(q, n_j) of |S_j| (n_j = B_{j+1} - B_j; top-k's order and ties)
-and sends value_dtype(S_j) there, a "delta" payload over its region.
+Selection: q = ceil(K / P); owner j keeps the top min(q, |U_j|) of |S_j| among the positions U_j it received (top-k's
+order and ties) and sends value_dtype(S_j) there, a "delta" payload over its region.
 Phase 2 (one allgather): every rank decodes the P payloads at their regions' offsets: avg = values / divisor.
 Residual: r_new = remainder where avg != 0, g_ef where avg == 0: an entry the global selection dropped (or whose
 sum cancelled to zero) goes back to the rank that sent it, so sum_r (applied_r + r_new_r) == sum_r g_ef_r exactly,
@@ -71,15 +71,22 @@ def step(g_ef_per_rank, ks, bounds, value_dtype="fp16", divisor=None):
             inside = (positions >= lo) & (positions < hi)
             payloads.append(topk.encode_delta(positions[inside] - lo, values[inside], hi - lo, value_dtype))
         phase1.append(payloads)
-    for j in range(nranks):  # owner j sums in rank order
+    received = []
+    for j in range(nranks):  # owner j sums in rank order, and notes the positions it received
+        n = bounds[j + 1] - bounds[j]
+        seen = np.zeros(n, bool)
         for r in range(nranks):
-            sums[j] += topk.decode_average_delta(phase1[r][j], 1, bounds[j + 1] - bounds[j], 1.0)
+            sums[j] += topk.decode_average_delta(phase1[r][j], 1, n, 1.0)
+            lo = bounds[j]
+            seen[chosen[r][0][(chosen[r][0] >= lo) & (chosen[r][0] < lo + n)] - lo] = True
+        received.append(np.flatnonzero(seen))
     quota = -(-sum(ks) // nranks)
     avg = np.zeros(total, np.float32)
     phase2 = []
     for j in range(nranks):
         lo, n = bounds[j], bounds[j + 1] - bounds[j]
-        keep = topk.select(sums[j], min(quota, n)) if min(quota, n) > 0 else np.zeros(0, np.int32)
+        keep = topk.select(sums[j], min(quota, received[j].size), candidates=received[j]) if received[j].size \
+            else np.zeros(0, np.int32)
         values = sums[j][keep].astype(vdt)
         phase2.append(topk.encode_delta(keep, values, n, value_dtype))
         avg[lo + keep] += values.astype(np.float32)

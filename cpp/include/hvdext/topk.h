@@ -70,6 +70,11 @@ struct Segment {
 // ascending global positions), back to back; sizes[g] = bytes of region g's. g_ef is only read.
 std::vector<uint8_t> topk_encode_regions(const Segment* g_ef, int nsegs, const int32_t* positions, int64_t k,
                                          const int64_t* bounds, int nregions, ValueType type, int64_t* sizes);
+// The owner of a region of n elements: the sums (float32, in rank order from 0) of the N ranks' payloads at the
+// positions it received, and the "delta" payload of the top min(q, received) of them by |sum| (top-k's order: ties
+// to the lower position). A corrupted payload gives the marker payload that fails every rank's phase-2 decode.
+std::vector<uint8_t> topk_reduce_region(const uint8_t* received, int64_t bytes, int nranks, int64_t n, int64_t q,
+                                        ValueType type);
 // Phase 2: one payload per region, in region order, decoded at their offsets into `out` (zeros elsewhere):
 // (0 + value) / divisor. Throws CorruptPayload as topk_decode_average_coded.
 void topk_decode_regions_into(const uint8_t* gathered, int64_t bytes, int nregions, const int64_t* bounds,
