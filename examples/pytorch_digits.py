@@ -27,7 +27,10 @@ COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compre
                 "ternary": lambda: hvd.Compression.ternary,
                 "ternary-shared": lambda: hvd.Compression.ternary(shared_scale=True),
                 "ternary-2bit": lambda: hvd.Compression.ternary(packing="2bit"),
-                "topk": lambda: hvd.Compression.topk(ratio=0.1),
+                "topk": lambda: hvd.Compression.topk(ratio=0.1),  # sparse_reduce from 3 ranks on ("auto")
+                "topk-allgather": lambda: hvd.Compression.topk(ratio=0.1, transport="allgather"),
+                "topk-1%": lambda: hvd.Compression.topk(ratio=0.01),
+                "topk-1%-allgather": lambda: hvd.Compression.topk(ratio=0.01, transport="allgather"),
                 "topk-1000x": lambda: hvd.Compression.topk(ratio=0.001),
                 "adaptive_topk": lambda: hvd.Compression.adaptive_topk(**ADAPTIVE)}
 ADAPTIVE = {}  # GraVAC at its defaults unless --adaptive says otherwise

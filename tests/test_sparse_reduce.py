@@ -226,21 +226,25 @@ def test_region_kernels_write_the_reference_bytes(value_dtype):
     assert residuals[0] is flats[0] and np.array_equal(torch.cat(residuals).numpy(), expect)
 
 
-def test_auto_takes_sparse_reduce_where_it_plans_clearly_fewer_bytes():
+def test_auto_takes_sparse_reduce_where_it_plans_clearly_and_substantially_fewer_bytes():
     from horovod_ext.compression.sparse_reduce import choose_transport, planned_bytes
 
-    sizes = [6007, 37, 20000, 1 << 20]
-    assert choose_transport("auto", sizes, 100, 2) == "allgather"  # about the same bytes, one collective fewer
-    for nranks in (3, 4, 64, 1024):
-        assert choose_transport("auto", sizes, 100, nranks) == "sparse_reduce"
-        plan = planned_bytes(sizes, 100, nranks)
+    big = [1 << 22, 1 << 22, 1 << 20, 4096, 64]  # about 9.5M parameters
+    assert choose_transport("auto", big, 100, 2) == "allgather"  # about the same bytes, one collective fewer
+    assert choose_transport("auto", big, 100, 3) == "allgather"  # it saves 190 KB per step: under 256 KB
+    for nranks in (4, 64, 1024):
+        assert choose_transport("auto", big, 100, nranks) == "sparse_reduce"
+        plan = planned_bytes(big, 100, nranks)
         assert plan["sparse_reduce"] < plan["allgather"]
-    assert choose_transport("allgather", sizes, 100, 64) == "allgather"
-    assert choose_transport("sparse_reduce", sizes, 100, 2) == "sparse_reduce"
+    small = [65536, 256, 2560, 10]  # the digits MLP's size: a few KB saved per step, not worth a second round
+    assert choose_transport("auto", small, 10, 4) == "allgather"
+    assert choose_transport("auto", small, 10, 64) == "sparse_reduce"  # there allgather's bytes have grown 60x
+    assert choose_transport("allgather", big, 100, 64) == "allgather"
+    assert choose_transport("sparse_reduce", big, 100, 2) == "sparse_reduce"
     # sparse_reduce's bytes per rank level off at about 2K pairs (from K at 2 ranks: 2 (P-1)/P), allgather's grow
     # linearly; beyond, P frame headers per step add up where K is small
     for nranks, most in ((64, 2.1), (1024, 3.0)):
-        growth = planned_bytes(sizes, 100, nranks)["sparse_reduce"] / planned_bytes(sizes, 100, 2)["sparse_reduce"]
+        growth = planned_bytes(big, 100, nranks)["sparse_reduce"] / planned_bytes(big, 100, 2)["sparse_reduce"]
         assert growth < most, (nranks, growth)
 
 

@@ -296,7 +296,8 @@ class TopK(CompressorSpec):
             index regions, which sum the entries exactly and keep the ceil(K/N) largest sums, then one allgather of
             those: about 4K(N-1)/N words per rank, at most 6K(N-1)/N, whatever N; what the global selection drops
             goes back into the sender's residual; needs packing="delta" and fp16/fp32 values), or "auto"
-            (sparse_reduce where it plans fewer bytes per rank: from 3 ranks on).
+            (sparse_reduce where it plans at most 0.9x allgather's bytes per rank and saves at least 256 KB per
+            step: sparse_reduce.choose_transport).
         rebalance_every: sparse_reduce's regions are rebalanced from the selections (one allreduce of N-1 integers)
             every this many steps, and at the first.
     """
