@@ -44,16 +44,27 @@ def check_values(name, value_dtype, packing, transport, rebalance_every):
             "rebalance_every": check_int(f"{name} rebalance_every", rebalance_every, low=1)}
 
 
-def transport_of(spec, be, sizes_, cf):
-    """The transport a top-k method runs ("auto": sparse_reduce where it plans fewer bytes per rank; only with
-    delta-coded fp16/fp32 values); recorded in the statistics."""
-    requested = spec.transport
-    if requested == "auto" and (spec.packing != "delta" or spec.value_dtype == "ternary"):
-        requested = "allgather"
-    value_bits = 32 if spec.value_dtype == "fp32" else 16
-    transport = choose_transport(requested, sizes_, cf, be.nranks, value_bits)
-    be.stats.extra["transport"] = transport
-    return transport
+class SparseTransport:
+    """What top-k's methods share about their transport: which one runs ("auto": sparse_reduce.choose_transport,
+    only with delta-coded fp16/fp32 values; recorded in the statistics), and sparse_reduce's regions as the
+    method's shared state (resume.py)."""
+
+    def choose(self, spec, be, sizes_, cf, feedback):
+        requested = spec.transport
+        if requested == "auto" and (spec.packing != "delta" or spec.value_dtype == "ternary"):
+            requested = "allgather"
+        value_bits = 32 if spec.value_dtype == "fp32" else 16
+        self.transport = choose_transport(requested, sizes_, cf, be.nranks, value_bits)
+        be.stats.extra["transport"] = self.transport
+        self.sparse = SparseReduce(self.codec, feedback, spec.rebalance_every, be) \
+            if self.transport == "sparse_reduce" else None
+
+    def shared_state(self):
+        return self.sparse.regions.state() if self.sparse is not None else None
+
+    def load_shared_state(self, state):
+        if self.sparse is not None:
+            self.sparse.regions.load_state(state)
 
 
 class TopKCodec(Codec):
@@ -99,16 +110,14 @@ class TopKCodec(Codec):
         return be.kernels.topk_decode_average(gathered, k, be.nranks, numel, self.value_type, be.divisor, into)
 
 
-class TopKMethod(Allgather):
+class TopKMethod(SparseTransport, Allgather):
     """Static top-k with error feedback: by allgather (Allgather: each payload started in launch()), or by
     sparse_reduce (sparse_reduce.py): launch() selects each tensor's k as its gradient is ready, finish() runs the
     step's one alltoall and one allgather over all of them."""
 
     def __init__(self, spec, be, sizes_):
         super().__init__(spec, be, sizes_)
-        self.transport = transport_of(spec, be, self.sizes, 1.0 / spec.ratio)
-        self.sparse = SparseReduce(self.codec, self.feedback, spec.rebalance_every, be) \
-            if self.transport == "sparse_reduce" else None
+        self.choose(spec, be, self.sizes, 1.0 / spec.ratio, self.feedback)
 
     def launch(self, be, item):
         if self.sparse is None:
@@ -137,15 +146,8 @@ class TopKMethod(Allgather):
             be.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
             item.flat = item.candidates = None
 
-    def shared_state(self):
-        return self.sparse.regions.state() if self.sparse is not None else None
 
-    def load_shared_state(self, state):
-        if self.sparse is not None:
-            self.sparse.regions.load_state(state)
-
-
-class AdaptiveTopKMethod(Method):
+class AdaptiveTopKMethod(SparseTransport, Method):
     """GraVAC's step.
      1. launch(), per tensor as soon as its gradient is ready (in PyTorch's backward hook, overlapping the rest of
         backward): g_ef = g + r; top-k at theta_min and, among those, at the candidate theta_c (multi-level
@@ -166,9 +168,7 @@ class AdaptiveTopKMethod(Method):
         self.be, self.nranks = be, be.nranks
         self.step_cfs = None  # (theta_min, theta_c) of the step being launched
         self.step_sizes = list(self.sizes)  # the sizes of the tensors this step compresses
-        self.transport = transport_of(spec, be, self.sizes, spec.min_cf)
-        self.sparse = SparseReduce(self.codec, self.feedback, spec.rebalance_every, be) \
-            if self.transport == "sparse_reduce" else None
+        self.choose(spec, be, self.sizes, spec.min_cf, self.feedback)
 
     def launch(self, be, item):
         item.kind = "payload"
@@ -231,13 +231,6 @@ class AdaptiveTopKMethod(Method):
             be.write(item, avg)
             be.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
             item.flat = item.candidates = item.energy = None
-
-    def shared_state(self):
-        return self.sparse.regions.state() if self.sparse is not None else None
-
-    def load_shared_state(self, state):
-        if self.sparse is not None:
-            self.sparse.regions.load_state(state)
 
     def _sparse(self, be, items, which, tag):
         """Send each tensor's selection `which` by allgather or sparse_reduce; returns the averages, the bad-rank
