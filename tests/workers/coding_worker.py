@@ -111,25 +111,9 @@ def run_torch():
 
 # ------------------------------------------------------------------------------------------------------ tf
 def tf_run(hvd, tf, name, kwargs, graph):
-    variables = [tf.Variable(tf.zeros([n]), name=f"w{i}") for i, n in enumerate(SIZES)]
-    compression = getattr(hvd.Compression, name)(**kwargs)
-
-    def step_fn(gs):
-        with tf.GradientTape() as tape:
-            loss = tf.add_n([tf.reduce_sum(v * g) for v, g in zip(variables, gs)])
-        tape = hvd.DistributedGradientTape(tape, compression=compression)
-        grads = tape.gradient(loss, variables)
-        for v, g in zip(variables, grads):
-            v.assign_sub(0.1 * g)
-        return grads
-
-    fn = tf.function(step_fn) if graph else step_fn
-    seen = []
-    for step in range(STEPS):
-        grads = fn([tf.constant(g) for g in gradients(step, hvd.rank())])
-        seen.append(digest([g.numpy() for g in grads]))
-    from horovod_ext.tensorflow import gradient_tape
-    gradient_tape._aggregators.clear()
+    from tf_train import train_tf
+    seen, _ = train_tf(hvd, tf, getattr(hvd.Compression, name)(**kwargs), SIZES, gradients, STEPS, graph,
+                       lambda grads: digest([g.numpy() for g in grads]))
     return seen
 
 

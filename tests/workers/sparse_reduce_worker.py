@@ -163,26 +163,10 @@ def errors():
 
 
 def tf_run(name, settings, graph):
-    variables = [tf.Variable(tf.zeros([n]), name=f"w{i}") for i, n in enumerate(SIZES)]
-    compression = getattr(hvd.Compression, name)(**settings)
-
-    def step_fn(gs):
-        with tf.GradientTape() as tape:
-            loss = tf.add_n([tf.reduce_sum(v * g) for v, g in zip(variables, gs)])
-        tape = hvd.DistributedGradientTape(tape, compression=compression)
-        grads = tape.gradient(loss, variables)
-        for v, g in zip(variables, grads):
-            v.assign_sub(0.1 * g)
-        return grads
-
-    fn = tf.function(step_fn) if graph else step_fn
-    seen = []
-    for step in range(STEPS):
-        grads = fn([tf.constant(g) for g in gradients(step, hvd.rank())])
-        seen.append({"avg": [encoded(g.numpy()) for g in grads]})
-    from horovod_ext.tensorflow import gradient_tape
-    stats = [a.compression_stats() for a in gradient_tape._aggregators.values()]
-    gradient_tape._aggregators.clear()
+    from tf_train import train_tf
+    seen, stats = train_tf(hvd, tf, getattr(hvd.Compression, name)(**settings), SIZES,
+                           lambda step, rank: gradients(step, rank), STEPS, graph,
+                           lambda grads: {"avg": [encoded(g.numpy()) for g in grads]})
     return {"steps": seen, "transport": stats[0].get("transport")}
 
 
