@@ -45,8 +45,8 @@ The backend's contract (both adapters implement exactly this):
     failed()                       whether a requirement failed so far this step (False in a graph)
     timed(field)                   a context that adds its seconds to the statistics (no-op in a graph)
     count(**amounts)               bytes known when the step is built
-    controller_loaded/saved(c), regions_loaded/saved(r)   host state a TensorFlow checkpoint must hold (GraVAC's
-                                   controller, sparse_reduce's regions): no-ops in PyTorch
+    host_state_loaded/saved(key, s)  host state a TensorFlow checkpoint must hold ("controller": GraVAC's,
+                                   "regions": sparse_reduce's): no-ops in PyTorch
     count_decided(**amounts)       bytes known only once a host decision is taken (GraVAC's path)
     count_runtime(**amounts)       bytes known only as the step runs (entropy-coded payloads: sizes, or tensors of
                                    them in a graph)

@@ -184,10 +184,10 @@ class SparseReduce:
         return bounds, be.unstack(chosen[-1], 2)
 
     def _due(self, total, nranks):
-        self.be.regions_loaded(self.regions)  # TensorFlow: a checkpoint may have restored them
+        self.be.host_state_loaded("regions", self.regions)  # TensorFlow: a checkpoint may have restored them
         return self.regions.due(total, nranks)
 
     def _store(self, due, *bounds):
         result = self.regions.store(due, *bounds)
-        self.be.regions_saved(self.regions)  # TensorFlow: into the variable a checkpoint holds
+        self.be.host_state_saved("regions", self.regions)  # TensorFlow: into the variable a checkpoint holds
         return result

@@ -194,12 +194,12 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         return super().launch_dense(be, item)
 
     def _cfs(self):
-        self.be.controller_loaded(self.controller)
+        self.be.host_state_loaded("controller", self.controller)
         return self.controller.cfs()
 
     def _decide(self, agreed):
         path, cf, gain_min, gain_c = self.controller.decide(*agreed)
-        self.be.controller_saved(self.controller)
+        self.be.host_state_saved("controller", self.controller)
         self.be.count_decided(**self.decision_bytes(path, cf))
         theta_min, theta_c = self.controller.log[-1]["theta_min"], self.controller.log[-1]["candidate_cf"]
         self.be.stats.extra.update(cf=cf, path=path, gain_min=gain_min, gain_c=gain_c, theta_min=theta_min,

@@ -79,10 +79,8 @@ class GradientAggregator(tf.Module):
         self._agreed = None
         self.stats = CompressionStats(getattr(compression, "name", getattr(compression, "__name__", "custom")))
         self.backend = TFBackend(self, process_set, op, self.predivide, self.stats)
-        self.backend.on_controller_loaded = self._sync_controller
-        self.backend.on_controller_saved = self._save_controller
-        self.backend.on_regions_loaded = self._sync_regions
-        self.backend.on_regions_saved = self._save_regions
+        self.backend.host_state_hooks = {"controller": (self._sync_controller, self._save_controller),
+                                         "regions": (self._sync_regions, self._save_regions)}
         self.method = None  # the compressor's plan (registry.method_for), made at the first step
 
     @property

@@ -38,8 +38,7 @@ class TFBackend:
         self.decided_total, self.decided_last = {}, {}  # bytes counted at host decisions, as they are taken
         self.runtime_total, self.runtime_last = {}, {}  # bytes of entropy-coded payloads, as the steps run
         self.runtime = []  # in a graph: (field, size tensor) of the step being built
-        self.on_controller_loaded = self.on_controller_saved = None
-        self.on_regions_loaded = self.on_regions_saved = None
+        self.host_state_hooks = {}  # key: (reload from its variable, save into it), set by the aggregator
 
     def begin(self, step, seed):
         """A new step is being built (eagerly: run)."""
@@ -218,21 +217,15 @@ class TFBackend:
         for key, value in amounts.items():
             self.decided_total[key] = self.decided_total.get(key, 0) + value
 
-    def regions_loaded(self, regions):
-        if self.on_regions_loaded is not None:
-            self.on_regions_loaded(regions)
+    def host_state_loaded(self, key, state):
+        """Before host state is read: the aggregator reloads it if a checkpoint restored its variable."""
+        if key in self.host_state_hooks:
+            self.host_state_hooks[key][0](state)
 
-    def regions_saved(self, regions):
-        if self.on_regions_saved is not None:
-            self.on_regions_saved(regions)
-
-    def controller_loaded(self, controller):
-        if self.on_controller_loaded is not None:
-            self.on_controller_loaded(controller)
-
-    def controller_saved(self, controller):
-        if self.on_controller_saved is not None:
-            self.on_controller_saved(controller)
+    def host_state_saved(self, key, state):
+        """After host state changed: the aggregator keeps it in the variable a checkpoint holds."""
+        if key in self.host_state_hooks:
+            self.host_state_hooks[key][1](state)
 
     # ------------------------------------------------------------------------------------------------- state
     def residual(self, name, n, item=None):

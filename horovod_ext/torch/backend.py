@@ -218,17 +218,12 @@ class TorchBackend:
         self.stats.add(**{key: float(value) for key, value in amounts.items()})
 
     @staticmethod
-    def regions_loaded(regions):
-        """sparse_reduce's regions live in the method (checkpointed through its shared_state())."""
+    def host_state_loaded(key, state):
+        """Host state (GraVAC's controller, sparse_reduce's regions) lives in the method here, checkpointed through
+        the optimizer's state_dict()."""
 
     @staticmethod
-    def regions_saved(regions):
-        pass
-
-    def controller_loaded(self, controller):
-        pass
-
-    def controller_saved(self, controller):
+    def host_state_saved(key, state):
         pass
 
     # ------------------------------------------------------------------------------------------------- state
