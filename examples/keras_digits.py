@@ -7,6 +7,8 @@ Each rank fits on its shard; rank 0 prints test accuracy and bytes per step for 
 --loop tape trains with a custom tf.function loop and DistributedGradientTape instead of model.fit.
 --optimizer lsgd, multi_lsgd, easgd train with hvd.LeaderOptimizer / hvd.ElasticAveragingOptimizer instead of
 data-parallel SGD (dp): every rank samples from the whole training set, as in both papers, for as many steps.
+async_lsgd, async_multi_lsgd and async_easgd pass asynchronous=True, which TensorFlow runs synchronously, with a
+warning (see horovod_ext.tensorflow.leader.SYNCHRONOUS_FALLBACK).
 """
 import argparse
 import json
@@ -31,7 +33,10 @@ COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compre
 OPTIMIZERS = {"dp": None,
               "lsgd": lambda opt: hvd.LeaderOptimizer(opt, groups=None),
               "multi_lsgd": lambda opt: hvd.LeaderOptimizer(opt, groups="node"),
-              "easgd": lambda opt: hvd.ElasticAveragingOptimizer(opt)}
+              "easgd": lambda opt: hvd.ElasticAveragingOptimizer(opt),
+              "async_lsgd": lambda opt: hvd.LeaderOptimizer(opt, groups=None, asynchronous=True),
+              "async_multi_lsgd": lambda opt: hvd.LeaderOptimizer(opt, groups="node", asynchronous=True),
+              "async_easgd": lambda opt: hvd.ElasticAveragingOptimizer(opt, asynchronous=True)}
 
 
 def parse_args():

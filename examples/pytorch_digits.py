@@ -4,7 +4,8 @@
     horovodrun -np 4 -H localhost:2,127.0.0.1:2 python examples/pytorch_digits.py --optimizer dp,lsgd,multi_lsgd,easgd
 
 Every rank trains on its shard of the training set; the script trains one model per listed compression (data-
-parallel SGD, ``--optimizer dp``) and per listed parameter-space optimizer (LSGD, multi-leader LSGD, EASGD), from
+parallel SGD, ``--optimizer dp``) and per listed parameter-space optimizer (LSGD, multi-leader LSGD, EASGD, and
+their asynchronous forms async_lsgd, async_multi_lsgd, async_easgd), from
 the same initial weights and data order, and rank 0 prints test accuracy and bytes sent per step beside each other.
 The only horovod-ext-specific lines are the import and the optimizer: any Horovod script's ``compression=`` takes
 the new compressors, and ``hvd.LeaderOptimizer`` / ``hvd.ElasticAveragingOptimizer`` replace
@@ -38,7 +39,10 @@ ADAPTIVE = {}  # GraVAC at its defaults unless --adaptive says otherwise
 OPTIMIZERS = {"dp": None,
               "lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups=None),
               "multi_lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups="node"),
-              "easgd": lambda opt, named: hvd.ElasticAveragingOptimizer(opt, named)}
+              "easgd": lambda opt, named: hvd.ElasticAveragingOptimizer(opt, named),
+              "async_lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups=None, asynchronous=True),
+              "async_multi_lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups="node", asynchronous=True),
+              "async_easgd": lambda opt, named: hvd.ElasticAveragingOptimizer(opt, named, asynchronous=True)}
 
 
 def parse_args():

@@ -17,7 +17,7 @@ def test_reference_pull_is_the_convex_combination():
     rng = np.random.default_rng(0)
     x, leader, best = rng.normal(size=(3, 50))
     out = ref.leader_pull(x, [(0.1, leader), (0.2, best)])
-    np.testing.assert_allclose(out, 0.7 * x + 0.1 * leader + 0.2 * best, rtol=1e-14)
+    np.testing.assert_allclose(out, 0.7 * x + 0.1 * leader + 0.2 * best, rtol=1e-14, atol=1e-15)
     one = ref.leader_pull(x, [(0.25, leader)])
     np.testing.assert_allclose(np.linalg.norm(one - leader) / np.linalg.norm(x - leader), 0.75, rtol=1e-14)
     assert np.array_equal(ref.leader_pull(leader, [(0.25, leader)]), leader)
@@ -150,13 +150,19 @@ def test_all_ranks_agree_on_groups_and_leaders(torch_results):
         assert {r["pulls_node"]["leaders"]["global"] for r in torch_results} == {3}
 
 
+def expected_schedule_bytes(s):
+    """period 2, global period 4, groups="node": a 16-byte election every 2 steps, the group leader's broadcast
+    where a group has more than one member, and at every 4th step the global leader's, unless the group is every
+    rank (one host): then the group's broadcast already delivered the global leader's parameters."""
+    group_bytes = s["param_bytes"] if max(s["group_sizes"]) > 1 else 0
+    global_bytes = s["param_bytes"] if len(s["group_sizes"]) > 1 else 0
+    return [0, 16 + group_bytes, 0, 16 + group_bytes + global_bytes] * 2
+
+
 def test_pulls_fire_exactly_on_schedule(torch_results):
     for r in torch_results:
         s = r["schedule"]
-        group_bytes = s["param_bytes"] if max(s["group_sizes"]) > 1 else 0
-        election = 16
-        want = [0, election + group_bytes, 0, election + group_bytes + s["param_bytes"]] * 2
-        assert s["payload_per_step"] == want
+        assert s["payload_per_step"] == expected_schedule_bytes(s)
 
 
 def test_zero_pull_is_independent_sgd(torch_results):
@@ -209,12 +215,20 @@ def test_tf_pulls_match_the_reference(tf_results, mode):
 def test_tf_schedule_and_easgd(tf_results, mode):
     for r in tf_results:
         s = r[f"schedule_{mode}"]
-        group_bytes = s["param_bytes"] if max(s["group_sizes"]) > 1 else 0
-        assert s["payload_per_step"] == [0, 16 + group_bytes, 0, 16 + group_bytes + s["param_bytes"]] * 2
+        assert s["payload_per_step"] == expected_schedule_bytes(s)
         e = r[f"easgd_{mode}"]
         assert max(e["center_errors"]) < 1e-15 and max(e["worker_errors"]) < 1e-15
         ratios = np.array(e["spreads"][1:]) / np.array(e["spreads"][:-1])
         np.testing.assert_allclose(ratios, 1 - e["alpha"], rtol=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_tf_asynchronous_runs_synchronously_with_a_warning(tf_results, mode):
+    for r in tf_results:
+        a = r[f"asynchronous_{mode}"]
+        assert a["equal"] and a["staleness"] == 0
+        assert len(a["warnings"]) == 1 and "runs synchronously" in a["warnings"][0] and "no handle" in a["warnings"][0]
+        assert a["center_error"] < 1e-15
 
 
 def test_tf_zero_pull_checkpoint_and_errors(tf_results):
@@ -237,7 +251,8 @@ def test_tf_zero_pull_checkpoint_and_errors(tf_results):
 
 # ------------------------------------------------------------------------------------------- accuracy on digits
 @pytest.mark.parametrize("example", ["examples/pytorch_digits.py", "examples/keras_digits.py"])
-@pytest.mark.parametrize("ranks, optimizers", [(2, ["lsgd", "easgd"]), (4, ["multi_lsgd"])],
+@pytest.mark.parametrize("ranks, optimizers", [(2, ["lsgd", "async_lsgd", "easgd", "async_easgd"]),
+                                               (4, ["multi_lsgd", "async_multi_lsgd"])],
                          ids=["np2-lsgd-easgd", "np4-two-nodes-multi-leader"])
 def test_accuracy_within_two_points_of_data_parallel_sgd(tmp_path, example, ranks, optimizers):
     """Same model, initial weights, steps and epochs as data-parallel SGD; the leader's (LSGD) or the center's

@@ -3,5 +3,6 @@ and TensorFlow adapters: argument checks, leader groups, the pull schedule, the 
 from .elastic import ElasticSync
 from .groups import check_groups, node_key, resolve_groups
 from .leader import LeaderSync, Level
+from .rounds import Rounds, check_staleness
 
-__all__ = ["ElasticSync", "LeaderSync", "Level", "check_groups", "node_key", "resolve_groups"]
+__all__ = ["ElasticSync", "LeaderSync", "Level", "check_groups", "node_key", "resolve_groups", "Rounds", "check_staleness"]

@@ -7,24 +7,35 @@ Synchronous EASGD (Zhang, Choromanska, LeCun, NeurIPS 2015; the math is python/h
     x_i    <- x_i - alpha * (x_i - center_old),          alpha = beta / p
 
 The center starts as the mean of the workers at the first step (their common initial point after a broadcast).
+
+Asynchronous EASGD (asynchronous=True, staleness bound D; the schedule is rounds.py): the allreduce of x_s starts
+at step s and its mean is applied at step a = s + D, with the force taken at the step it is applied:
+
+    center <- (1 - beta) * center + beta * mean_i(x_i[s])
+    x_i[a] <- x_i[a] - alpha * (x_i[a] - center_old)
+
+(Zhang et al.'s asynchronous EASGD lets each worker exchange with the center at its own pace; here every rank
+applies the same rounds at the same steps, so every rank holds the same center.)
 """
 from horovod_ext.compression.wire import allreduce_wire_bytes
 from .leader import _check_period
+from .rounds import check_staleness
 
 
 class ElasticSync:
     what = "ElasticAveragingOptimizer"
 
-    def __init__(self, beta=0.9, period=4, size=1):
+    def __init__(self, beta=0.9, period=4, asynchronous=False, max_staleness=None, size=1):
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 < beta < 1.0:
             raise ValueError(f"beta must be a number in (0, 1) (EASGD's moving rate; default 0.9), got {beta!r}")
         self.beta = float(beta)
         self.period = _check_period("period", period)
+        self.staleness = check_staleness(asynchronous, max_staleness, self.period)
         self.size = size
         self.alpha = self.beta / size
 
     def settings(self):
-        return {"optimizer": self.what, "beta": self.beta, "period": self.period}
+        return {"optimizer": self.what, "beta": self.beta, "period": self.period, "staleness": self.staleness}
 
     def due(self, step):
         return step % self.period == 0

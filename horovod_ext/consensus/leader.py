@@ -12,13 +12,41 @@ has two: the rank's group every `period` steps (`pull`) and all ranks every `glo
 At a step where any level is due, every rank contributes (sum, count) of the losses reported since the last
 election to one small allgather; every rank then elects the same leaders from the same numbers (lowest average,
 ties to the lowest rank), so no second round is needed to agree. A missing or non-finite loss raises on every rank.
+Levels with the same members (groups="node" on one host: the group is every rank) elect the same leader, and one
+broadcast serves both (see transfer_levels).
+
+Asynchronous LSGD (asynchronous=True, staleness bound D; the schedule is rounds.py): the leader's parameters are
+sent at step s + 1 and applied at step a = s + 1 + D, with the force taken at the step it is applied:
+
+    x_a <- x_a - lr * g_a - pull * (x_a - x_L[s+1]) - global_pull * (x_a - x_G[s+1])
+
+A worker that is itself a round's leader takes no pull from that round (its own parameters are the freshest copy
+of the leader's). The paper's own implementation is asynchronous through parameter servers (a worker asks its
+local server, which asks the global one: Teng et al. 2019, Fig. 8), so a worker's pull uses the leader's
+parameters as that server last received them, some local steps old. Here the staleness is fixed to D instead of
+left to timing: every rank applies the same schedule, and the run is reproducible.
 """
 import math
 
 from horovod_ext.compression.wire import allgather_wire_bytes, broadcast_wire_bytes
 from .groups import GROUPS_HELP, check_groups, group_of, resolve_groups
+from .rounds import check_staleness
 
 LOSS_HELP = "pass a closure to optimizer.step(closure) or call optimizer.report_loss(loss) before optimizer.step()"
+
+
+def check_evaluation(which, allowed, what):
+    """The `which` argument of evaluation_parameters(): one of `allowed` ({name: what it evaluates})."""
+    if which not in allowed:
+        choices = "; ".join(f"{name!r}: {meaning}" for name, meaning in allowed.items())
+        raise ValueError(f"{what}.evaluation_parameters: which must be one of {list(allowed)} ({choices}), "
+                         f"got {which!r}")
+    return which
+
+
+LEADER_EVALUATION = {"leader": "the best worker of the last election (one broadcast)",
+                     "center": "the workers' average, the paper's center variable (one allreduce)"}
+ELASTIC_EVALUATION = {"center": "EASGD's center variable, held by every rank (no communication)"}
 
 
 def _check_weight(name, value):
@@ -49,7 +77,8 @@ class LeaderSync:
 
     what = "LeaderOptimizer"
 
-    def __init__(self, pull=0.1, global_pull=0.1, period=4, global_period=16, groups="node", size=1):
+    def __init__(self, pull=0.1, global_pull=0.1, period=4, global_period=16, groups="node", asynchronous=False,
+                 max_staleness=None, size=1):
         self.pull = _check_weight("pull", pull)
         self.global_pull = _check_weight("global_pull", global_pull)
         self.period = _check_period("period", period)
@@ -61,6 +90,7 @@ class LeaderSync:
             raise ValueError(f"pull + global_pull must be < 1 (the update is a convex combination of the worker "
                              f"and its leaders); got pull={pull}, global_pull={global_pull}")
         self.groups_arg = check_groups(groups, size)
+        self.staleness = check_staleness(asynchronous, max_staleness, self.period)
         self.size = size
         self.groups = None
         self.levels = []
@@ -71,7 +101,7 @@ class LeaderSync:
     def settings(self):
         """What every rank must share (compared across ranks before the first collective)."""
         return {"optimizer": self.what, "pull": self.pull, "global_pull": self.global_pull, "period": self.period,
-                "global_period": self.global_period, "groups": repr(self.groups_arg)}
+                "global_period": self.global_period, "groups": repr(self.groups_arg), "staleness": self.staleness}
 
     def configure(self, node_keys, rank):
         """Resolve the groups from every rank's host and build this rank's levels."""
@@ -108,14 +138,25 @@ class LeaderSync:
         self.last_election = step
         return self.leaders
 
+    def transfer_levels(self, due):
+        """{level name: the level whose broadcast delivers its leader's parameters} for the levels of `due` that
+        pull (weight > 0, more than one member). A level with the same members as an earlier one that is due
+        whenever it is (its period divides this one's) elected the same leader: it reuses that broadcast."""
+        pulling = [level for level in due if level.weight > 0 and len(level.members) > 1]
+        source = {}
+        for level in pulling:
+            source[level.name] = next((earlier for earlier in pulling if earlier.members == level.members
+                                       and level.period % earlier.period == 0), level)
+        return source
+
     def account(self, stats, due, param_bytes, nranks):
-        """Bytes of one round: the election's allgather and one broadcast of the parameters per level pulled."""
+        """Bytes of one round: the election's allgather and one broadcast of the parameters per distinct transfer."""
         if not due:
             return
         stats.add(payload_bytes=16, wire_bytes=allgather_wire_bytes(16, nranks))
-        for level in due:
-            if level.weight > 0 and len(level.members) > 1:
-                stats.add(payload_bytes=param_bytes, wire_bytes=broadcast_wire_bytes(param_bytes, len(level.members)))
+        for name, source in self.transfer_levels(due).items():
+            if source.name == name:
+                stats.add(payload_bytes=param_bytes, wire_bytes=broadcast_wire_bytes(param_bytes, len(source.members)))
 
     def state(self):
         return {"best_rank": self.best_rank, "leaders": dict(self.leaders), "last_election": self.last_election}
@@ -126,4 +167,5 @@ class LeaderSync:
         self.last_election = int(state["last_election"])
 
 
-__all__ = ["LeaderSync", "Level", "GROUPS_HELP", "LOSS_HELP"]
+__all__ = ["LeaderSync", "Level", "GROUPS_HELP", "LOSS_HELP", "LEADER_EVALUATION", "ELASTIC_EVALUATION",
+           "check_evaluation"]

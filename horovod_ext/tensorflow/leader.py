@@ -15,9 +15,13 @@ The training loss: ``optimizer.report_loss(loss)`` in a custom loop (eager or tf
 ``hvd.callbacks.ReportLossCallback()`` with model.fit (it reports the loss Keras logs after each batch).
 State (step, loss window, leaders, the EASGD center) is in ``optimizer.horovod_ext``, a tf.Module:
 ``tf.train.Checkpoint(horovod_ext=optimizer.horovod_ext)``.
+
+``asynchronous=True`` is accepted, checked and compared across ranks as in PyTorch, and runs synchronously, with
+a warning (SYNCHRONOUS_FALLBACK says why): Horovod's TensorFlow collectives have no handles.
 """
 import contextlib
 import itertools
+import warnings
 
 import horovod.tensorflow as hvd
 import keras
@@ -29,9 +33,18 @@ from horovod_ext.compression.consistency import split_blobs
 from horovod_ext.consensus import ElasticSync, LeaderSync
 from horovod_ext.consensus.accounting import account_dense_reference
 from horovod_ext.consensus.agreement import build_on_every_rank, level_process_sets
+from horovod_ext.consensus.leader import ELASTIC_EVALUATION, LEADER_EVALUATION, check_evaluation
 from .aggregator import collective_name, variable_names
 
 _ids = itertools.count()
+
+SYNCHRONOUS_FALLBACK = (
+    "horovod_ext.tensorflow: asynchronous=True runs synchronously (max_staleness 0). Horovod's TensorFlow "
+    "collectives are TensorFlow ops with no handle to wait on later (horovod.tensorflow has no *_async, poll or "
+    "synchronize): eagerly, an op returns once its collective has completed, and inside tf.function (model.fit "
+    "included) every op of a step completes before the step's call returns. So a transfer started in one step "
+    "cannot overlap the next steps. horovod_ext.torch's LeaderOptimizer and ElasticAveragingOptimizer run "
+    "asynchronously (Horovod's torch API returns handles).")
 
 
 def _value(v):
@@ -126,14 +139,21 @@ class _LeaderState(_SyncState):
             picked = [tf.reshape(p, []) for p in picked]
             current = [_value(v) for v in variables]
             forces = [tf.zeros_like(x) for x in current]
+            sources = self.sync.transfer_levels(self.sync.levels)
+            received = {}
             for i, level in enumerate(self.sync.levels):
-                if level.weight == 0 or len(level.members) == 1:
+                if level.name not in sources:
                     continue
-                branches = [lambda r=r, level=level: self._broadcast_all(variables, names, r, level)
-                            for r in level.members]
+                source = sources[level.name]
                 due = tf.not_equal(tf.bitwise.bitwise_and(mask, 1 << i), 0)
-                targets = tf.cond(due, lambda b=branches, i=i: tf.switch_case(picked[i], b),
-                                  lambda: list(current))
+                if source.name != level.name:  # the same members, due whenever this level is: its leader's bits
+                    targets = tf.cond(due, lambda s=received[source.name]: list(s), lambda: list(current))
+                else:
+                    branches = [lambda r=r, level=level: self._broadcast_all(variables, names, r, level)
+                                for r in level.members]
+                    targets = tf.cond(due, lambda b=branches, i=i: tf.switch_case(picked[i], b),
+                                      lambda: list(current))
+                    received[level.name] = targets
                 forces = [f + (t - x) * tf.constant(level.weight, x.dtype)
                           for f, t, x in zip(forces, targets, current)]
             updates = [v.assign_add(f) for v, f in zip(variables, forces)]
@@ -144,11 +164,17 @@ class _LeaderState(_SyncState):
         return tf.cond(tf.not_equal(mask, 0), communicate, tf.no_op)
 
     @contextlib.contextmanager
-    def evaluation_parameters(self, variables):
+    def evaluation_parameters(self, variables, which="leader"):
+        check_evaluation(which, LEADER_EVALUATION, self.what)
         root = int(self.best_rank.numpy())
         names = variable_names(variables)
-        values = [hvd.broadcast(_value(v), root_rank=root, name=collective_name(f"{self.tag}.evaluate", i, n),
-                                ignore_name_scope=True) for i, (v, n) in enumerate(zip(variables, names))]
+        if which == "center":
+            values = [hvd.allreduce(_value(v), op=hvd.Average, ignore_name_scope=True,
+                                    name=collective_name(f"{self.tag}.evaluate_center", i, n))
+                      for i, (v, n) in enumerate(zip(variables, names))]
+        else:
+            values = [hvd.broadcast(_value(v), root_rank=root, name=collective_name(f"{self.tag}.evaluate", i, n),
+                                    ignore_name_scope=True) for i, (v, n) in enumerate(zip(variables, names))]
         with _swapped_in(variables, values):
             yield
 
@@ -218,7 +244,8 @@ class _ElasticState(_SyncState):
             return tf.cond(due, communicate, tf.no_op)
 
     @contextlib.contextmanager
-    def evaluation_parameters(self, variables):
+    def evaluation_parameters(self, variables, which="center"):
+        check_evaluation(which, ELASTIC_EVALUATION, self.what)
         self._initialize(variables, variable_names(variables))
         with _swapped_in(variables, [c.read_value() for c in self._centers(variables)]):
             yield
@@ -256,6 +283,9 @@ def _wrap(optimizer, state_class, make_sync, arguments, named_parameters):
     with tf.init_scope():
         sync = build_on_every_rank(make_sync, arguments, tensors, _allgather_blobs(f"hvdext.{state_class.what}.{n}"),
                                    hvd.rank(), hvd.size(), state_class.what)
+        if sync.staleness:
+            warnings.warn(SYNCHRONOUS_FALLBACK, RuntimeWarning, stacklevel=3)
+            sync.staleness = 0
         state = state_class(sync, name=f"horovod_ext_{state_class.what}_{n}")
     base = optimizer.__class__
     fixed = [v for _, v in named] or None
@@ -268,11 +298,12 @@ def _wrap(optimizer, state_class, make_sync, arguments, named_parameters):
     def report_loss(self, loss):
         return self.horovod_ext.report_loss(loss)
 
-    def evaluation_parameters(self):
-        """Context manager: the model holds the best worker's variables (LSGD) or the center (EASGD) inside
-        the block, its own after. LSGD's is collective: every rank enters it."""
+    def evaluation_parameters(self, which=None):
+        """Context manager: the model holds the best worker's variables (LSGD, which="leader"), the workers'
+        average (LSGD, which="center") or EASGD's center inside the block, its own after. LSGD's is collective:
+        every rank enters it."""
         variables = fixed or list(self._trainable_variables)
-        return self.horovod_ext.evaluation_parameters(variables)
+        return self.horovod_ext.evaluation_parameters(variables, *([] if which is None else [which]))
 
     def compression_stats(self):
         return self.horovod_ext.compression_stats()
@@ -286,19 +317,21 @@ def _wrap(optimizer, state_class, make_sync, arguments, named_parameters):
 
 
 def LeaderOptimizer(optimizer, named_parameters=None, pull=0.1, global_pull=0.1, period=4, global_period=16,
-                    groups="node"):
+                    groups="node", asynchronous=False, max_staleness=None):
     """Leader SGD (LSGD, Teng et al. 2019) for a Keras 3 optimizer: see horovod_ext.torch.LeaderOptimizer for
     the math and the arguments, which are the same. named_parameters (optional): (name, variable) pairs, checked
-    across ranks and used by evaluation_parameters(); by default the variables the optimizer trains."""
+    across ranks and used by evaluation_parameters(); by default the variables the optimizer trains.
+    asynchronous=True runs synchronously, with a warning: SYNCHRONOUS_FALLBACK."""
     arguments = {"pull": pull, "global_pull": global_pull, "period": period, "global_period": global_period,
-                 "groups": groups}
+                 "groups": groups, "asynchronous": asynchronous, "max_staleness": max_staleness}
     return _wrap(optimizer, _LeaderState, lambda: LeaderSync(size=hvd.size(), **arguments), arguments,
                  named_parameters)
 
 
-def ElasticAveragingOptimizer(optimizer, named_parameters=None, beta=0.9, period=4):
+def ElasticAveragingOptimizer(optimizer, named_parameters=None, beta=0.9, period=4, asynchronous=False,
+                              max_staleness=None):
     """Synchronous EASGD (Zhang et al. 2015) for a Keras 3 optimizer: see
-    horovod_ext.torch.ElasticAveragingOptimizer."""
-    arguments = {"beta": beta, "period": period}
+    horovod_ext.torch.ElasticAveragingOptimizer. asynchronous=True runs synchronously, with a warning."""
+    arguments = {"beta": beta, "period": period, "asynchronous": asynchronous, "max_staleness": max_staleness}
     return _wrap(optimizer, _ElasticState, lambda: ElasticSync(size=hvd.size(), **arguments), arguments,
                  named_parameters)

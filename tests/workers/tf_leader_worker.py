@@ -145,6 +145,29 @@ def check_checkpoint():
     return {"step": int(s.step.numpy()), "count": float(s.loss_count.numpy()), "best": int(s.best_rank.numpy())}
 
 
+def check_asynchronous_fallback(graph):
+    """asynchronous=True in TensorFlow: a warning saying why, then exactly the synchronous optimizer; and the
+    workers' average through evaluation_parameters(which="center")."""
+    import warnings
+    runs, messages = [], []
+    for asynchronous in (False, True):
+        m = model(200 + RANK)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt = hvd.LeaderOptimizer(keras.optimizers.SGD(0.1), pull=0.2, global_pull=0.1, period=2,
+                                      global_period=4, groups="node", asynchronous=asynchronous)
+        messages += [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        step = stepper(opt, m, graph)
+        for k in range(8):
+            step(tf.constant(10.0 - ((RANK + k // 2) % SIZE), tf.float64))
+        runs.append(flat(m))
+    everyone = gathered(m)
+    with opt.evaluation_parameters(which="center"):
+        center_error = float(np.max(np.abs(flat(m) - everyone.mean(axis=0))))
+    return {"equal": bool(np.array_equal(runs[0], runs[1])), "warnings": messages, "center_error": center_error,
+            "staleness": opt.horovod_ext.sync.staleness}
+
+
 def expect_error(case, fn):
     try:
         fn()
@@ -182,6 +205,7 @@ for graph in (False, True):
     result[f"pulls_node_{mode}"] = check_pulls("node", graph)
     result[f"schedule_{mode}"] = check_schedule(graph)
     result[f"easgd_{mode}"] = check_easgd(graph)
+    result[f"asynchronous_{mode}"] = check_asynchronous_fallback(graph)
 result["independent"] = check_independent_when_no_pull()
 result["checkpoint"] = check_checkpoint()
 result["bad_inputs"] = bad_inputs()
