@@ -3,8 +3,12 @@ on loopback shaped to --mbit (a namespace created here and always removed). Repo
 the training time until each method first reaches dense's final test accuracy and a fixed --target, as a table, a
 plot of accuracy against training time and a plot of GraVAC's CF over training. Methods are compressors with
 data-parallel SGD, PyTorch DDP's PowerSGD hook, and the parameter-space optimizers lsgd, multi_lsgd (4 ranks run
-as two "nodes" of 2, so that its groups are two process sets) and easgd."""
+as two "nodes" of 2, so that its groups are two process sets) and easgd, their asynchronous forms (async_lsgd,
+async_multi_lsgd, async_easgd: asynchronous=True at the default staleness) and "compute" (each rank trains
+alone, no collective in a step: the step time that communication cannot beat). LSGD's rows also give the
+accuracy of the center variable (the workers' average), which the paper evaluates."""
 import argparse
+import json
 import os
 import sys
 
@@ -25,8 +29,8 @@ def run(prefix, ranks, method, args):
                            hosts=HOSTS.get(ranks))
 
 
-def time_to(curve, target):
-    return next((p["seconds"] for p in curve if p["accuracy"] >= target - 1e-9), None)
+def time_to(curve, target, key="accuracy"):
+    return next((p["seconds"] for p in curve if p.get(key, 0.0) >= target - 1e-9), None)
 
 
 def plots(results, path_prefix):
@@ -68,20 +72,38 @@ def main():
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--target", type=float, default=0.95, help="a fixed test accuracy to time every method to")
+    parser.add_argument("--report", metavar="TTA_JSON", help="only write the table and plots again, from the "
+                                                             "results of an earlier run (its tta.json)")
     args = parser.parse_args()
     if args.quick:
         args.ranks, args.epochs, args.methods, args.hidden = "2", 2, "dense,ternary,adaptive_topk,lsgd,powersgd", 256
+    if "dense" not in args.methods.split(","):
+        parser.error("--methods must include dense (the reference every method is compared with)")
+    if args.report:
+        with open(args.report) as f:
+            saved = json.load(f)
+        args.epochs, args.mbit = saved["args"]["epochs"], saved["args"]["mbit"]
+        return report(saved["results"], args)
     results = []
+    os.makedirs(OUT_DIR, exist_ok=True)
     try:
         with shaped_namespace(args.mbit) as prefix:
             runs = list(itertools.product([int(x) for x in args.ranks.split(",")], args.methods.split(",")))
             for ranks, method in progress(runs, f"time to accuracy, {args.mbit} Mbit/s"):
                 print(f"[tta] {ranks} ranks, {args.mbit} Mbit/s: {method}", flush=True)
                 results.append(run(prefix, ranks, method, args))
+                with open(os.path.join(OUT_DIR, "tta_partial.json"), "w") as f:  # kept should the report fail
+                    json.dump(results, f)
     except NamespaceUnavailable as exc:
         print(f"[tta] skipped: {exc}")
         return 0
+    return report(results, args)
+
+
+def report(results, args):
+    """The table, the JSON and the plots of `results` (one dict per run, as tta_worker.py writes them)."""
     rows = []
+    compute = {x["ranks"]: x for x in results if x["method"] == "compute"}
     for r in results:
         dense = next(x for x in results if x["ranks"] == r["ranks"] and x["method"] == "dense")
         target = dense["curve"][-1]["accuracy"]
@@ -90,17 +112,28 @@ def main():
         fixed = time_to(r["curve"], args.target)
         rows.append([r["ranks"], r["method"], f"{r['step_seconds'] * 1e3:.0f}",
                      f"{dense['step_seconds'] / r['step_seconds']:.1f}x", f"{r['payload_bytes'] / 1e3:.1f}",
-                     f"{r['dense_bytes'] / r['payload_bytes']:.1f}x", f"{100 * r['curve'][-1]['accuracy']:.2f}%",
+                     f"{r['dense_bytes'] / r['payload_bytes']:.1f}x" if r["payload_bytes"] else "-",
+                     f"{100 * r['curve'][-1]['accuracy']:.2f}%",
                      f"{reached:.1f}" if reached is not None else "not reached",
                      f"{fixed:.1f}" if fixed is not None else "not reached",
                      f"{r['wire_bytes'] / 1e3:.1f}",
                      f"{sum(cfs) / len(cfs):.1f}" if cfs else "-"])
+        if compute:
+            alone = compute.get(r["ranks"])
+            center = r["curve"][-1].get("center_accuracy")
+            center_time = time_to(r["curve"], args.target, "center_accuracy") if center is not None else None
+            rows[-1] += [f"{r['step_seconds'] / alone['step_seconds']:.2f}x" if alone else "-",
+                         f"{100 * center:.2f}%" if center is not None else "-",
+                         "-" if center is None else f"{center_time:.1f}" if center_time is not None else "not reached"]
     md = (f"Digits MLP ({results[0]['parameters'] / 1e6:.2f}M parameters), {args.epochs} epochs, batch 32 per rank, "
           f"loopback shaped to {args.mbit} Mbit/s. 'to dense acc' = training seconds until the method first reaches "
           f"dense's final test accuracy (checked after each epoch).\n\n"
           + markdown_table(["ranks", "method", "mean step ms", "step vs dense", "KB sent/step", "bytes vs dense",
                             "final acc", "s to dense acc", f"s to {100 * args.target:.0f}%", "KB on wire/step",
-                            "mean CF (GraVAC)"], rows)
+                            "mean CF (GraVAC)"]
+                          + (["step vs compute", "final acc (center)", f"s to {100 * args.target:.0f}% (center)"]
+                             if compute else []),
+                            rows)
           + "\n\n![accuracy](tta_accuracy.png)" + (" ![CF](tta_cf.png)" if any(r.get("cf_log") for r in results)
                                                    else ""))
     path = write_outputs("tta", {"machine": machine(), "args": vars(args), "results": results}, md)

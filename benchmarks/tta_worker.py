@@ -28,12 +28,19 @@ METHODS = {"dense": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compressio
            "ternary": lambda: hvd.Compression.ternary}
 OPTIMIZERS = {"lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups=None),
               "multi_lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups="node"),
-              "easgd": lambda opt, named: hvd.ElasticAveragingOptimizer(opt, named)}
+              "easgd": lambda opt, named: hvd.ElasticAveragingOptimizer(opt, named),
+              "async_lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups=None, asynchronous=True),
+              "async_multi_lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups="node",
+                                                                         asynchronous=True),
+              "async_easgd": lambda opt, named: hvd.ElasticAveragingOptimizer(opt, named, asynchronous=True)}
+LEADERS = {"lsgd", "multi_lsgd", "async_lsgd", "async_multi_lsgd"}  # also evaluated at the center variable
+COMPUTE = "compute"  # compute alone: each rank trains its own model, no collective in a step (the lower bound)
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--method", choices=list(METHODS) + list(OPTIMIZERS) + list(DDP_METHODS), required=True)
+    parser.add_argument("--method", choices=list(METHODS) + list(OPTIMIZERS) + list(DDP_METHODS) + [COMPUTE],
+                        required=True)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--model", choices=MODELS, default="mlp")
     parser.add_argument("--hidden", type=int, default=1024, help="the MLP's width")
@@ -49,6 +56,8 @@ def main():
     elif args.method in OPTIMIZERS:
         optimizer = OPTIMIZERS[args.method](optimizer, model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    elif args.method == COMPUTE:
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     else:
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              compression=METHODS[args.method]())
@@ -60,7 +69,7 @@ def main():
     for epoch in range(args.epochs):
         hvd.barrier()
         start = time.perf_counter()
-        if parameter_space:  # every worker samples from the whole set, as many steps as data-parallel SGD
+        if parameter_space or args.method == COMPUTE:  # every worker samples from the whole set
             order = torch.randperm(len(x_train), generator=gen)[:len(shard)]
         else:
             order = shard[torch.randperm(len(shard), generator=gen)]
@@ -80,6 +89,9 @@ def main():
         with torch.no_grad(), evaluated:  # LSGD: the best worker; EASGD: the center
             accuracy = accuracy_of(model, x_test, y_test)
         curve.append({"epoch": epoch + 1, "seconds": train_seconds, "accuracy": accuracy})
+        if args.method in LEADERS:  # the paper's figures evaluate the center variable (the workers' average)
+            with torch.no_grad(), optimizer.evaluation_parameters(which="center"):
+                curve[-1]["center_accuracy"] = accuracy_of(model, x_test, y_test)
     result = {"method": args.method, "model": args.model, "ranks": hvd.size(), "hidden": args.hidden,
               "parameters": sum(p.numel() for p in model.parameters()), "curve": curve,
               # the mean: periodic methods (LSGD, EASGD) communicate on some steps only, which a median would hide
@@ -87,13 +99,15 @@ def main():
               "median_step_seconds": statistics.median(step_times[5:] or step_times)}
     if args.method in DDP_METHODS:
         result.update(payload_bytes=payload, wire_bytes=wire)
+    elif args.method == COMPUTE:
+        result.update(payload_bytes=0.0, wire_bytes=0.0)
     else:
         stats = optimizer.compression_stats()
         total, steps = stats["total"], max(stats["steps"], 1)
         result.update(payload_bytes=total["payload_bytes"] / steps, wire_bytes=total["wire_bytes"] / steps,
                       cf_log=[e["cf"] for e in stats.get("log", [])],
                       throughput={str(k): v for k, v in stats.get("throughput", {}).items()},
-                      theta_ideal=stats.get("theta_ideal"))
+                      theta_ideal=stats.get("theta_ideal"), comm_seconds=total["comm_seconds"] / steps)
     result["dense_bytes"] = 4 * result["parameters"]
     if hvd.rank() == 0:
         with open(args.json, "w") as f:

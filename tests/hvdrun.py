@@ -45,6 +45,16 @@ def write_result(rank, result):
         json.dump(result, f)
 
 
+def expect_error(case, fn):
+    """Called by a worker: run fn and record the error it raises, {case, type, message} (type None when it raised
+    nothing). Tests check that every rank raised the same, and that no rank hung."""
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - recorded for the test to check
+        return {"case": case, "type": type(exc).__name__, "message": str(exc)[:3000]}
+    return {"case": case, "type": None, "message": ""}
+
+
 def assert_error_cases(record, expected):
     """A worker's record of bad-input cases ([{case, type, message}]) holds exactly the expected cases, each with the
     expected exception type and message fragments: expected = {case: (type name, [fragments])}."""

@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import horovod_ext.torch as hvd  # noqa: E402
-from hvdrun import write_result  # noqa: E402
+from hvdrun import expect_error, write_result  # noqa: E402
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -159,14 +159,6 @@ def check_center():
     except ValueError as exc:
         out["bad_which"] = str(exc)
     return out
-
-
-def expect_error(case, build):
-    try:
-        build()
-    except Exception as exc:  # noqa: BLE001 - the test asserts on the type and message
-        return {"case": case, "type": type(exc).__name__, "message": str(exc)}
-    return {"case": case, "type": None, "message": ""}
 
 
 def bad_inputs():

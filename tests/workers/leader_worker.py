@@ -12,7 +12,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import horovod_ext.torch as hvd  # noqa: E402
 from hvdext_reference import lsgd as ref  # noqa: E402
-from hvdrun import write_result  # noqa: E402
+from hvdrun import expect_error, write_result  # noqa: E402
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -172,14 +172,6 @@ def check_easgd(rounds=4, beta=0.9):
     state = opt.state_dict()["horovod_ext"]
     return {"spreads": spreads, "center_errors": center_errors, "worker_errors": worker_errors,
             "alpha": beta / SIZE, "center_in_state": state["center"] is not None}
-
-
-def expect_error(case, build):
-    try:
-        build()
-    except Exception as exc:  # noqa: BLE001  (recorded for the test to check)
-        return {"case": case, "type": type(exc).__name__, "message": str(exc)}
-    return {"case": case, "type": None, "message": ""}
 
 
 def bad_inputs():

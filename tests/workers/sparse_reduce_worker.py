@@ -15,7 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from hvdrun import write_result  # noqa: E402
+from hvdrun import expect_error, write_result  # noqa: E402
 
 MODE = sys.argv[1]
 if MODE == "tf":
@@ -109,14 +109,6 @@ def adversarial():
         steps = run(params, opt, range(2), grads, (ADVERSARIAL,))
         out[label] = [{"wire_bytes": s["wire_bytes"], "payload_bytes": s["payload_bytes"]} for s in steps]
     return out
-
-
-def expect_error(label, fn):
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 - recorded for the test
-        return {"case": label, "type": type(exc).__name__, "message": str(exc)}
-    return {"case": label, "type": None, "message": ""}
 
 
 def corrupted_chunk(settings):

@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import horovod_ext.torch as hvd  # noqa: E402
 from horovod_ext.compression.wire import tensor_key  # noqa: E402
 from hvdext_reference import terngrad as ref  # noqa: E402
-from hvdrun import write_result  # noqa: E402
+from hvdrun import expect_error, write_result  # noqa: E402
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -73,15 +73,6 @@ def check_identical_after_training(compression, steps=40):
     everyone = hvd.allgather(flat.reshape(1, -1), name="check.identical")
     return {"identical": bool(all(torch.equal(everyone[0], everyone[r]) for r in range(SIZE))),
             "moved": float((flat - torch.cat([p.reshape(-1) for p in mlp(0).parameters()])).abs().max())}
-
-
-def expect_error(label, fn):
-    """Run fn; return the error's type and message (every rank must raise, and no rank may hang)."""
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 - the test inspects the type and message
-        return {"case": label, "type": type(exc).__name__, "message": str(exc)}
-    return {"case": label, "type": None, "message": "no error"}
 
 
 def train_steps(model, compression, steps=2, poison=None):

@@ -13,7 +13,7 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import horovod_ext.tensorflow.keras as hvd  # noqa: E402
 from hvdext_reference import lsgd as ref  # noqa: E402
-from hvdrun import write_result  # noqa: E402
+from hvdrun import expect_error, write_result  # noqa: E402
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -166,14 +166,6 @@ def check_asynchronous_fallback(graph):
         center_error = float(np.max(np.abs(flat(m) - everyone.mean(axis=0))))
     return {"equal": bool(np.array_equal(runs[0], runs[1])), "warnings": messages, "center_error": center_error,
             "staleness": opt.horovod_ext.sync.staleness}
-
-
-def expect_error(case, fn):
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 - recorded for the test
-        return {"case": case, "type": type(exc).__name__, "message": str(exc)[:3000]}
-    return {"case": case, "type": None, "message": ""}
 
 
 def bad_inputs():

@@ -15,7 +15,7 @@ import horovod_ext.tensorflow.keras as hvd_keras  # noqa: E402
 from horovod_ext.compression.wire import tensor_key  # noqa: E402
 from horovod_ext.tensorflow.aggregator import variable_names  # noqa: E402
 from hvdext_reference import terngrad as ref  # noqa: E402
-from hvdrun import write_result  # noqa: E402
+from hvdrun import expect_error, write_result  # noqa: E402
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -97,14 +97,6 @@ def check_callbacks():
     return {"identical": bool(tf.reduce_all(tf.equal(everyone, everyone[0])).numpy()), "lrs": lrs,
             "steps": opt.compression_stats()["steps"],
             "rank_metric": [l["rank_metric"] for l in logs_seen], "loss": [l["loss"] for l in logs_seen]}
-
-
-def expect_error(label, fn):
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 - the test inspects type and message
-        return {"case": label, "type": type(exc).__name__, "message": str(exc)[:2000]}
-    return {"case": label, "type": None, "message": "no error"}
 
 
 def tape_step(compression, variables=None, poison=None, graph=False):
