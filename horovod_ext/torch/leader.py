@@ -276,17 +276,17 @@ class _Elastic(_ParameterSync):
     _hx_what = "ElasticAveragingOptimizer"
     _hx_election_lag = 0
 
-    def _hx_mean_async(self, label):
+    def _hx_mean_async(self, label, delay=0.0):
         """Start the allreduce of the workers' mean of the parameters as they are now (of a copy, which the
         allreduce averages in place while this rank keeps stepping)."""
         handles = [hvd.allreduce_async_(p.detach().clone(), op=hvd.Average, name=self._hx_tag(label, i))
                    for i, p in enumerate(self._hx_params)]
         self._hx_sync.account(self._hx_stats, self._hx_param_bytes, hvd.size())
-        return _Transfer(handles, self._hx_transfer_delay)
+        return _Transfer(handles, delay)
 
     def _hx_ensure_center(self):
         if self._hx_center is None:  # the workers' common start (their mean, should they differ)
-            self._hx_center = _Transfer(self._hx_mean_async("center").handles).wait()
+            self._hx_center = self._hx_mean_async("center").wait()
 
     @torch.no_grad()
     def _hx_communicate(self, step):
@@ -294,7 +294,7 @@ class _Elastic(_ParameterSync):
         sync, rounds = self._hx_sync, self._hx_rounds
         if sync.due(step):
             started = rounds.start(step, None)
-            started.transfers = {"mean": self._hx_mean_async(f"round.{started.slot}")}
+            started.transfers = {"mean": self._hx_mean_async(f"round.{started.slot}", self._hx_transfer_delay)}
         for r in rounds.applying(step):
             means = r.transfers["mean"].wait()
             for p, center, mean in zip(self._hx_params, self._hx_center, means):
