@@ -12,15 +12,12 @@ import argparse
 import os
 
 from common import OUT_DIR, horovodrun_json, line_plot, machine, markdown_table, write_outputs
-from horovod_ext.compression import CompressionStats
 from horovod_ext.compression.plan import k_of
 from horovod_ext.compression.join import join_check_wire_bytes
-from horovod_ext.compression.sparse_reduce import planned_bytes
 from horovod_ext.compression.wire import allgather_wire_bytes
-from horovod_ext.consensus import ElasticSync, LeaderSync
-from horovod_ext.compression.two_phase import (TwoPhasePlan, allgather_transport_bytes, formula_wire_bytes,
-                                               scale_sharing_bytes)
+from horovod_ext.compression.two_phase import formula_wire_bytes, scale_sharing_bytes
 from horovod_ext.compression.wire import allreduce_wire_bytes
+from horovod_ext.perfmodel import plan, wire_bytes_per_step
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIN_SIZE = 1024  # Compression.ternary's default: smaller tensors travel dense
@@ -34,49 +31,35 @@ def model_sizes(params_m):
 
 
 def planned(sizes, nranks, packing="base3"):
+    """Ternary's transports and dense, by horovod_ext.perfmodel's plans (each transport's own plan)."""
     big = [n for n in sizes if n >= MIN_SIZE]
     small = 4 * sum(n for n in sizes if n < MIN_SIZE)
-    dense_small = allreduce_wire_bytes(small, nranks)
-    plan = TwoPhasePlan(big, nranks, packing)
     join = join_check_wire_bytes(nranks)  # payload compressors' ranks-still-training check (hvd.join)
-    return {"ranks": nranks, "dense": allreduce_wire_bytes(4 * sum(sizes), nranks),
-            "allgather": allgather_transport_bytes(big, nranks, packing) + dense_small + join,
-            "two_phase": plan.wire_bytes(0) + scale_sharing_bytes(len(big), nranks) + dense_small + join,
+    return {"ranks": nranks, "dense": wire_of("dense", sizes, nranks),
+            "allgather": wire_of("ternary", sizes, nranks, packing=packing),
+            "two_phase": wire_of("ternary_two_phase", sizes, nranks, packing=packing),
             "two_phase_formula": formula_wire_bytes(sum(big), nranks, packing)
-            + scale_sharing_bytes(len(big), nranks) + dense_small + join}
+            + scale_sharing_bytes(len(big), nranks) + allreduce_wire_bytes(small, nranks) + join}
 
 
-def optimizer_bytes(sync, nranks, param_bytes, steps):
-    """Mean wire bytes per step of rank 0, from the optimizers' own accounting over `steps` steps."""
-    stats = CompressionStats("plan")
-    for step in range(1, steps + 1):
-        if isinstance(sync, LeaderSync):
-            sync.account(stats, sync.due(step), param_bytes, nranks)
-        elif sync.due(step):
-            sync.account(stats, param_bytes, nranks)
-        stats.end_step()
-    return stats.total["wire_bytes"] / steps
+def wire_of(method, sizes, nranks, **arguments):
+    return wire_bytes_per_step(plan(method, [(n,) for n in sizes], nranks, **arguments))
 
 
 def others(sizes, nranks):
-    """Every other compressor and optimizer, planned with the formulas the statistics use."""
-    dense = 4 * sum(sizes)
-    nodes = [f"node{r // 8}" for r in range(nranks)] if nranks > 8 else ["a"] * (nranks // 2) + ["b"] * (nranks - nranks // 2)
-    single = LeaderSync(groups=None, size=nranks)
-    single.configure(["n"] * nranks, 0)
-    multi = LeaderSync(groups="node", size=nranks)
-    multi.configure(nodes, 0)
+    """Every other compressor and optimizer: perfmodel's plans, and top-k with int32 indices (6 bytes a pair)."""
     join = join_check_wire_bytes(nranks)  # payload compressors' ranks-still-training check (hvd.join)
-    return {"fp16": allreduce_wire_bytes(dense // 2, nranks),
+    per_node = 8 if nranks > 8 else nranks // 2 if nranks % 2 == 0 else nranks
+    return {"fp16": wire_of("fp16", sizes, nranks),
             "topk": allgather_wire_bytes(6 * sum(k_of(n, 100) for n in sizes), nranks) + join,
-            "topk_sparse": planned_bytes(sizes, 100, nranks)["sparse_reduce"] + join,
+            "topk_sparse": wire_of("topk_sparse_reduce", sizes, nranks, ratio=0.01),
             "adaptive_cf10": allgather_wire_bytes(6 * sum(k_of(n, 10) for n in sizes), nranks)
             + allreduce_wire_bytes(32, nranks) + join,
             "adaptive_cf1000": allgather_wire_bytes(6 * sum(k_of(n, 1000) for n in sizes), nranks)
             + allreduce_wire_bytes(32, nranks) + join,
-            "lsgd": optimizer_bytes(single, nranks, dense, 16),
-            "multi_lsgd": optimizer_bytes(multi, nranks, dense, 16),
-            "easgd": optimizer_bytes(ElasticSync(size=nranks), nranks, dense, 16)}
+            "lsgd": wire_of("lsgd", sizes, nranks),
+            "multi_lsgd": wire_of("multi_lsgd", sizes, nranks, ranks_per_node=per_node),
+            "easgd": wire_of("easgd", sizes, nranks)}
 
 
 def counted(nranks, params_m):
@@ -135,7 +118,8 @@ def main():
            "sparse_reduce is planned with delta-coded indices (sparse_reduce.planned_bytes); adaptive top-k moves "
            "between its CF bounds (allgather, plus one "
            "32-byte allreduce of norms per step); LSGD, multi-leader LSGD (groups: nodes of 8 ranks, two nodes "
-           "below 16 ranks) and EASGD at their defaults, averaged over 16 steps.\n\n"
+           "below 16 ranks, one node at 3) and EASGD at their defaults, averaged over 16 steps (all by "
+           "horovod_ext.perfmodel's plans).\n\n"
            + markdown_table(["ranks"] + labels[1:], every) + "\n\n![bytes per rank](wire_bytes.png)")
     line_plot(os.path.join(OUT_DIR, "wire_bytes.png"), f"bytes per rank per step, {sum(sizes) / 1e6:.1f}M parameters",
               [r["ranks"] for r in rows], {label: [r[k] / 1e6 for r in rows] for k, label in zip(keys, labels)},

@@ -51,8 +51,10 @@ def planned_bytes(sizes, cf, nranks, value_bits=16):
     per_tensor = sum(math.ceil(k * coded_pair_bits(n, k, value_bits) / 8) + FRAME_OVERHEAD for n, k in zip(sizes, ks))
     pair = coded_pair_bits(total, kept, value_bits) / 8
     quota = math.ceil(kept / nranks)
-    sparse = (nranks - 1) * (kept / nranks * pair + FRAME_OVERHEAD) + (nranks - 1) * (quota * pair + FRAME_OVERHEAD)
-    return {"allgather": allgather_wire_bytes(per_tensor, nranks), "sparse_reduce": sparse}
+    alltoall = (nranks - 1) * (kept / nranks * pair + FRAME_OVERHEAD)
+    owners = (nranks - 1) * (quota * pair + FRAME_OVERHEAD)
+    return {"allgather": allgather_wire_bytes(per_tensor, nranks), "sparse_reduce": alltoall + owners,
+            "sparse_reduce_alltoall": alltoall, "sparse_reduce_allgather": owners}
 
 
 AUTO_SAVING = 0.9  # "auto" takes sparse_reduce only where it plans at most this fraction of allgather's bytes

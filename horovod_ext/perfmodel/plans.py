@@ -1,0 +1,145 @@
+"""What each method puts on the wire per step (framework-free): a list of collectives, sized by each transport's
+own plan, so that the model's bytes are the bytes the statistics count (benchmarks/wire.py checks those against
+real runs at 2 and 4 ranks).
+
+A plan is [Transfer(kind, payload, wire, members, every)]: a `kind` collective of `payload` bytes per rank among
+`members` ranks (None: all), `wire` bytes per rank on the wire, once every `every` steps (the periodic rounds of
+LSGD and EASGD are averaged over their period).
+"""
+import math
+from dataclasses import dataclass
+
+from horovod_ext.compression import sizes as sizes_
+from horovod_ext.compression.join import JOIN_CHECK_BYTES
+from horovod_ext.compression.plan import k_of
+from horovod_ext.compression.sparse_reduce import planned_bytes as sparse_planned_bytes
+from horovod_ext.compression.two_phase import PACKING_IDS, TwoPhasePlan
+from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes, broadcast_wire_bytes
+
+TERNARY_MIN_SIZE = 1024  # Compression.ternary's default min_size: smaller tensors travel dense
+
+
+@dataclass(frozen=True)
+class Transfer:
+    kind: str
+    payload: float
+    wire: float
+    members: int = None
+    every: int = 1
+
+
+def _allreduce(nbytes, n, **kw):
+    return Transfer("allreduce", nbytes, allreduce_wire_bytes(nbytes, n), **kw)
+
+
+def _allgather(nbytes, n, **kw):
+    return Transfer("allgather", nbytes, allgather_wire_bytes(nbytes, n), **kw)
+
+
+def _join_check(n):
+    """Payload compressors' per-step check that every rank is still training (hvd.join)."""
+    return _allreduce(JOIN_CHECK_BYTES, n)
+
+
+def dense(sizes, n, **_):
+    return [_allreduce(4 * sum(sizes), n)]
+
+
+def fp16(sizes, n, **_):
+    return [_allreduce(2 * sum(sizes), n)]
+
+
+def ternary(sizes, n, packing="base3", min_size=TERNARY_MIN_SIZE, **_):
+    """TernGrad by allgather: every tensor's scale and packed codes to every rank; small tensors dense."""
+    big = [s for s in sizes if s >= min_size]
+    small = 4 * sum(s for s in sizes if s < min_size)
+    payload = sum(sizes_.ternary_payload_bytes(s, PACKING_IDS[packing]) for s in big)
+    return [_allgather(payload, n), _allreduce(small, n), _join_check(n)]
+
+
+def ternary_two_phase(sizes, n, packing="base3", min_size=TERNARY_MIN_SIZE, **_):
+    """Two-phase ternary: an alltoall of code chunks, an allgather of the re-encoded chunk sums, and the
+    allreduce(Max) of the shared scales; small tensors dense."""
+    big = [s for s in sizes if s >= min_size]
+    small = 4 * sum(s for s in sizes if s < min_size)
+    plan = TwoPhasePlan(big, n, packing)
+    sent = sum(s for j, s in enumerate(plan.send_splits) if j != 0)
+    return [Transfer("alltoall", sum(plan.send_splits), sent),
+            _allgather(plan.stream_sizes[0], n), _allreduce(4 * len(big), n), _allreduce(small, n), _join_check(n)]
+
+
+def topk(sizes, n, ratio=0.01, transport="allgather", value_bits=16, **_):
+    """Top-k with delta-coded indices: by allgather, or by sparse_reduce (alltoall, then allgather of the owners'
+    selections), as compression/sparse_reduce.py plans them."""
+    cf = 1.0 / ratio
+    plan = sparse_planned_bytes(sizes, cf, n, value_bits)
+    if transport == "sparse_reduce":
+        alltoall, owners = plan["sparse_reduce_alltoall"], plan["sparse_reduce_allgather"]
+        return [Transfer("alltoall", alltoall * n / max(n - 1, 1), alltoall),
+                Transfer("allgather", owners / max(n - 1, 1), owners), _join_check(n)]
+    return [Transfer("allgather", plan["allgather"] / max(n - 1, 1), plan["allgather"]), _join_check(n)]
+
+
+def adaptive_topk(sizes, n, cf=10.0, **kw):
+    """GraVAC at compression factor cf: top-k's transfers, and its controller's 32-byte allreduce."""
+    return topk(sizes, n, ratio=1.0 / cf, **kw) + [_allreduce(32, n)]
+
+
+def lsgd(sizes, n, period=4, **_):
+    """Single-leader LSGD: per period, the 16-byte loss exchange and one broadcast of the leader's parameters."""
+    p = 4 * sum(sizes)
+    return [Transfer("allgather", 16, allgather_wire_bytes(16, n), every=period),
+            Transfer("broadcast", p, broadcast_wire_bytes(p, n), every=period)]
+
+
+def multi_lsgd(sizes, n, period=4, global_period=16, ranks_per_node=None, **_):
+    """Multi-leader LSGD, one group per node: the group leader's broadcast every period, the global leader's
+    every global_period (one broadcast serves both where a node holds every rank)."""
+    g = n if ranks_per_node is None else ranks_per_node
+    p = 4 * sum(sizes)
+    out = [Transfer("allgather", 16, allgather_wire_bytes(16, n), every=period)]
+    if g > 1:
+        out.append(Transfer("broadcast", p, broadcast_wire_bytes(p, g), members=g, every=period))
+    if g < n:
+        out.append(Transfer("broadcast", p, broadcast_wire_bytes(p, n), every=global_period))
+    return out
+
+
+def easgd(sizes, n, period=4, **_):
+    p = 4 * sum(sizes)
+    return [_allreduce(p, n, every=period)]
+
+
+def powersgd(shapes, n, rank=4, min_compression_rate=2, **_):
+    """PyTorch's PowerSGD hook: P (m x r) and Q (k x r) allreduced for every tensor viewed as m = shape[0] rows,
+    where that saves min_compression_rate; other tensors allreduced dense (benchmarks/baselines.py counts the same)."""
+    total = 0
+    for shape in shapes:
+        numel = math.prod(shape)
+        m = shape[0] if len(shape) >= 2 else 0
+        k = numel // m if m else 0
+        compressed = m and (m + k) * rank * min_compression_rate < m * k
+        total += 4 * (m + k) * rank if compressed else 4 * numel
+    return [_allreduce(total, n)]
+
+
+# name -> (plan of (shapes or sizes, ranks, **arguments), whether it needs shapes)
+METHODS = {"dense": (dense, False), "fp16": (fp16, False), "ternary": (ternary, False),
+           "ternary_two_phase": (ternary_two_phase, False), "topk": (topk, False),
+           "topk_sparse_reduce": (lambda s, n, **kw: topk(s, n, transport="sparse_reduce", **kw), False),
+           "adaptive_topk": (adaptive_topk, False), "lsgd": (lsgd, False), "multi_lsgd": (multi_lsgd, False),
+           "easgd": (easgd, False), "powersgd": (powersgd, True)}
+
+
+def plan(method, shapes, ranks, **arguments):
+    """The transfers of one step of `method` for tensors of `shapes` at `ranks` ranks."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {sorted(METHODS)}, got {method!r}")
+    fn, needs_shapes = METHODS[method]
+    shapes = [tuple(int(d) for d in s) for s in shapes]
+    return fn(shapes if needs_shapes else [math.prod(s) for s in shapes], ranks, **arguments)
+
+
+def wire_bytes_per_step(transfers):
+    """Mean bytes a rank puts on the wire per step."""
+    return sum(t.wire / t.every for t in transfers)

@@ -1,0 +1,64 @@
+"""Step time of a method on a cluster (framework-free): TernGrad's performance model, with each transport's byte
+plan and the alpha-beta time of its collectives.
+
+    step = compute + max(0, communication + compression - overlap * compute)
+
+communication is the sum over the step's collectives (plans.py) of their alpha-beta time (collectives.py), each
+periodic one divided by its period; compression is the seconds the method's kernels take per step (measured, or
+elements / throughput); overlap is the fraction of compute that communication can run behind (Horovod starts a
+gradient's collective during backward: about backward's share for allreduce and allgather methods; 0 measures the
+worst case). Speed-ups compare with dense (float32 allreduce) and fp16 on the same cluster and compute.
+"""
+from dataclasses import dataclass, field
+
+from .collectives import seconds
+from .plans import plan, wire_bytes_per_step
+
+COMPRESSORS = ("ternary", "ternary_two_phase", "topk", "topk_sparse_reduce", "adaptive_topk")
+
+
+@dataclass
+class Prediction:
+    method: str
+    ranks: int
+    step_seconds: float
+    compute_seconds: float
+    communication_seconds: float
+    compression_seconds: float
+    wire_bytes: float
+    transfers: list = field(default_factory=list)  # [{kind, members, every, wire_bytes, seconds}]
+    speedup_over_dense: float = None
+    speedup_over_fp16: float = None
+
+
+def _check_seconds(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"{name} must be seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def step_of(method, shapes, compute_seconds, cluster, compression_seconds=0.0, overlap=0.0, **arguments):
+    """The Prediction of one method, without speed-ups."""
+    compute = _check_seconds("compute_seconds", compute_seconds)
+    compression = _check_seconds("compression_seconds", compression_seconds)
+    if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"overlap must be a fraction of compute in [0, 1], got {overlap!r}")
+    if method == "multi_lsgd":
+        arguments.setdefault("ranks_per_node", cluster.ranks_per_node)
+    transfers = plan(method, shapes, cluster.ranks, **arguments)
+    rows = [{"kind": t.kind, "members": t.members or cluster.ranks, "every": t.every, "wire_bytes": t.wire,
+             "seconds": seconds(t.kind, t.payload, cluster, t.members, wire=t.wire) / t.every} for t in transfers]
+    communication = sum(r["seconds"] for r in rows)
+    step = compute + max(0.0, communication + compression - overlap * compute)
+    return Prediction(method, cluster.ranks, step, compute, communication, compression,
+                      wire_bytes_per_step(transfers), rows)
+
+
+def predict(method, shapes, compute_seconds, cluster, compression_seconds=0.0, overlap=0.0, **arguments):
+    """The step time of `method` for a model with tensors of `shapes` (tuples; or sizes), `compute_seconds` of
+    forward and backward per step, on `cluster`, with its speed-up over dense and over fp16."""
+    out = step_of(method, shapes, compute_seconds, cluster, compression_seconds, overlap, **arguments)
+    for baseline in ("dense", "fp16"):
+        base = step_of(baseline, shapes, compute_seconds, cluster, 0.0, overlap)
+        setattr(out, f"speedup_over_{baseline}", base.step_seconds / out.step_seconds if out.step_seconds else None)
+    return out

@@ -1,0 +1,124 @@
+"""horovod_ext.perfmodel: the byte plans equal each transport's own plan (the code that sizes the real tensors and
+counts compression_stats()), and the step-time model has the limits it must have."""
+import math
+
+import pytest
+
+from horovod_ext.compression import CompressionStats
+from horovod_ext.compression.join import join_check_wire_bytes
+from horovod_ext.compression.sparse_reduce import planned_bytes
+from horovod_ext.compression.two_phase import TwoPhasePlan, allgather_transport_bytes, scale_sharing_bytes
+from horovod_ext.compression.wire import allreduce_wire_bytes
+from horovod_ext.consensus import ElasticSync, LeaderSync
+from horovod_ext.perfmodel import METHODS, Cluster, Link, plan, predict, seconds, wire_bytes_per_step
+
+SHAPES = [(512, 64), (512,), (256, 512), (256,), (10, 256), (10,)]
+SIZES = [math.prod(s) for s in SHAPES]
+BIG = [n for n in SIZES if n >= 1024]
+SMALL = 4 * sum(n for n in SIZES if n < 1024)
+
+
+def wire(method, n, **kw):
+    return wire_bytes_per_step(plan(method, SHAPES, n, **kw))
+
+
+def optimizer_wire(sync, n, steps):
+    stats = CompressionStats("plan")
+    for step in range(1, steps + 1):
+        if isinstance(sync, LeaderSync):
+            sync.account(stats, sync.due(step), 4 * sum(SIZES), n)
+        elif sync.due(step):
+            sync.account(stats, 4 * sum(SIZES), n)
+        stats.end_step()
+    return stats.total["wire_bytes"] / steps
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 64])
+def test_bytes_equal_each_transports_plan(n):
+    join = join_check_wire_bytes(n)
+    assert wire("dense", n) == allreduce_wire_bytes(4 * sum(SIZES), n)
+    assert wire("fp16", n) == allreduce_wire_bytes(2 * sum(SIZES), n)
+    for packing in ("base3", "2bit"):
+        assert wire("ternary", n, packing=packing) == pytest.approx(
+            allgather_transport_bytes(BIG, n, packing) + allreduce_wire_bytes(SMALL, n) + join, rel=1e-12)
+        assert wire("ternary_two_phase", n, packing=packing) == pytest.approx(
+            TwoPhasePlan(BIG, n, packing).wire_bytes(0) + scale_sharing_bytes(len(BIG), n)
+            + allreduce_wire_bytes(SMALL, n) + join, rel=1e-12)
+    for ratio in (0.01, 0.001):
+        planned = planned_bytes(SIZES, 1 / ratio, n)
+        assert wire("topk", n, ratio=ratio) == pytest.approx(planned["allgather"] + join, rel=1e-12)
+        assert wire("topk_sparse_reduce", n, ratio=ratio) == pytest.approx(planned["sparse_reduce"] + join,
+                                                                           rel=1e-12)
+    assert wire("adaptive_topk", n, cf=100) == pytest.approx(
+        planned_bytes(SIZES, 100, n)["allgather"] + join + allreduce_wire_bytes(32, n), rel=1e-12)
+    single = LeaderSync(groups=None, size=n)
+    single.configure(["a"] * n, 0)
+    assert wire("lsgd", n) == pytest.approx(optimizer_wire(single, n, 16), rel=1e-12)
+    multi = LeaderSync(groups="node", size=n)
+    multi.configure(["a"] * (n // 2) + ["b"] * (n - n // 2), 0)
+    if n % 2 == 0:
+        assert wire("multi_lsgd", n, ranks_per_node=n // 2) == pytest.approx(optimizer_wire(multi, n, 16), rel=1e-12)
+    one_host = LeaderSync(groups="node", size=n)
+    one_host.configure(["a"] * n, 0)
+    assert wire("multi_lsgd", n) == pytest.approx(optimizer_wire(one_host, n, 16), rel=1e-12)
+    assert wire("easgd", n) == pytest.approx(optimizer_wire(ElasticSync(size=n), n, 16), rel=1e-12)
+
+
+def test_powersgd_bytes_equal_the_baselines_count():
+    import sys
+    import os
+    import torch
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from baselines import powersgd_bytes
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256),
+                                torch.nn.Linear(256, 10))
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    assert wire_bytes_per_step(plan("powersgd", shapes, 4)) == allreduce_wire_bytes(powersgd_bytes(model, 4), 4)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_limits(method):
+    ideal = Cluster(8, Link(math.inf), ranks_per_node=4)
+    p = predict(method, SHAPES, 0.05, ideal, compression_seconds=0.01)
+    assert p.step_seconds == pytest.approx(0.06) and p.communication_seconds == 0.0  # compute + compression
+    slow = Cluster(8, Link(0.1, 1e-4), ranks_per_node=4)
+    p = predict(method, SHAPES, 0.0, slow)
+    assert p.step_seconds == pytest.approx(p.communication_seconds) and p.step_seconds > 0  # communication alone
+    times = [predict(method, SHAPES, 0.02, Cluster(8, Link(g, 1e-5))).step_seconds for g in (0.1, 1, 10, 100)]
+    assert times == sorted(times, reverse=True) and times[0] > times[-1]  # faster links, never slower steps
+    if method != "multi_lsgd":  # its group size changes with the node layout
+        by_ranks = [predict(method, SHAPES, 0.02, Cluster(n, Link(1, 1e-5))).step_seconds for n in (2, 4, 16, 256)]
+        assert by_ranks == sorted(by_ranks)  # more ranks, never faster steps (fixed work per rank)
+
+
+def test_collective_formulas_and_topologies():
+    link = Link(8e-9 * 1e6, 0.0)  # 1 MB/s, no latency
+    switched = Cluster(4, link)
+    assert seconds("allreduce", 1e6, switched) == pytest.approx(1.5)  # 2 (N-1)/N b / beta
+    assert seconds("allgather", 1e6, switched) == pytest.approx(3.0)  # (N-1) b / beta
+    assert seconds("alltoall", 1e6, switched) == pytest.approx(0.75)
+    assert seconds("broadcast", 1e6, switched) == pytest.approx(3.0)  # the root sends 3 copies
+    shared = Cluster(4, link, shared=True)
+    assert seconds("allreduce", 1e6, shared) == pytest.approx(6.0)  # every rank's bytes on one medium
+    latency = Cluster(4, Link(math.inf, 1e-3))
+    assert seconds("allreduce", 1e6, latency) == pytest.approx(6e-3) and seconds("allgather", 1, latency) == \
+        pytest.approx(3e-3)
+    nodes = Cluster(8, Link(1, 0.0), intra=Link(100, 0.0), ranks_per_node=4, hierarchical=True)
+    flat = Cluster(8, Link(1, 0.0), intra=Link(100, 0.0), ranks_per_node=4)
+    assert seconds("allreduce", 1e8, nodes) < seconds("allreduce", 1e8, flat)
+    assert seconds("broadcast", 1e6, flat, members=4) == seconds("broadcast", 1e6, Cluster(4, Link(100, 0.0)))
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    (lambda: Link(0), "gbit must be a bandwidth > 0"), (lambda: Link(1, -1), "latency must be seconds"),
+    (lambda: Cluster(6, Link(1), ranks_per_node=4), "ranks_per_node must divide ranks"),
+    (lambda: Cluster(0, Link(1)), "ranks must be an integer >= 1"),
+    (lambda: predict("zip", SHAPES, 0.1, Cluster(2, Link(1))), "method must be one of"),
+    (lambda: predict("dense", SHAPES, -1, Cluster(2, Link(1))), "compute_seconds must be seconds >= 0"),
+    (lambda: predict("dense", SHAPES, 0.1, Cluster(2, Link(1)), overlap=2), "overlap must be a fraction"),
+    (lambda: seconds("reduce", 1, Cluster(2, Link(1))), "collective kind must be one of")])
+def test_bad_arguments_name_the_argument(bad, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        bad()
