@@ -84,7 +84,7 @@ def test_limits(method):
     p = predict(method, SHAPES, 0.05, ideal, compression_seconds=0.01)
     assert p.step_seconds == pytest.approx(0.06) and p.communication_seconds == 0.0  # compute + compression
     slow = Cluster(8, Link(0.1, 1e-4), ranks_per_node=4)
-    p = predict(method, SHAPES, 0.0, slow)
+    p = predict(method, SHAPES, 0.0, slow, compression_seconds=0.0)
     assert p.step_seconds == pytest.approx(p.communication_seconds) and p.step_seconds > 0  # communication alone
     times = [predict(method, SHAPES, 0.02, Cluster(8, Link(g, 1e-5))).step_seconds for g in (0.1, 1, 10, 100)]
     assert times == sorted(times, reverse=True) and times[0] > times[-1]  # faster links, never slower steps
@@ -122,3 +122,43 @@ def test_collective_formulas_and_topologies():
 def test_bad_arguments_name_the_argument(bad, fragment):
     with pytest.raises(ValueError, match=fragment):
         bad()
+
+
+# ------------------------------------------------------------------------------------------- for real
+@pytest.fixture(scope="module", params=[2, 4], ids=["np2", "np4-two-nodes"])
+def counted(request):
+    from hvdrun import horovodrun
+
+    res, _ = horovodrun(request.param, "tests/workers/project_worker.py", timeout=300)
+    return res
+
+
+def test_counted_bytes_equal_the_plans(counted):
+    for r in counted:
+        for name, planned in r["planned"].items():
+            assert r["counted"][name] == pytest.approx(planned, rel=1e-9), (r["rank"], name)
+
+
+def test_project_from_a_running_job(counted):
+    for r in counted:
+        p = r["project"]
+        assert p["methods"] == sorted(METHODS) and p["finite"] and p["dense_speedup"] == pytest.approx(1.0)
+        assert 0 < p["compute"] <= p["step"]
+
+
+def test_tensorflow_project_takes_the_model_and_needs_compute_seconds():
+    keras = pytest.importorskip("keras")
+    from horovod_ext.tensorflow.project import project as tf_project
+
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(512), keras.layers.Dense(10)])
+
+    class Stats:
+        def compression_stats(self):
+            return {"steps": 3, "total": {"comm_seconds": 0.0}}  # TensorFlow: no seconds
+
+    with pytest.raises(ValueError, match="pass compute_seconds"):
+        tf_project(Stats(), 8, 10, model=model)
+    with pytest.raises(ValueError, match="pass model="):
+        tf_project(Stats(), 8, 10, compute_seconds=0.1)
+    predictions = tf_project(Stats(), 8, 10, model=model, compute_seconds=0.1)
+    assert predictions["dense"].wire_bytes == pytest.approx(allreduce_wire_bytes(4 * (64 * 512 + 512 + 5120 + 10), 8))

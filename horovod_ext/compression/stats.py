@@ -2,9 +2,14 @@
 
 Per step a transport records, for each tensor, the bytes this rank contributed (payload), the bytes Horovod's
 dense allreduce would have sent of it, the bytes on the wire by the formulas in wire.py, and the seconds spent
-compressing, decompressing and waiting on communication.
+compressing, decompressing and waiting on communication. step_seconds is the median wall-clock time between the
+ends of the last (up to 256) consecutive steps: what a step costs on this job, evaluation pauses aside, which
+horovod_ext.perfmodel.project() turns into a prediction at other scales.
 """
+import collections
 import copy
+import statistics
+import time
 
 FIELDS = ("payload_bytes", "dense_bytes", "wire_bytes", "dense_wire_bytes", "elements", "compressed_elements",
           "compress_seconds", "decompress_seconds", "comm_seconds")
@@ -22,6 +27,8 @@ class CompressionStats:
         self.current = _zero()
         self.last = _zero()
         self.extra = {}
+        self.intervals = collections.deque(maxlen=256)
+        self._ended_at = None
 
     def add(self, **amounts):
         for key, value in amounts.items():
@@ -33,6 +40,14 @@ class CompressionStats:
             self.total[key] += self.current[key]
         self.current = _zero()
         self.steps += 1
+        now = time.perf_counter()
+        if self._ended_at is not None:
+            self.intervals.append(now - self._ended_at)
+        self._ended_at = now
+
+    def step_seconds(self):
+        """The median wall-clock seconds of a step, from the intervals between step ends (None before two)."""
+        return statistics.median(self.intervals) if self.intervals else None
 
     @staticmethod
     def _summary(d):
@@ -44,6 +59,7 @@ class CompressionStats:
 
     def as_dict(self):
         return {"compression": self.compression, "steps": self.steps, **self.extra,
+                "step_seconds": self.step_seconds(),
                 "total": self._summary(self.total), "last_step": self._summary(self.last)}
 
     def state(self):

@@ -4,7 +4,8 @@ tensor shapes, its compute time per step and each transport's byte plan (TernGra
 2017, Section 5)."""
 from .collectives import Cluster, Link, seconds
 from .plans import METHODS, Transfer, plan, wire_bytes_per_step
-from .predict import Prediction, predict, step_of
+from .predict import THROUGHPUT, Prediction, predict, step_of
+from .project import DEFAULT_LATENCY, compute_seconds_of, project, shapes_of
 
-__all__ = ["Cluster", "Link", "METHODS", "Prediction", "Transfer", "plan", "predict", "seconds", "step_of",
-           "wire_bytes_per_step"]
+__all__ = ["Cluster", "DEFAULT_LATENCY", "Link", "METHODS", "Prediction", "THROUGHPUT", "Transfer",
+           "compute_seconds_of", "plan", "predict", "project", "seconds", "shapes_of", "step_of", "wire_bytes_per_step"]

@@ -5,16 +5,32 @@ plan and the alpha-beta time of its collectives.
 
 communication is the sum over the step's collectives (plans.py) of their alpha-beta time (collectives.py), each
 periodic one divided by its period; compression is the seconds the method's kernels take per step (measured, or
-elements / throughput); overlap is the fraction of compute that communication can run behind (Horovod starts a
+from the kernels' throughput: THROUGHPUT); overlap is the fraction of compute that communication can run behind (Horovod starts a
 gradient's collective during backward: about backward's share for allreduce and allgather methods; 0 measures the
 worst case). Speed-ups compare with dense (float32 allreduce) and fp16 on the same cluster and compute.
 """
+import math
 from dataclasses import dataclass, field
 
 from .collectives import seconds
 from .plans import plan, wire_bytes_per_step
 
-COMPRESSORS = ("ternary", "ternary_two_phase", "topk", "topk_sparse_reduce", "adaptive_topk")
+# Kernel throughput, elements per second on one CPU thread of the CI machine (benchmarks/RESULTS.md, "kernels",
+# 1-4M elements): (encode, decode of one payload, payloads a rank decodes per step: "ranks" or 1). Pass
+# compression_seconds where yours differ (a GPU, or other sizes).
+THROUGHPUT = {"ternary": (0.42e9, 1.1e9, "ranks"),              # 1.6-1.8 GB/s encode, 4.5 GB/s decode (fp32)
+              "ternary_two_phase": (0.42e9, 1.1e9, 1),         # one re-encoded stream of chunk sums
+              "topk": (0.65e9, 4e9, "ranks"),                  # 1% of 4M elements in 6.6 ms; sparse adds
+              "topk_sparse_reduce": (0.65e9, 4e9, 1),
+              "adaptive_topk": (0.65e9, 4e9, "ranks")}
+
+
+def compression_seconds_of(method, elements, ranks):
+    """Seconds a rank spends in the method's kernels per step, from THROUGHPUT (0 for methods without any)."""
+    if method not in THROUGHPUT:
+        return 0.0
+    encode, decode, payloads = THROUGHPUT[method]
+    return elements / encode + (ranks if payloads == "ranks" else payloads) * elements / decode
 
 
 @dataclass
@@ -37,9 +53,12 @@ def _check_seconds(name, value):
     return float(value)
 
 
-def step_of(method, shapes, compute_seconds, cluster, compression_seconds=0.0, overlap=0.0, **arguments):
-    """The Prediction of one method, without speed-ups."""
+def step_of(method, shapes, compute_seconds, cluster, compression_seconds=None, overlap=0.0, **arguments):
+    """The Prediction of one method, without speed-ups. compression_seconds: None takes THROUGHPUT's."""
     compute = _check_seconds("compute_seconds", compute_seconds)
+    if compression_seconds is None:
+        elements = sum(math.prod(s) if isinstance(s, tuple) else int(s) for s in shapes)
+        compression_seconds = compression_seconds_of(method, elements, cluster.ranks)
     compression = _check_seconds("compression_seconds", compression_seconds)
     if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0.0 <= overlap <= 1.0:
         raise ValueError(f"overlap must be a fraction of compute in [0, 1], got {overlap!r}")
@@ -54,7 +73,7 @@ def step_of(method, shapes, compute_seconds, cluster, compression_seconds=0.0, o
                       wire_bytes_per_step(transfers), rows)
 
 
-def predict(method, shapes, compute_seconds, cluster, compression_seconds=0.0, overlap=0.0, **arguments):
+def predict(method, shapes, compute_seconds, cluster, compression_seconds=None, overlap=0.0, **arguments):
     """The step time of `method` for a model with tensors of `shapes` (tuples; or sizes), `compute_seconds` of
     forward and backward per step, on `cluster`, with its speed-up over dense and over fp16."""
     out = step_of(method, shapes, compute_seconds, cluster, compression_seconds, overlap, **arguments)

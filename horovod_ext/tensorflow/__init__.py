@@ -13,5 +13,6 @@ from horovod_ext.consensus.init import make_init  # noqa: E402
 from .compression import Compression  # noqa: E402
 from .gradient_tape import DistributedGradientTape  # noqa: E402
 from .leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402
+from .project import project  # noqa: E402
 
 init = make_init(_horovod.init, _horovod.mpi_ops._basics)

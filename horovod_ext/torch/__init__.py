@@ -4,7 +4,8 @@
 ...) and replaces ``Compression`` (adds ternary, topk, adaptive_topk), ``DistributedOptimizer`` (carries payload
 compressors by allgather, reports ``compression_stats()``, keeps its state in ``state_dict()``), ``init``
 (enables dynamic process sets) and ``broadcast_optimizer_state`` (also broadcasts the compressor's state), and
-adds the parameter-space optimizers ``LeaderOptimizer`` (LSGD) and ``ElasticAveragingOptimizer`` (EASGD).
+adds the parameter-space optimizers ``LeaderOptimizer`` (LSGD) and ``ElasticAveragingOptimizer`` (EASGD), and
+``project`` (this job's step time at other scales and links, by horovod_ext.perfmodel).
 """
 import horovod.torch as _horovod
 from horovod.torch import *  # noqa: F401,F403  (everything of horovod.torch is still there)
@@ -12,6 +13,7 @@ from horovod.torch import *  # noqa: F401,F403  (everything of horovod.torch is 
 from horovod_ext.consensus.init import make_init  # noqa: E402
 from .compression import Compression  # noqa: E402
 from .functions import broadcast_optimizer_state  # noqa: E402
+from .project import project  # noqa: E402
 from .leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402
 from .optimizer import DistributedOptimizer  # noqa: E402
 
