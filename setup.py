@@ -109,6 +109,6 @@ setup(
     install_requires=["numpy", "torch", "horovod"],
     ext_modules=[torch_extension(), sizes_extension()],
     cmdclass={"build_ext": build_ext_class()},
-    package_data={"horovod_ext.tensorflow": ["_tf_ops.so"]},
+    package_data={"horovod_ext.tensorflow": ["_tf_ops.so"], "horovod_ext.perfmodel": ["models/*.json"]},
     zip_safe=False,
 )

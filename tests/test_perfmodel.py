@@ -99,7 +99,8 @@ def test_collective_formulas_and_topologies():
     assert seconds("allreduce", 1e6, switched) == pytest.approx(1.5)  # 2 (N-1)/N b / beta
     assert seconds("allgather", 1e6, switched) == pytest.approx(3.0)  # (N-1) b / beta
     assert seconds("alltoall", 1e6, switched) == pytest.approx(0.75)
-    assert seconds("broadcast", 1e6, switched) == pytest.approx(3.0)  # the root sends 3 copies
+    assert seconds("broadcast", 1e6, switched) == pytest.approx(1.0)  # pipelined: each rank forwards one copy
+    assert seconds("broadcast", 1e6, Cluster(4, link, broadcast="root")) == pytest.approx(3.0)  # gloo: 3 copies
     shared = Cluster(4, link, shared=True)
     assert seconds("allreduce", 1e6, shared) == pytest.approx(6.0)  # every rank's bytes on one medium
     latency = Cluster(4, Link(math.inf, 1e-3))
@@ -109,12 +110,16 @@ def test_collective_formulas_and_topologies():
     flat = Cluster(8, Link(1, 0.0), intra=Link(100, 0.0), ranks_per_node=4)
     assert seconds("allreduce", 1e8, nodes) < seconds("allreduce", 1e8, flat)
     assert seconds("broadcast", 1e6, flat, members=4) == seconds("broadcast", 1e6, Cluster(4, Link(100, 0.0)))
+    # a broadcast among every rank on one medium: the N-1 copies cross it, whatever the algorithm
+    assert seconds("broadcast", 1e6, shared) == seconds("broadcast", 1e6, Cluster(4, link, shared=True,
+                                                                                   broadcast="root"))
 
 
 @pytest.mark.parametrize("bad, fragment", [
     (lambda: Link(0), "gbit must be a bandwidth > 0"), (lambda: Link(1, -1), "latency must be seconds"),
     (lambda: Cluster(6, Link(1), ranks_per_node=4), "ranks_per_node must divide ranks"),
     (lambda: Cluster(0, Link(1)), "ranks must be an integer >= 1"),
+    (lambda: Cluster(2, Link(1), broadcast="tree"), "broadcast must be one of"),
     (lambda: predict("zip", SHAPES, 0.1, Cluster(2, Link(1))), "method must be one of"),
     (lambda: predict("dense", SHAPES, -1, Cluster(2, Link(1))), "compute_seconds must be seconds >= 0"),
     (lambda: predict("dense", SHAPES, 0.1, Cluster(2, Link(1)), overlap=2), "overlap must be a fraction"),

@@ -6,7 +6,8 @@ per-rank payload of b bytes (Thakur, Rabenseifner and Gropp 2005; the byte facto
     ring allreduce      2 (N-1) alpha + 2 (N-1)/N * b / beta
     ring allgather        (N-1) alpha +   (N-1)   * b / beta
     alltoall              (N-1) alpha +   (N-1)/N * b / beta
-    broadcast             (N-1) alpha +   (N-1)   * b / beta     (gloo: the root sends a copy to each rank)
+    broadcast, "root"     (N-1) alpha +   (N-1)   * b / beta     (gloo: the root sends a copy to each rank)
+    broadcast, "pipeline" (N-1) alpha +             b / beta     (NCCL, MPI: chunks forwarded along a chain)
 
 Where ranks sit on several nodes (ranks_per_node G < N), a flat ring crosses nodes, so its steps run at the
 inter-node link's alpha and beta. Hierarchical allreduce and allgather (Horovod's HOROVOD_HIERARCHICAL_*) run the
@@ -25,6 +26,7 @@ from horovod_ext.compression.wire import (allgather_wire_bytes, allreduce_wire_b
 KINDS = ("allreduce", "allgather", "alltoall", "broadcast")
 WIRE_BYTES = {"allreduce": allreduce_wire_bytes, "allgather": allgather_wire_bytes,
               "alltoall": alltoall_wire_bytes, "broadcast": broadcast_wire_bytes}
+BROADCASTS = ("pipeline", "root")  # NCCL/MPI's pipelined broadcast, gloo's root-sends-every-copy
 LATENCY_STEPS = {"allreduce": lambda n: 2 * (n - 1), "allgather": lambda n: n - 1, "alltoall": lambda n: n - 1,
                  "broadcast": lambda n: n - 1}
 
@@ -57,6 +59,7 @@ class Cluster:
     ranks_per_node: int = None
     hierarchical: bool = False
     shared: bool = False
+    broadcast: str = "pipeline"
 
     def __post_init__(self):
         if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
@@ -65,6 +68,8 @@ class Cluster:
         if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1 or self.ranks % per_node:
             raise ValueError(f"Cluster: ranks_per_node must divide ranks ({self.ranks}), got {self.ranks_per_node!r}")
         object.__setattr__(self, "ranks_per_node", per_node)
+        if self.broadcast not in BROADCASTS:
+            raise ValueError(f"Cluster: broadcast must be one of {list(BROADCASTS)}, got {self.broadcast!r}")
         object.__setattr__(self, "intra", self.intra or self.inter)
 
     @property
@@ -72,13 +77,18 @@ class Cluster:
         return self.ranks // self.ranks_per_node
 
 
-def _flat(kind, nbytes, n, link, shared, wire=None):
+def _flat(kind, nbytes, n, link, shared, wire=None, broadcast="pipeline"):
     """A flat algorithm over n ranks on one kind of link. wire: the bytes per rank (averaged over the ranks) when
     a transport's plan counts them exactly; by default the formula's."""
     if n < 2:
         return 0.0
     wire = WIRE_BYTES[kind](nbytes, n) if wire is None else wire
-    on_link = n * wire if shared or kind == "broadcast" else wire  # broadcast: the root sends every copy
+    if shared:  # one medium: every rank's bytes cross it
+        on_link = n * wire
+    elif kind == "broadcast":  # the root sends every copy (gloo), or each rank forwards one (pipeline)
+        on_link = n * wire if broadcast == "root" else n * wire / (n - 1)
+    else:
+        on_link = wire
     return LATENCY_STEPS[kind](n) * link.latency + on_link / link.bytes_per_second
 
 
@@ -90,7 +100,7 @@ def seconds(kind, nbytes, cluster, members=None, wire=None):
         raise ValueError(f"collective kind must be one of {list(KINDS)}, got {kind!r}")
     n = cluster.ranks if members is None else members
     if n <= cluster.ranks_per_node:
-        return _flat(kind, nbytes, n, cluster.intra, cluster.shared, wire)
+        return _flat(kind, nbytes, n, cluster.intra, cluster.shared, wire, cluster.broadcast)
     per_node, nodes = cluster.ranks_per_node, n // cluster.ranks_per_node
     if cluster.hierarchical and kind in ("allreduce", "allgather") and per_node > 1:
         # inside every node at once: on a shared medium the nodes' rings add up
@@ -100,6 +110,7 @@ def seconds(kind, nbytes, cluster, members=None, wire=None):
             return inside + _flat("allreduce", nbytes, nodes, cluster.inter, cluster.shared)
         gathered = nbytes * per_node  # a node's payloads, gathered inside it, cross as one block
         inside = (_flat("allgather", nbytes, per_node, cluster.intra, cluster.shared)
-                  + _flat("broadcast", gathered * (nodes - 1), per_node, cluster.intra, cluster.shared)) * inside_scale
+                  + _flat("broadcast", gathered * (nodes - 1), per_node, cluster.intra, cluster.shared,
+                          broadcast=cluster.broadcast)) * inside_scale
         return inside + _flat("allgather", gathered, nodes, cluster.inter, cluster.shared)
-    return _flat(kind, nbytes, n, cluster.inter, cluster.shared, wire)
+    return _flat(kind, nbytes, n, cluster.inter, cluster.shared, wire, cluster.broadcast)

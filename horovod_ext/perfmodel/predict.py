@@ -25,12 +25,13 @@ THROUGHPUT = {"ternary": (0.42e9, 1.1e9, "ranks"),              # 1.6-1.8 GB/s e
               "adaptive_topk": (0.65e9, 4e9, "ranks")}
 
 
-def compression_seconds_of(method, elements, ranks):
-    """Seconds a rank spends in the method's kernels per step, from THROUGHPUT (0 for methods without any)."""
+def compression_seconds_of(method, elements, ranks, kernel_speedup=1.0):
+    """Seconds a rank spends in the method's kernels per step, from THROUGHPUT divided by kernel_speedup (how much
+    faster your kernels run than one CPU thread of the CI machine; 0 for methods without kernels)."""
     if method not in THROUGHPUT:
         return 0.0
     encode, decode, payloads = THROUGHPUT[method]
-    return elements / encode + (ranks if payloads == "ranks" else payloads) * elements / decode
+    return (elements / encode + (ranks if payloads == "ranks" else payloads) * elements / decode) / kernel_speedup
 
 
 @dataclass
@@ -53,12 +54,13 @@ def _check_seconds(name, value):
     return float(value)
 
 
-def step_of(method, shapes, compute_seconds, cluster, compression_seconds=None, overlap=0.0, **arguments):
+def step_of(method, shapes, compute_seconds, cluster, compression_seconds=None, overlap=0.0, kernel_speedup=1.0,
+            **arguments):
     """The Prediction of one method, without speed-ups. compression_seconds: None takes THROUGHPUT's."""
     compute = _check_seconds("compute_seconds", compute_seconds)
     if compression_seconds is None:
         elements = sum(math.prod(s) if isinstance(s, tuple) else int(s) for s in shapes)
-        compression_seconds = compression_seconds_of(method, elements, cluster.ranks)
+        compression_seconds = compression_seconds_of(method, elements, cluster.ranks, kernel_speedup)
     compression = _check_seconds("compression_seconds", compression_seconds)
     if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0.0 <= overlap <= 1.0:
         raise ValueError(f"overlap must be a fraction of compute in [0, 1], got {overlap!r}")
@@ -73,10 +75,12 @@ def step_of(method, shapes, compute_seconds, cluster, compression_seconds=None, 
                       wire_bytes_per_step(transfers), rows)
 
 
-def predict(method, shapes, compute_seconds, cluster, compression_seconds=None, overlap=0.0, **arguments):
+def predict(method, shapes, compute_seconds, cluster, compression_seconds=None, overlap=0.0, kernel_speedup=1.0,
+            **arguments):
     """The step time of `method` for a model with tensors of `shapes` (tuples; or sizes), `compute_seconds` of
     forward and backward per step, on `cluster`, with its speed-up over dense and over fp16."""
-    out = step_of(method, shapes, compute_seconds, cluster, compression_seconds, overlap, **arguments)
+    out = step_of(method, shapes, compute_seconds, cluster, compression_seconds, overlap, kernel_speedup,
+                  **arguments)
     for baseline in ("dense", "fp16"):
         base = step_of(baseline, shapes, compute_seconds, cluster, 0.0, overlap)
         setattr(out, f"speedup_over_{baseline}", base.step_seconds / out.step_seconds if out.step_seconds else None)

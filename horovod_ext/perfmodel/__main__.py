@@ -1,0 +1,110 @@
+"""python -m horovod_ext.perfmodel --model resnet50|vgg16|bert-base|<shapes file>
+
+Prints, for each link, the speed-up over dense (float32 allreduce) of every compressor and optimizer at 2 ... 1024
+ranks, with the step time at the largest, and writes TernGrad-style plots (speed-up against ranks, one line per
+method, one panel per link). Compute per step: --compute-seconds, else the model file's assumed value."""
+import argparse
+import sys
+
+from .catalog import NAMES, load
+from .collectives import Cluster, Link
+from .plans import METHODS
+from .predict import predict
+
+RANKS = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+
+
+def _numbers(text, kind):
+    try:
+        return [kind(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of numbers, got {text!r}") from None
+
+
+def speedups(model, compute, gbits, ranks, latency, per_node, methods, hierarchical=False, kernel_speedup=1.0):
+    """{gbit: {method: [Prediction per rank count]}}."""
+    out = {}
+    for gbit in gbits:
+        out[gbit] = {m: [] for m in methods}
+        for n in ranks:
+            g = min(per_node, n) if per_node else n
+            cluster = Cluster(n, Link(gbit, latency), intra=Link(max(gbit, 100.0), latency), ranks_per_node=g,
+                              hierarchical=hierarchical)
+            for m in methods:
+                out[gbit][m].append(predict(m, model["shapes"], compute, cluster, kernel_speedup=kernel_speedup))
+    return out
+
+
+def markdown(model, compute, results, ranks):
+    lines = [f"{model['name']}: {model['parameters'] / 1e6:.1f}M parameters in {len(model['shapes'])} tensors, "
+             f"compute {compute * 1e3:.0f} ms per step. Speed-up over dense (float32 ring allreduce); the last "
+             f"column is the step time at {ranks[-1]} ranks."]
+    for gbit, by_method in results.items():
+        lines += ["", f"{gbit:g} Gbit/s:", "",
+                  "| method | " + " | ".join(str(n) for n in ranks) + f" | step ms at {ranks[-1]} |",
+                  "|---" * (len(ranks) + 2) + "|"]
+        order = sorted(by_method, key=lambda m: by_method[m][-1].step_seconds)
+        for m in order:
+            row = by_method[m]
+            lines.append(f"| {m} | " + " | ".join(f"{p.speedup_over_dense:.2f}" for p in row)
+                         + f" | {row[-1].step_seconds * 1e3:.0f} |")
+    return "\n".join(lines)
+
+
+def plot(model, results, ranks, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
+    for ax, (gbit, by_method) in zip(axes[0], results.items()):
+        for m, row in by_method.items():
+            ax.plot(ranks, [p.speedup_over_dense for p in row], marker="o", markersize=3, label=m)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set(title=f"{model['name']}, {gbit:g} Gbit/s", xlabel="ranks", ylabel="speed-up over dense", xscale="log",
+               yscale="log")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m horovod_ext.perfmodel", description=__doc__.split("\n")[2])
+    parser.add_argument("--model", required=True, help=f"one of {', '.join(NAMES)}, or a file of tensor shapes")
+    parser.add_argument("--compute-seconds", type=float, help="forward + backward per step (default: the model's)")
+    parser.add_argument("--gbit", type=lambda t: _numbers(t, float), default=[1.0, 10.0, 100.0])
+    parser.add_argument("--ranks", type=lambda t: _numbers(t, int), default=RANKS)
+    parser.add_argument("--ranks-per-node", type=int, default=8, help="0: every rank on its own node")
+    parser.add_argument("--latency", type=float, default=50e-6, help="seconds per message (inter-node)")
+    parser.add_argument("--hierarchical", action="store_true", help="Horovod's hierarchical allreduce/allgather")
+    parser.add_argument("--methods", type=lambda t: t.split(","), default=sorted(METHODS))
+    parser.add_argument("--kernel-speedup", type=float, default=1.0,
+                        help="how much faster your compression kernels run than one CPU thread of the machine "
+                             "perfmodel.THROUGHPUT was measured on (a GPU: 50-100)")
+    parser.add_argument("--plot", metavar="PNG", help="write the speed-up plot there")
+    args = parser.parse_args(argv)
+    try:
+        model = load(args.model)
+    except ValueError as exc:
+        parser.error(str(exc))
+    unknown = [m for m in args.methods if m not in METHODS]
+    if unknown:
+        parser.error(f"--methods: unknown {unknown}; allowed values are {', '.join(sorted(METHODS))}")
+    compute = args.compute_seconds if args.compute_seconds is not None else model["compute_seconds"]
+    if compute is None:
+        parser.error(f"--compute-seconds is needed: {args.model} does not give a compute time")
+    per_node = args.ranks_per_node or 1
+    results = speedups(model, compute, args.gbit, args.ranks, args.latency, per_node, args.methods,
+                       args.hierarchical, args.kernel_speedup)
+    print(markdown(model, compute, results, args.ranks))
+    if model.get("compute_note") and args.compute_seconds is None:
+        print(f"\ncompute: {model['compute_note']}")
+    if args.plot:
+        plot(model, results, args.ranks, args.plot)
+        print(f"\nwritten: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
