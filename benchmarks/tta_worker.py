@@ -25,7 +25,11 @@ METHODS = {"dense": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compressio
            "topk-10x": lambda: hvd.Compression.topk(ratio=0.1), "topk-100x": lambda: hvd.Compression.topk(ratio=0.01),
            "topk-1000x": lambda: hvd.Compression.topk(ratio=0.001),
            "adaptive_topk": lambda: hvd.Compression.adaptive_topk,  # GraVAC at its defaults
-           "ternary": lambda: hvd.Compression.ternary}
+           "ternary": lambda: hvd.Compression.ternary,
+           # the fixed packing perfmodel plans (benchmarks/perfmodel_validation.py)
+           "ternary-base3": lambda: hvd.Compression.ternary(packing="base3"),
+           "ternary-2phase": lambda: hvd.Compression.ternary(packing="base3", shared_scale=True,
+                                                             transport="two_phase")}
 OPTIMIZERS = {"lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups=None),
               "multi_lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups="node"),
               "easgd": lambda opt, named: hvd.ElasticAveragingOptimizer(opt, named),
@@ -107,7 +111,8 @@ def main():
         result.update(payload_bytes=total["payload_bytes"] / steps, wire_bytes=total["wire_bytes"] / steps,
                       cf_log=[e["cf"] for e in stats.get("log", [])],
                       throughput={str(k): v for k, v in stats.get("throughput", {}).items()},
-                      theta_ideal=stats.get("theta_ideal"), comm_seconds=total["comm_seconds"] / steps)
+                      theta_ideal=stats.get("theta_ideal"), comm_seconds=total["comm_seconds"] / steps,
+                      compression_seconds=(total["compress_seconds"] + total["decompress_seconds"]) / steps)
     result["dense_bytes"] = 4 * result["parameters"]
     if hvd.rank() == 0:
         with open(args.json, "w") as f:

@@ -11,7 +11,7 @@ EXPECTED = {"kernels": ["kernels_speedup.png"], "tf_kernels": ["tf_kernels_speed
             "gpu_kernels": ["gpu_kernels.png"], "wire": ["wire_bytes.png"], "coding": ["coding_bits.png"],
             "link": ["link_step_seconds.png"], "tta": ["tta_accuracy.png", "tta_cf.png"],
             "gravac": ["gravac_cf.png", "gravac_cnn_2_accuracy.png"],
-            "soak": ["soak_rss_growth.png"]}
+            "perfmodel": ["perfmodel_resnet50.png"], "soak": ["soak_rss_growth.png"]}
 
 
 def test_quick_benchmarks_write_json_tables_and_plots(tmp_path):
@@ -23,7 +23,7 @@ def test_quick_benchmarks_write_json_tables_and_plots(tmp_path):
     for name, plots in EXPECTED.items():
         line = next(l for l in proc.stdout.splitlines() if l.startswith(f"[run] {name}:"))
         if "skipped" in line:  # no namespace here (not root), or no GPU: a reason, not a crash
-            assert (name in ("link", "tta", "gravac") and ("namespace" in line or "root" in line)) or \
+            assert (name in ("link", "tta", "gravac", "perfmodel") and ("namespace" in line or "root" in line)) or \
                 (name == "gpu_kernels" and ("GPU" in line or "without CUDA" in line)), line
             continue
         assert ": ok in" in line, line

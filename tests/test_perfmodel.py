@@ -167,3 +167,41 @@ def test_tensorflow_project_takes_the_model_and_needs_compute_seconds():
         tf_project(Stats(), 8, 10, compute_seconds=0.1)
     predictions = tf_project(Stats(), 8, 10, model=model, compute_seconds=0.1)
     assert predictions["dense"].wire_bytes == pytest.approx(allreduce_wire_bytes(4 * (64 * 512 + 512 + 5120 + 10), 8))
+
+
+# ------------------------------------------------------------------------------------------- models and command
+def test_named_models_ship_their_published_parameter_counts():
+    from horovod_ext.perfmodel import catalog
+
+    counts = {name: catalog.load(name)["parameters"] for name in catalog.NAMES}
+    assert counts == {"bert-base": 109_482_240, "resnet50": 25_557_032, "vgg16": 138_357_544}
+    assert len(catalog.load("resnet50")["shapes"]) == 161  # torchvision's parameter tensors
+
+
+def test_shapes_files_and_models(tmp_path):
+    import torch
+
+    from horovod_ext.perfmodel import catalog, shapes_of
+
+    text = tmp_path / "shapes.txt"
+    text.write_text("# my model\n512,64\n512\n10x512\n")
+    assert catalog.load(str(text))["shapes"] == [(512, 64), (512,), (10, 512)]
+    with pytest.raises(ValueError, match="model must be one of"):
+        catalog.load("alexnet")
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    net[1].bias.requires_grad_(False)
+    assert shapes_of(net) == [(3, 4), (3,), (2, 3)] and shapes_of([7, (2, 3)]) == [(7,), (2, 3)]
+    with pytest.raises(ValueError, match="torch.nn.Module, a Keras model or a list"):
+        shapes_of(3.5)
+
+
+def test_command_prints_speedups_and_plots(tmp_path, capsys):
+    from horovod_ext.perfmodel.__main__ import main
+
+    png = tmp_path / "vgg.png"
+    assert main(["--model", "vgg16", "--ranks", "8,64,1024", "--gbit", "1,10", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "1 Gbit/s" in out and "10 Gbit/s" in out and "| dense | 1.00 | 1.00 | 1.00 |" in out
+    assert all(f"| {m} |" in out for m in METHODS) and png.stat().st_size > 5000
+    with pytest.raises(SystemExit):
+        main(["--model", "vgg16", "--methods", "dense,zip"])
