@@ -15,6 +15,7 @@ from horovod_ext.compression.plan import k_of
 from horovod_ext.compression.sparse_reduce import planned_bytes as sparse_planned_bytes
 from horovod_ext.compression.two_phase import PACKING_IDS, TwoPhasePlan
 from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes, broadcast_wire_bytes
+from horovod_ext.consensus import LeaderSync
 
 TERNARY_MIN_SIZE = 1024  # Compression.ternary's default min_size: smaller tensors travel dense
 
@@ -85,24 +86,36 @@ def adaptive_topk(sizes, n, cf=10.0, **kw):
     return topk(sizes, n, ratio=1.0 / cf, **kw) + [_allreduce(32, n)]
 
 
+def _leader_plan(sync, sizes, n, node_keys):
+    """LSGD's transfers from LeaderSync's own schedule (due, transfer_levels), over one cycle of its longest
+    period: the 16-byte loss exchange at every election, one broadcast per distinct transfer (rank 0's view)."""
+    sync.configure(node_keys, 0)
+    cycle = max(level.period for level in sync.levels)
+    p = 4 * sum(sizes)
+    out = []
+    for step in range(1, cycle + 1):
+        due = sync.due(step)
+        if due:
+            out.append(Transfer("allgather", 16, allgather_wire_bytes(16, n), every=cycle))
+        for name, source in sync.transfer_levels(due).items():
+            if source.name == name:
+                m = len(source.members)
+                out.append(Transfer("broadcast", p, broadcast_wire_bytes(p, m), members=None if m == n else m,
+                                    every=cycle))
+    return out
+
+
 def lsgd(sizes, n, period=4, **_):
     """Single-leader LSGD: per period, the 16-byte loss exchange and one broadcast of the leader's parameters."""
-    p = 4 * sum(sizes)
-    return [Transfer("allgather", 16, allgather_wire_bytes(16, n), every=period),
-            Transfer("broadcast", p, broadcast_wire_bytes(p, n), every=period)]
+    return _leader_plan(LeaderSync(period=period, groups=None, size=n), sizes, n, ["node"] * n)
 
 
 def multi_lsgd(sizes, n, period=4, global_period=16, ranks_per_node=None, **_):
     """Multi-leader LSGD, one group per node: the group leader's broadcast every period, the global leader's
     every global_period (one broadcast serves both where a node holds every rank)."""
     g = n if ranks_per_node is None else ranks_per_node
-    p = 4 * sum(sizes)
-    out = [Transfer("allgather", 16, allgather_wire_bytes(16, n), every=period)]
-    if g > 1:
-        out.append(Transfer("broadcast", p, broadcast_wire_bytes(p, g), members=g, every=period))
-    if g < n:
-        out.append(Transfer("broadcast", p, broadcast_wire_bytes(p, n), every=global_period))
-    return out
+    sync = LeaderSync(period=period, global_period=global_period, groups="node", size=n)
+    return _leader_plan(sync, sizes, n, [f"node{r // g}" for r in range(n)])
 
 
 def easgd(sizes, n, period=4, **_):
