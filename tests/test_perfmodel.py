@@ -11,6 +11,7 @@ from horovod_ext.compression.two_phase import TwoPhasePlan, allgather_transport_
 from horovod_ext.compression.wire import allreduce_wire_bytes
 from horovod_ext.consensus import ElasticSync, LeaderSync
 from horovod_ext.perfmodel import METHODS, Cluster, Link, plan, predict, seconds, wire_bytes_per_step
+from horovod_ext.perfmodel.project import compute_seconds_of
 
 SHAPES = [(512, 64), (512,), (256, 512), (256,), (10, 256), (10,)]
 SIZES = [math.prod(s) for s in SHAPES]
@@ -149,6 +150,30 @@ def test_project_from_a_running_job(counted):
         p = r["project"]
         assert p["methods"] == sorted(METHODS) and p["finite"] and p["dense_speedup"] == pytest.approx(1.0)
         assert 0 < p["compute"] <= p["step"]
+
+
+def test_compute_seconds_are_each_steps_interval_less_what_it_spent(monkeypatch):
+    """A step whose collective waited long counts its own wait, not the run's mean: the median of the differences,
+    never more than a step, never below 0; unknown where seconds are not measured (TensorFlow)."""
+    import horovod_ext.compression.stats as stats_module
+
+    clock = iter([0.0, 0.1, 0.2, 1.3, 1.4, 1.5])  # step ends; the fourth step waited 1.0 s on its collective
+    spent = [0.0, 0.05, 0.05, 1.0, 0.05, 0.05]
+    monkeypatch.setattr(stats_module.time, "perf_counter", lambda: next(clock))
+    timed, untimed = CompressionStats("x"), CompressionStats("x", timed=False)
+    for seconds in spent:
+        for stats in (timed, untimed):
+            stats.add(comm_seconds=seconds * 0.6, compress_seconds=seconds * 0.3, decompress_seconds=seconds * 0.1)
+        timed.end_step()
+        monkeypatch.setattr(stats_module.time, "perf_counter", lambda t=timed._ended_at: t)
+        untimed.end_step()
+        monkeypatch.setattr(stats_module.time, "perf_counter", lambda: next(clock))
+    assert timed.step_seconds() == pytest.approx(0.1)
+    assert timed.compute_seconds() == pytest.approx(0.05)  # the mean wait (0.25 s) would leave nothing
+    assert timed.as_dict()["compute_seconds"] == pytest.approx(0.05) and untimed.compute_seconds() is None
+    with pytest.raises(ValueError, match="pass compute_seconds"):
+        compute_seconds_of(untimed.as_dict())
+    assert compute_seconds_of(timed.as_dict()) == pytest.approx(0.05)
 
 
 def test_tensorflow_project_takes_the_model_and_needs_compute_seconds():

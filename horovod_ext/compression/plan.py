@@ -134,8 +134,7 @@ class Linear(Method):
 
     def launch(self, be, item):
         item.kind = "linear"
-        with be.timed("compress_seconds"):
-            item.future = be.allreduce_grad(item, be.name("hvdext", item), compression=self.spec)
+        item.future = be.allreduce_grad(item, be.name("hvdext", item), compression=self.spec)  # times compress()
         count_dense(be, item)
         sent = item.payload_bytes  # what compress() made of it, measured by allreduce_grad
         be.count(payload_bytes=sent, wire_bytes=allreduce_wire_bytes(sent, be.nranks))
@@ -197,7 +196,7 @@ class Allgather(Method):
             payload, remainder = self.codec.encode(be, item, flat, want_remainder=self.feedback is not None)
             if self.feedback is not None:
                 self.feedback.keep(be, item, remainder, flat, payload)
-            self._gather(be, item, payload)
+        self._gather(be, item, payload)
         return item
 
     def _gather(self, be, item, payload):

@@ -136,7 +136,8 @@ class SparseReduce:
         kept = sum(be.size(idx) for idx in indices)
         with be.timed("compress_seconds"):
             positions = be.concat([idx + offset for idx, offset in zip(indices, offsets)])
-            bounds, rebalance_bytes = self._bounds(be, positions, kept, offsets[-1], tag)
+        bounds, rebalance_bytes = self._bounds(be, positions, kept, offsets[-1], tag)  # may wait on an allreduce
+        with be.timed("compress_seconds"):
             payload, region_bytes = k.topk_encode_regions([item.flat for item in items], positions, bounds,
                                                           self.codec.value_type)
         received = be.wait(be.alltoall(payload, region_bytes, be.step_name(f"topk.{tag}.sparse_reduce.alltoall")))

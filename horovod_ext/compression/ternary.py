@@ -106,11 +106,11 @@ class TernaryMethod(Allgather):
                 self._two_phase(be, compressed)
                 compressed = []
             else:
-                with be.timed("compress_seconds"):
-                    for item in compressed:
+                for item in compressed:
+                    with be.timed("compress_seconds"):
                         payload, _ = self.codec.encode(be, item, item.flat)
                         self._keep(be, item, payload)
-                        self._gather(be, item, payload)
+                    self._gather(be, item, payload)
         DenseSplit.finish(be, [i for i in items if i.kind == "small"])
         self.decode_all(be, compressed)
 

@@ -240,13 +240,13 @@ class AdaptiveTopKMethod(SparseTransport, Method):
                 be, items, [item.candidates[which] for item in items], tag)
             return averages + [be.no_flag() for _ in items] + [be.stack([payload_bytes, wire_bytes], "float64")]
         sent, nbytes = [], []
-        with be.timed("compress_seconds"):
-            for item in items:
-                idx = item.candidates[which]
+        for item in items:
+            idx = item.candidates[which]
+            with be.timed("compress_seconds"):
                 payload, remainder = self.codec.extract(be, item.flat, idx)
                 self.feedback.keep(be, item, remainder)
-                nbytes.append(be.size(payload))
-                sent.append((item, be.size(idx), be.allgather(payload, be.name(f"topk.{tag}", item))))
+            nbytes.append(be.size(payload))
+            sent.append((item, be.size(idx), be.allgather(payload, be.name(f"topk.{tag}", item))))
         averages, flags = [], []
         for item, count, future in sent:
             gathered = be.wait(future)

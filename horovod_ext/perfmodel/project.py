@@ -25,15 +25,14 @@ def shapes_of(model):
 
 
 def compute_seconds_of(stats):
-    """A job's compute per step: its median step time less the seconds per step it spent compressing,
-    decompressing and waiting on communication (compression_stats())."""
-    step, steps = stats.get("step_seconds"), max(stats.get("steps", 0), 1)
-    if step is None:
-        raise ValueError("project needs a job that has taken at least two steps (compression_stats()['step_seconds'] "
-                         "is None); or pass compute_seconds")
-    total = stats["total"]
-    spent = (total.get("comm_seconds", 0) + total.get("compress_seconds", 0) + total.get("decompress_seconds", 0))
-    return max(step - spent / steps, 0.0)
+    """A job's compute per step: compression_stats()["compute_seconds"], the median over its recent steps of the
+    step's wall-clock interval less the seconds that step spent compressing, decompressing and waiting on
+    communication."""
+    compute = stats.get("compute_seconds")
+    if compute is None:
+        raise ValueError("project needs a job that has taken at least two steps with measured seconds "
+                         "(compression_stats()['compute_seconds'] is None); or pass compute_seconds")
+    return compute
 
 
 def project(shapes, stats, ranks, gbit, latency=DEFAULT_LATENCY, ranks_per_node=None, intra_gbit=None,

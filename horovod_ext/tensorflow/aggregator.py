@@ -77,7 +77,8 @@ class GradientAggregator(tf.Module):
             self.regions_state = tf.Variable("", dtype=tf.string, trainable=False, name="regions_state")
         self.residuals = {}  # error feedback's tf.Variables, by tensor name (tracked for tf.train.Checkpoint)
         self._agreed = None
-        self.stats = CompressionStats(getattr(compression, "name", getattr(compression, "__name__", "custom")))
+        self.stats = CompressionStats(getattr(compression, "name", getattr(compression, "__name__", "custom")),
+                                      timed=False)
         self.backend = TFBackend(self, process_set, op, self.predivide, self.stats)
         self.backend.host_state_hooks = {"controller": (self._sync_controller, self._save_controller),
                                          "regions": (self._sync_regions, self._save_regions)}

@@ -64,7 +64,7 @@ class _SyncState(tf.Module):
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="loss_sum")
             self.loss_count = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="loss_count")
-        self.stats = CompressionStats(self.what)
+        self.stats = CompressionStats(self.what, timed=False)
         self.variables_seen = None
 
     def report_loss(self, loss):

@@ -140,7 +140,11 @@ class TorchBackend:
 
     def allreduce_grad(self, item, name, compression=None):
         compression = compression or hvd.Compression.none
-        compressed, ctx = compression.compress(item.grad)
+        if compression is hvd.Compression.none:
+            compressed, ctx = compression.compress(item.grad)
+        else:
+            with self.timed("compress_seconds"):
+                compressed, ctx = compression.compress(item.grad)
         item.payload_bytes = compressed.numel() * compressed.element_size()
         handle = hvd.allreduce_async_(compressed, name=name, op=self.grad_op, prescale_factor=self.prescale,
                                       postscale_factor=self.postscale, process_set=self.process_set)
