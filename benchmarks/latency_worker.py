@@ -1,5 +1,7 @@
 """Runs under horovodrun: the mean seconds of a 4-byte allreduce (after a warm-up), from which
-perfmodel_validation.py takes the link's per-message latency alpha = t / (2 (N-1)), a measured input of the model."""
+benchmarks/perfmodel.py takes the link's per-message latency alpha = t / (2 (N-1)), and of a 4 MB allreduce, from
+which it takes the bandwidth the ranks get together on the one shared loopback: N * 2 (N-1)/N * b / (t - t_4), in
+Gbit/s. Both are measured inputs of the model, never fitted to the step times it predicts."""
 import argparse
 import json
 import time
@@ -13,6 +15,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", required=True)
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--large-repeats", type=int, default=3)
     args = parser.parse_args()
     hvd.init()
     x = torch.zeros(1)
@@ -22,10 +25,18 @@ def main():
     for i in range(args.repeats):
         hvd.allreduce(x, name="probe")
     seconds = (time.perf_counter() - start) / args.repeats
+    n, large = hvd.size(), torch.zeros(2 ** 20)  # 4 MB
+    hvd.allreduce(large, name="warm.large")
+    start = time.perf_counter()
+    for i in range(args.large_repeats):
+        hvd.allreduce(large, name="probe.large")
+    large_seconds = (time.perf_counter() - start) / args.large_repeats
+    shared_wire = n * 2 * (n - 1) / n * large.numel() * 4  # every rank's ring bytes, on the one medium
     if hvd.rank() == 0:
         with open(args.json, "w") as f:
-            json.dump({"ranks": hvd.size(), "allreduce_4_bytes_seconds": seconds,
-                       "alpha": seconds / (2 * (hvd.size() - 1))}, f)
+            json.dump({"ranks": n, "allreduce_4_bytes_seconds": seconds, "alpha": seconds / (2 * (n - 1)),
+                       "allreduce_4_mb_seconds": large_seconds,
+                       "gbit": 8 * shared_wire / max(large_seconds - seconds, 1e-9) / 1e9}, f)
 
 
 if __name__ == "__main__":

@@ -84,6 +84,8 @@ def test_limits(method):
     ideal = Cluster(8, Link(math.inf), ranks_per_node=4)
     p = predict(method, SHAPES, 0.05, ideal, compression_seconds=0.01)
     assert p.step_seconds == pytest.approx(0.06) and p.communication_seconds == 0.0  # compute + compression
+    p = predict(method, SHAPES, 0.05, ideal, compression_seconds=0.01, overhead_seconds=0.003)
+    assert p.step_seconds == pytest.approx(0.063) and p.overhead_seconds == 0.003  # a measured overhead adds
     slow = Cluster(8, Link(0.1, 1e-4), ranks_per_node=4)
     p = predict(method, SHAPES, 0.0, slow, compression_seconds=0.0)
     assert p.step_seconds == pytest.approx(p.communication_seconds) and p.step_seconds > 0  # communication alone
@@ -124,6 +126,7 @@ def test_collective_formulas_and_topologies():
     (lambda: predict("zip", SHAPES, 0.1, Cluster(2, Link(1))), "method must be one of"),
     (lambda: predict("dense", SHAPES, -1, Cluster(2, Link(1))), "compute_seconds must be seconds >= 0"),
     (lambda: predict("dense", SHAPES, 0.1, Cluster(2, Link(1)), overlap=2), "overlap must be a fraction"),
+    (lambda: predict("dense", SHAPES, 0.1, Cluster(2, Link(1)), overhead_seconds=-1), "overhead_seconds must be"),
     (lambda: seconds("reduce", 1, Cluster(2, Link(1))), "collective kind must be one of")])
 def test_bad_arguments_name_the_argument(bad, fragment):
     with pytest.raises(ValueError, match=fragment):
@@ -192,6 +195,8 @@ def test_tensorflow_project_takes_the_model_and_needs_compute_seconds():
         tf_project(Stats(), 8, 10, compute_seconds=0.1)
     predictions = tf_project(Stats(), 8, 10, model=model, compute_seconds=0.1)
     assert predictions["dense"].wire_bytes == pytest.approx(allreduce_wire_bytes(4 * (64 * 512 + 512 + 5120 + 10), 8))
+    slower = tf_project(Stats(), 8, 10, model=model, compute_seconds=0.1, overhead_seconds=0.01)
+    assert slower["dense"].step_seconds == pytest.approx(predictions["dense"].step_seconds + 0.01)
 
 
 # ------------------------------------------------------------------------------------------- models and command

@@ -1,13 +1,16 @@
 """Step time of a method on a cluster (framework-free): TernGrad's performance model, with each transport's byte
 plan and the alpha-beta time of its collectives.
 
-    step = compute + max(0, communication + compression - overlap * compute)
+    step = compute + overhead + max(0, communication + compression - overlap * compute)
 
 communication is the sum over the step's collectives (plans.py) of their alpha-beta time (collectives.py), each
 periodic one divided by its period; compression is the seconds the method's kernels take per step (measured, or
 from the kernels' throughput: THROUGHPUT); overlap is the fraction of compute that communication can run behind (Horovod starts a
 gradient's collective during backward: about backward's share for allreduce and allgather methods; 0 measures the
-worst case). Speed-ups compare with dense (float32 allreduce) and fp16 on the same cluster and compute.
+worst case); overhead is the per-step cost none of these terms hold: the framework's and Horovod's own work per
+step (negotiating each collective, the background thread's cycle, copies into the fusion buffer), which on a
+loaded host can exceed alpha's share. It is 0 unless measured: a method's step on a fast link less its compute,
+compression and the communication predicted for that link. Speed-ups compare with dense (float32 allreduce) and fp16 on the same cluster and compute.
 """
 import math
 from dataclasses import dataclass, field
@@ -44,6 +47,7 @@ class Prediction:
     compression_seconds: float
     wire_bytes: float
     transfers: list = field(default_factory=list)  # [{kind, members, every, wire_bytes, seconds}]
+    overhead_seconds: float = 0.0
     speedup_over_dense: float = None
     speedup_over_fp16: float = None
 
@@ -55,9 +59,10 @@ def _check_seconds(name, value):
 
 
 def step_of(method, shapes, compute_seconds, cluster, compression_seconds=None, overlap=0.0, kernel_speedup=1.0,
-            **arguments):
+            overhead_seconds=0.0, **arguments):
     """The Prediction of one method, without speed-ups. compression_seconds: None takes THROUGHPUT's."""
     compute = _check_seconds("compute_seconds", compute_seconds)
+    overhead = _check_seconds("overhead_seconds", overhead_seconds)
     if compression_seconds is None:
         elements = sum(math.prod(s) if isinstance(s, tuple) else int(s) for s in shapes)
         compression_seconds = compression_seconds_of(method, elements, cluster.ranks, kernel_speedup)
@@ -70,17 +75,18 @@ def step_of(method, shapes, compute_seconds, cluster, compression_seconds=None, 
     rows = [{"kind": t.kind, "members": t.members or cluster.ranks, "every": t.every, "wire_bytes": t.wire,
              "seconds": seconds(t.kind, t.payload, cluster, t.members, wire=t.wire) / t.every} for t in transfers]
     communication = sum(r["seconds"] for r in rows)
-    step = compute + max(0.0, communication + compression - overlap * compute)
+    step = compute + overhead + max(0.0, communication + compression - overlap * compute)
     return Prediction(method, cluster.ranks, step, compute, communication, compression,
-                      wire_bytes_per_step(transfers), rows)
+                      wire_bytes_per_step(transfers), rows, overhead)
 
 
 def predict(method, shapes, compute_seconds, cluster, compression_seconds=None, overlap=0.0, kernel_speedup=1.0,
-            **arguments):
+            overhead_seconds=0.0, **arguments):
     """The step time of `method` for a model with tensors of `shapes` (tuples; or sizes), `compute_seconds` of
-    forward and backward per step, on `cluster`, with its speed-up over dense and over fp16."""
+    forward and backward per step, on `cluster`, with its speed-up over dense and over fp16 (which take no
+    overhead: pass theirs through step_of where it is measured)."""
     out = step_of(method, shapes, compute_seconds, cluster, compression_seconds, overlap, kernel_speedup,
-                  **arguments)
+                  overhead_seconds, **arguments)
     for baseline in ("dense", "fp16"):
         base = step_of(baseline, shapes, compute_seconds, cluster, 0.0, overlap)
         setattr(out, f"speedup_over_{baseline}", base.step_seconds / out.step_seconds if out.step_seconds else None)

@@ -36,15 +36,20 @@ def compute_seconds_of(stats):
 
 
 def project(shapes, stats, ranks, gbit, latency=DEFAULT_LATENCY, ranks_per_node=None, intra_gbit=None,
-            methods=None, compute_seconds=None, overlap=0.0, hierarchical=False):
+            methods=None, compute_seconds=None, overlap=0.0, hierarchical=False,
+            overhead_seconds=0.0):
     """{method: Prediction} at `ranks` ranks on `gbit` Gbit/s links (inter-node; intra_gbit inside a node,
-    default the same), from a job's tensor shapes and compression_stats(). methods: default every one."""
+    default the same), from a job's tensor shapes and compression_stats(). methods: default every one.
+    overhead_seconds: a per-step software cost added to every method (predict.py), e.g. the job's own step on its
+    link less its compute and the communication the model gives that link; it is the job's method's, and others'
+    differ (benchmarks/RESULTS.md measured 3-210 ms across methods on one 2-core host)."""
     compute = compute_seconds_of(stats) if compute_seconds is None else compute_seconds
     intra = Link(intra_gbit, latency) if intra_gbit is not None else None
     cluster = Cluster(ranks, Link(gbit, latency), intra=intra, ranks_per_node=ranks_per_node,
                       hierarchical=hierarchical)
     names = sorted(METHODS) if methods is None else list(methods)
-    return {name: predict(name, shapes, compute, cluster, overlap=overlap) for name in names}
+    return {name: predict(name, shapes, compute, cluster, overlap=overlap, overhead_seconds=overhead_seconds)
+            for name in names}
 
 
 def table(predictions):

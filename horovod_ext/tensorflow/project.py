@@ -6,7 +6,7 @@ from horovod_ext.perfmodel.project import project as perfmodel_project
 
 
 def project(optimizer, ranks, gbit, latency=DEFAULT_LATENCY, ranks_per_node=None, intra_gbit=None, methods=None,
-            compute_seconds=None, overlap=0.0, hierarchical=False, model=None):
+            compute_seconds=None, overlap=0.0, hierarchical=False, overhead_seconds=0.0, model=None):
     """horovod_ext.torch.project's arguments and result. optimizer: anything with compression_stats() (the
     Keras DistributedOptimizer, DistributedGradientTape, LeaderOptimizer); model: its Keras model (default the
     variables a Keras optimizer trains)."""
@@ -17,4 +17,5 @@ def project(optimizer, ranks, gbit, latency=DEFAULT_LATENCY, ranks_per_node=None
     shapes = shapes_of(model) if model is not None else [tuple(int(d) for d in v.shape) for v in variables]
     return perfmodel_project(shapes, optimizer.compression_stats(), ranks, gbit, latency=latency,
                              ranks_per_node=ranks_per_node, intra_gbit=intra_gbit, methods=methods,
-                             compute_seconds=compute_seconds, overlap=overlap, hierarchical=hierarchical)
+                             compute_seconds=compute_seconds, overlap=overlap, hierarchical=hierarchical,
+                             overhead_seconds=overhead_seconds)
