@@ -11,6 +11,16 @@ import torch
 import horovod_ext.torch as hvd
 
 
+def allreduce_seconds(x, name, warmups, repeats):
+    """The mean seconds of an allreduce of x, after `warmups` untimed ones."""
+    for _ in range(warmups):
+        hvd.allreduce(x, name=f"warm.{name}")
+    start = time.perf_counter()
+    for _ in range(repeats):
+        hvd.allreduce(x, name=name)
+    return (time.perf_counter() - start) / repeats
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", required=True)
@@ -18,19 +28,9 @@ def main():
     parser.add_argument("--large-repeats", type=int, default=3)
     args = parser.parse_args()
     hvd.init()
-    x = torch.zeros(1)
-    for i in range(20):
-        hvd.allreduce(x, name="warm")
-    start = time.perf_counter()
-    for i in range(args.repeats):
-        hvd.allreduce(x, name="probe")
-    seconds = (time.perf_counter() - start) / args.repeats
     n, large = hvd.size(), torch.zeros(2 ** 20)  # 4 MB
-    hvd.allreduce(large, name="warm.large")
-    start = time.perf_counter()
-    for i in range(args.large_repeats):
-        hvd.allreduce(large, name="probe.large")
-    large_seconds = (time.perf_counter() - start) / args.large_repeats
+    seconds = allreduce_seconds(torch.zeros(1), "probe", 20, args.repeats)
+    large_seconds = allreduce_seconds(large, "probe.large", 1, args.large_repeats)
     shared_wire = n * 2 * (n - 1) / n * large.numel() * 4  # every rank's ring bytes, on the one medium
     if hvd.rank() == 0:
         with open(args.json, "w") as f:

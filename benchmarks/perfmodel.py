@@ -3,8 +3,8 @@ on loopback shaped to 100 Mbit/s and 1 Gbit/s, for dense, fp16, ternary (allgath
 the payload the model plans exactly), top-k 1%, adaptive top-k (at the mean CF it ran), LSGD and PowerSGD rank 4.
 
 Measured: benchmarks/tta_worker.py's step time (the digits MLP): the median over blocks of 4 steps of their
-mean, robust to a loaded host's odd slow step and true to LSGD's period of 4. Two predictions per case, each from measured
-inputs only, never fitted to the step times they predict:
+mean, robust to a loaded host's odd slow step and true to LSGD's period of 4. Two predictions per case, each from
+measured inputs only, never fitted to the step times they predict:
   alpha-beta   compute = the "compute" method's step on the link (each rank alone, no collective); compression =
                the run's own compress + decompress seconds; the link = alpha from a 4-byte allreduce and the
                bandwidth of a 4 MB one on that link (benchmarks/latency_worker.py), one shared medium (every
@@ -129,7 +129,8 @@ def main():
     within_fast = sum(abs(r["error_from_fast_link"]) <= 0.15 for r in results)
     probes = sorted({(r["ranks"], r["mbit"], round(r["alpha"] * 1e3, 2), round(r["gbit_measured"], 3))
                      for r in results})
-    md = (f"Digits MLP (hidden {args.hidden}), {args.epochs} epochs; measured = the median over blocks of 4 steps of their mean (tta_worker.py). "
+    md = (f"Digits MLP (hidden {args.hidden}), {args.epochs} epochs; measured = the median over blocks of 4 steps "
+          f"of their mean (tta_worker.py). "
           f"Alpha-beta: from measured compute, compression, alpha and bandwidth (one shared medium, gloo's root "
           f"broadcast): {within} of {len(results)} within 15%. From the fast link: compute + the overhead measured "
           f"on the unshaped loopback + the bandwidth term: {within_fast} of {len(results)} within 15%. Probes "

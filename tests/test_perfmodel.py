@@ -197,6 +197,7 @@ def test_tensorflow_project_takes_the_model_and_needs_compute_seconds():
     assert predictions["dense"].wire_bytes == pytest.approx(allreduce_wire_bytes(4 * (64 * 512 + 512 + 5120 + 10), 8))
     slower = tf_project(Stats(), 8, 10, model=model, compute_seconds=0.1, overhead_seconds=0.01)
     assert slower["dense"].step_seconds == pytest.approx(predictions["dense"].step_seconds + 0.01)
+    assert slower["dense"].speedup_over_dense == pytest.approx(1.0)  # the baselines take the same overhead
 
 
 # ------------------------------------------------------------------------------------------- models and command

@@ -5,12 +5,13 @@ plan and the alpha-beta time of its collectives.
 
 communication is the sum over the step's collectives (plans.py) of their alpha-beta time (collectives.py), each
 periodic one divided by its period; compression is the seconds the method's kernels take per step (measured, or
-from the kernels' throughput: THROUGHPUT); overlap is the fraction of compute that communication can run behind (Horovod starts a
-gradient's collective during backward: about backward's share for allreduce and allgather methods; 0 measures the
-worst case); overhead is the per-step cost none of these terms hold: the framework's and Horovod's own work per
-step (negotiating each collective, the background thread's cycle, copies into the fusion buffer), which on a
-loaded host can exceed alpha's share. It is 0 unless measured: a method's step on a fast link less its compute,
-compression and the communication predicted for that link. Speed-ups compare with dense (float32 allreduce) and fp16 on the same cluster and compute.
+from the kernels' throughput: THROUGHPUT); overlap is the fraction of compute that communication can run behind
+(Horovod starts a gradient's collective during backward: about backward's share for allreduce and allgather
+methods; 0 measures the worst case); overhead is the per-step cost none of these terms hold: the framework's and
+Horovod's own work per step (negotiating each collective, the background thread's cycle, copies into the fusion
+buffer), which on a loaded host can exceed alpha's share. It is 0 unless measured: a method's step on a fast link
+less its compute, compression and the communication predicted for that link. Speed-ups compare with dense (float32
+allreduce) and fp16 on the same cluster, compute and overhead.
 """
 import math
 from dataclasses import dataclass, field
@@ -83,11 +84,11 @@ def step_of(method, shapes, compute_seconds, cluster, compression_seconds=None, 
 def predict(method, shapes, compute_seconds, cluster, compression_seconds=None, overlap=0.0, kernel_speedup=1.0,
             overhead_seconds=0.0, **arguments):
     """The step time of `method` for a model with tensors of `shapes` (tuples; or sizes), `compute_seconds` of
-    forward and backward per step, on `cluster`, with its speed-up over dense and over fp16 (which take no
-    overhead: pass theirs through step_of where it is measured)."""
+    forward and backward per step, on `cluster`, with its speed-up over dense and over fp16 (which take the same
+    overhead_seconds; where theirs is measured apart, compare step_of's Predictions)."""
     out = step_of(method, shapes, compute_seconds, cluster, compression_seconds, overlap, kernel_speedup,
                   overhead_seconds, **arguments)
     for baseline in ("dense", "fp16"):
-        base = step_of(baseline, shapes, compute_seconds, cluster, 0.0, overlap)
+        base = step_of(baseline, shapes, compute_seconds, cluster, 0.0, overlap, overhead_seconds=overhead_seconds)
         setattr(out, f"speedup_over_{baseline}", base.step_seconds / out.step_seconds if out.step_seconds else None)
     return out
