@@ -229,7 +229,7 @@ def test_shapes_files_and_models(tmp_path):
 def test_command_prints_speedups_and_plots(tmp_path, capsys):
     from horovod_ext.perfmodel.__main__ import main
 
-    png = tmp_path / "vgg.png"
+    png = tmp_path / "plots" / "vgg.png"  # a folder that does not exist yet
     assert main(["--model", "vgg16", "--ranks", "8,64,1024", "--gbit", "1,10", "--plot", str(png)]) == 0
     out = capsys.readouterr().out
     assert "1 Gbit/s" in out and "10 Gbit/s" in out and "| dense | 1.00 | 1.00 | 1.00 |" in out

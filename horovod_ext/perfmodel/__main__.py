@@ -4,6 +4,7 @@ Prints, for each link, the speed-up over dense (float32 allreduce) of every comp
 ranks, with the step time at the largest, and writes TernGrad-style plots (speed-up against ranks, one line per
 method, one panel per link). Compute per step: --compute-seconds, else the model file's assumed value."""
 import argparse
+import os
 import sys
 
 from .catalog import NAMES, load
@@ -66,6 +67,7 @@ def plot(model, results, ranks, path):
                yscale="log")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)
 
 
