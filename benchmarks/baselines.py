@@ -9,6 +9,7 @@ import os
 import torch
 
 from horovod_ext.compression.wire import allreduce_wire_bytes
+from horovod_ext.perfmodel import plan
 
 DDP_METHODS = ("ddp", "ddp-fp16", "powersgd")
 
@@ -37,13 +38,7 @@ def ddp_wrap(model, method, rank, size, port=29533):
 
 
 def powersgd_bytes(model, rank, min_compression_rate=2):
-    """PowerSGD allreduces P (m x r) and Q (n x r) of every tensor of 2 or more dimensions viewed as m = shape[0]
-    rows by n = numel / m columns, when that saves min_compression_rate (the hook's default 2: (m + n) r 2 < m n);
-    other tensors (1-D, and matrices too small to compress) travel dense."""
-    total = 0
-    for p in model.parameters():
-        m = p.shape[0] if p.dim() >= 2 else 0
-        n = p.numel() // m if m else 0
-        compressed = m and (m + n) * rank * min_compression_rate < m * n
-        total += 4 * (m + n) * rank if compressed else 4 * p.numel()
-    return total
+    """The bytes PowerSGD's hook allreduces per step for `model` (horovod_ext.perfmodel's plan, the one count)."""
+    transfers = plan("powersgd", [tuple(p.shape) for p in model.parameters()], 1, rank=rank,
+                     min_compression_rate=min_compression_rate)
+    return sum(t.payload for t in transfers)

@@ -13,11 +13,14 @@ from horovod_ext.compression import sizes as sizes_
 from horovod_ext.compression.join import JOIN_CHECK_BYTES
 from horovod_ext.compression.plan import k_of
 from horovod_ext.compression.sparse_reduce import planned_bytes as sparse_planned_bytes
+from horovod_ext.compression.ternary import Ternary
+from horovod_ext.compression.topk import TopK
 from horovod_ext.compression.two_phase import PACKING_IDS, TwoPhasePlan
 from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes, broadcast_wire_bytes
 from horovod_ext.consensus import LeaderSync
 
-TERNARY_MIN_SIZE = 1024  # Compression.ternary's default min_size: smaller tensors travel dense
+TERNARY_MIN_SIZE = Ternary().min_size  # Compression.ternary's default: smaller tensors travel dense
+TOPK_RATIO = TopK().ratio  # Compression.topk's default
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ def ternary_two_phase(sizes, n, packing="base3", min_size=TERNARY_MIN_SIZE, **_)
             _allgather(plan.stream_sizes[0], n), _allreduce(4 * len(big), n), _allreduce(small, n), _join_check(n)]
 
 
-def topk(sizes, n, ratio=0.01, transport="allgather", value_bits=16, **_):
+def topk(sizes, n, ratio=TOPK_RATIO, transport="allgather", value_bits=16, **_):
     """Top-k with delta-coded indices: by allgather, or by sparse_reduce (alltoall, then allgather of the owners'
     selections), as compression/sparse_reduce.py plans them."""
     cf = 1.0 / ratio
@@ -124,8 +127,9 @@ def easgd(sizes, n, period=4, **_):
 
 
 def powersgd(shapes, n, rank=4, min_compression_rate=2, **_):
-    """PyTorch's PowerSGD hook: P (m x r) and Q (k x r) allreduced for every tensor viewed as m = shape[0] rows,
-    where that saves min_compression_rate; other tensors allreduced dense (benchmarks/baselines.py counts the same)."""
+    """PyTorch's PowerSGD hook: P (m x r) and Q (k x r) allreduced for every tensor viewed as m = shape[0] rows by
+    k = numel / m columns, where that saves min_compression_rate (the hook's default 2: (m + k) r 2 < m k); other
+    tensors (1-D, and matrices too small to compress) allreduced dense. benchmarks/baselines.py counts with this."""
     total = 0
     for shape in shapes:
         numel = math.prod(shape)
