@@ -77,7 +77,7 @@ def main():
     parameter_space = args.method in OPTIMIZERS
     shard = torch.arange(hvd.rank(), len(x_train), hvd.size())[:len(x_train) // hvd.size()]
     gen = torch.Generator().manual_seed(hvd.rank())
-    train_seconds, curve, step_times = 0.0, [], []
+    train_seconds, curve, step_times, cf_log = 0.0, [], [], []
     for epoch in range(args.epochs):
         hvd.barrier()
         start = time.perf_counter()
@@ -95,6 +95,8 @@ def main():
                 optimizer.report_loss(loss)
             optimizer.step()
             step_times.append(time.perf_counter() - t0)
+            if args.method == "adaptive_topk":  # the controller's log keeps the last window: read each step
+                cf_log.append(optimizer.compression_stats()["cf"])
         hvd.barrier()
         train_seconds += time.perf_counter() - start
         evaluated = optimizer.evaluation_parameters() if parameter_space else contextlib.nullcontext()
@@ -118,7 +120,7 @@ def main():
         stats = optimizer.compression_stats()
         total, steps = stats["total"], max(stats["steps"], 1)
         result.update(payload_bytes=total["payload_bytes"] / steps, wire_bytes=total["wire_bytes"] / steps,
-                      cf_log=[e["cf"] for e in stats.get("log", [])],
+                      cf_log=cf_log,
                       throughput={str(k): v for k, v in stats.get("throughput", {}).items()},
                       theta_ideal=stats.get("theta_ideal"), comm_seconds=total["comm_seconds"] / steps,
                       compression_seconds=(total["compress_seconds"] + total["decompress_seconds"]) / steps)

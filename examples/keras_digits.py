@@ -107,6 +107,21 @@ class IdenticalWeights(keras.callbacks.Callback):
         self.per_epoch.append(weights_identical(self.model))
 
 
+class FactorLog(keras.callbacks.Callback):
+    """The CF and path adaptive_topk took at each step, read after it (its controller keeps the last window)."""
+
+    def __init__(self, source=None):
+        super().__init__()
+        self.source, self.steps = source, []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.record((self.source or self.model.optimizer).compression_stats())
+
+    def record(self, stats):
+        if "cf" in stats:
+            self.steps.append((stats["cf"], stats["path"]))
+
+
 def whole_set_batches(args, x_all, y_all):
     """LSGD / EASGD: this rank's batches drawn from the whole training set, in a rank-specific order."""
     data = tf.data.Dataset.from_tensor_slices((x_all, y_all)).shuffle(len(x_all), seed=args.seed + hvd.rank())
@@ -126,9 +141,9 @@ def train_fit(args, optimizer_name, name, data):
         inputs = dict(x=whole_set_batches(args, x_all, y_all), steps_per_epoch=len(x_train) // args.batch_size)
     model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
-    identical = IdenticalWeights()
-    model.fit(epochs=args.epochs, verbose=0, callbacks=callbacks + [identical], **inputs)
-    return model, opt, identical.per_epoch
+    identical, factors = IdenticalWeights(), FactorLog()
+    model.fit(epochs=args.epochs, verbose=0, callbacks=callbacks + [identical, factors], **inputs)
+    return model, opt, identical.per_epoch, factors.steps
 
 
 def train_tape(args, optimizer_name, name, data):
@@ -149,15 +164,16 @@ def train_tape(args, optimizer_name, name, data):
         stats["tape"] = tape
         return loss
 
-    per_epoch = []
+    per_epoch, factors = [], FactorLog()
     rng = np.random.default_rng(args.seed + hvd.rank())
     for _ in range(args.epochs):
         order = rng.permutation(len(x_train))
         for i in range(0, len(order) - args.batch_size + 1, args.batch_size):
             idx = order[i:i + args.batch_size]
             step(tf.constant(x_train[idx]), tf.constant(y_train[idx]))
+            factors.record(stats["tape"].compression_stats())
         per_epoch.append(weights_identical(model))
-    return model, stats["tape"], per_epoch
+    return model, stats["tape"], per_epoch, factors.steps
 
 
 def main():
@@ -171,7 +187,8 @@ def main():
     for optimizer_name, name in runs:
         if optimizer_name != "dp" and args.loop != "fit":
             raise SystemExit(f"--optimizer {optimizer_name} runs with --loop fit")
-        model, source, identical = (train_fit if args.loop == "fit" else train_tape)(args, optimizer_name, name, data)
+        model, source, identical, factors = (train_fit if args.loop == "fit" else train_tape)(args, optimizer_name,
+                                                                                              name, data)
         stats = source.compression_stats()
         if optimizer_name == "dp":
             accuracy = float(np.mean(np.argmax(model.predict(data[2], verbose=0), axis=1) == data[3]))
@@ -187,8 +204,7 @@ def main():
                         "bytes_per_step": total["payload_bytes"] / steps,
                         "dense_bytes_per_step": total["dense_bytes"] / steps,
                         "bits_per_element": total["bits_per_element"],
-                        "cf_log": [e["cf"] for e in stats.get("log", [])],
-                        "paths": [e["path"] for e in stats.get("log", [])]})
+                        "cf_log": [cf for cf, _ in factors], "paths": [path for _, path in factors]})
     if hvd.rank() == 0:
         print(f"{args.data} MLP (Keras 3, {args.loop}, hidden {HIDDEN[0]}), {hvd.size()} ranks, {args.epochs} epochs")
         print(f"{'compression':<15} {'test acc':>8} {'bytes/step':>11} {'dense bytes':>11} {'ratio':>6} {'bits/elem':>9}")

@@ -124,6 +124,7 @@ def train(args, optimizer_name, compression_name, data):
     shard = torch.arange(hvd.rank(), len(x_train), hvd.size())
     gen = torch.Generator().manual_seed(args.seed + hvd.rank())
     start = time.perf_counter()
+    factors = []  # adaptive_topk: (cf, path, gain_min, gain_c) of each step
     for epoch in range(args.epochs):
         if optimizer_name == "dp":
             order = shard[torch.randperm(len(shard), generator=gen)]
@@ -137,6 +138,9 @@ def train(args, optimizer_name, compression_name, data):
             if optimizer_name != "dp":
                 optimizer.report_loss(loss)  # the leader is the rank with the lowest running-average loss
             optimizer.step()
+            if compression_name == "adaptive_topk" and optimizer_name == "dp":  # its log keeps the last window
+                last = optimizer.compression_stats()
+                factors.append((last["cf"], last["path"], round(last["gain_min"], 3), round(last["gain_c"], 3)))
     seconds = time.perf_counter() - start
     evaluated = optimizer.evaluation_parameters() if optimizer_name != "dp" else contextlib.nullcontext()
     with torch.no_grad(), evaluated:  # LSGD: the best worker's parameters; EASGD: the center
@@ -151,9 +155,8 @@ def train(args, optimizer_name, compression_name, data):
             "wire_bytes_per_step": total["wire_bytes"] / steps,
             "dense_wire_bytes_per_step": total["dense_wire_bytes"] / steps,
             "bits_per_element": total["bits_per_element"], "comm_seconds": total["comm_seconds"],
-            "cf_log": [e["cf"] for e in stats.get("log", [])],
-            "paths": [e["path"] for e in stats.get("log", [])],
-            "gains": [(round(e["gain_min"], 3), round(e["gain_c"], 3)) for e in stats.get("log", [])][::50]}
+            "cf_log": [f[0] for f in factors], "paths": [f[1] for f in factors],
+            "gains": [f[2:] for f in factors][::50]}
 
 
 def main():

@@ -24,7 +24,8 @@ def kept(n, ratio):
 
 
 class RandomKCodec(Codec):
-    bad_payload = "%s (rank {} sent a payload of the wrong size)"
+    bad_flag = "(rank {} sent a payload of the wrong size)"
+    bad_flag_error = "payload"
     nonfinite = "(NaN/Inf on some rank)"
 
     def __init__(self, spec, be):

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from horovod_ext.compression.gravac import GravacController, ewma_weight
-from horovod_ext.compression.specs import AdaptiveTopK
+from horovod_ext.compression.topk import AdaptiveTopK
 from hvdrun import horovodrun
 
 
@@ -99,7 +99,8 @@ def test_compressing_at_10x_every_step_never_settles_on_dense():
     ctl = work.run(controller(window=10, omega=0.5), 400)
     assert {cf for cf, _, _ in work.sent} == {10.0}
     assert set(ctl.throughput_table()) == {10.0} and ctl.theta_ideal != 1.0
-    assert [e["path"] for e in ctl.log] == ["min"] * 400
+    assert ctl.totals["paths"] == {"candidate": 0, "min": 400, "dense": 0}
+    assert [e["path"] for e in ctl.log] == ["min"] * ctl.spec.window  # the log keeps the last window
 
 
 def test_always_dense_never_settles_on_a_compressed_cf():

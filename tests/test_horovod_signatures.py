@@ -100,3 +100,20 @@ def test_torch_optimizer_offers_horovods_attributes():
     assert type(opt).__module__ == "horovod.torch.optimizer"  # how Horovod's own functions recognize it
     for method in ("synchronize", "skip_synchronize", "step", "zero_grad", "state_dict", "load_state_dict"):
         assert callable(getattr(opt, method))
+
+
+def test_horovod_private_api_is_checked_against_its_version():
+    """Horovod's private API is used in one module (horovod_ext/horovod_internals.py), which names the versions it
+    was read from; another Horovod fails there with a clear error, not inside a step."""
+    import pathlib
+
+    from horovod_ext import horovod_internals
+
+    assert horovod_internals.check_version() in horovod_internals.KNOWN_VERSIONS
+    with pytest.raises(RuntimeError, match=r"Horovod 0\.29\.0 is installed; install horovod==0\.28\.1"):
+        horovod_internals.check_version("0.29.0")
+    package = pathlib.Path(horovod_internals.__file__).parent
+    private = ("._basics", "process_sets._", "_temp_process_set_object", "_init_process_sets")
+    users = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                   if any(name in p.read_text() for name in private))
+    assert users == ["horovod_internals.py"], users

@@ -81,7 +81,7 @@ def test_transport_argument():
     (dict(rebalance_every=0), "rebalance_every must be"),
 ])
 def test_topk_invalid_arguments(kwargs, fragment):
-    from horovod_ext.compression.specs import TopK
+    from horovod_ext.compression.topk import TopK
 
     with pytest.raises(ValueError) as err:
         TopK(**kwargs)
@@ -93,7 +93,10 @@ def test_checkpoint_residuals_restore_only_on_their_own_rank_and_size():
 
     shared, per_rank = split_checkpoint({"step": 7, "seed": 3, "stats": None, "controller": {"step": 7},
                                          "rank": 1, "size": 4, "residuals": {"w": [1.0]}})
-    assert shared == {"step": 7, "seed": 3, "stats": None, "controller": {"step": 7}, "regions": None}
+    # a checkpoint that held the controller at its top level: read into the method's shared state
+    assert shared == {"step": 7, "seed": 3, "stats": None, "method": {"controller": {"step": 7}}}
+    assert split_checkpoint({"step": 7, "method": {"regions": {"bounds": [0, 4], "age": 1}}})[0]["method"] == \
+        {"regions": {"bounds": [0, 4], "age": 1}}
     assert residuals_for(per_rank, 1, 4) == {"w": [1.0]}
     assert residuals_for(per_rank, 0, 4) is None  # another rank's residuals are never taken
     assert residuals_for(per_rank, 1, 2) is None  # nor those of a job of another size

@@ -1,7 +1,8 @@
 """Framework-free parts shared by the PyTorch and TensorFlow adapters: compressor specs and their argument checks,
 each compressor declared once (ternary.py, topk.py) and registered (registry.py), the per-step communication plan
 (plan.py), error feedback, wire-byte accounting, compression statistics and the cross-rank settings check."""
-from .specs import CompressorSpec, Ternary, is_payload_compressor
+from .specs import CompressorSpec, is_payload_compressor
+from .ternary import Ternary
 from .stats import CompressionStats
 from .consistency import SettingsMismatchError, settings_mismatch_message
 from .registry import method_for, payload_compressors, register

@@ -7,6 +7,8 @@ import json
 import random
 import zlib
 
+import numpy as np
+
 
 class SettingsMismatchError(ValueError):
     """Raised on every rank when ranks were configured differently."""
@@ -69,3 +71,12 @@ def split_blobs(gathered, sizes):
     """Cut an allgather's concatenated bytes back into each rank's blob."""
     offsets = [0] + list(itertools.accumulate(sizes))
     return [gathered[a:b] for a, b in zip(offsets, offsets[1:])]
+
+
+def allgather_blobs(blob, allgather, tag):
+    """Every rank's bytes, in rank order: two allgathers, the sizes (int64) then the bytes (uint8).
+    allgather(array, name) -> the ranks' arrays concatenated, the framework's (torch/backend.py, tensorflow/backend.py
+    numpy_allgather)."""
+    sizes = allgather(np.array([len(blob)], dtype=np.int64), tag + ".sizes").tolist()
+    data = allgather(np.frombuffer(bytearray(blob), dtype=np.uint8), tag)
+    return split_blobs(data.tobytes(), sizes)

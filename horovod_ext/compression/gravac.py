@@ -49,8 +49,12 @@ Choices where the paper and the authors' code differ, and why:
 
 Tuning guide: epsilon is the gain a CF must keep (lower it to compress harder); window is how many steps each
 candidate is tried (the EWMA needs about 100 / N steps to forget); omega is the tolerance of both comparisons.
-The state (theta_min, theta_s, theta_ideal, EWMAs, the throughput table, the log) is a plain dict.
+The state (theta_min, theta_s, theta_ideal, EWMAs, the throughput table, running totals) is a plain dict whose size
+does not grow with the steps taken. The per-step log keeps the last `window` decisions in memory (what
+compression_stats() shows; a run that plots CF over training reads it after each step) and is not checkpointed:
+no decision reads it.
 """
+import collections
 import math
 import time
 
@@ -60,6 +64,11 @@ PATHS = ("candidate", "min", "dense")
 def ewma_weight(nranks):
     """The paper's smoothing factor a = N / 100 for N ranks, capped at 1."""
     return min(1.0, max(1, int(nranks)) / 100.0)
+
+
+def new_totals():
+    """Running totals of the decisions: steps per path and steps per CF sent."""
+    return {"paths": {path: 0 for path in PATHS}, "cf_steps": {}}
 
 
 class GravacController:
@@ -77,7 +86,9 @@ class GravacController:
         self.previous = None  # (cf, gain) of the last decision, until its step time is known
         self.decided_at = None  # this rank's clock at the last decision (not state: a restore starts it again)
         self.step = 0
-        self.log = []  # per step: step, cf sent, path, gain_min, gain_c, theta_min, candidate, t_iter
+        # the last `window` steps: step, cf sent, path, gain_min, gain_c, theta_min, candidate, t_iter
+        self.log = collections.deque(maxlen=spec.window)
+        self.totals = new_totals()
 
     @property
     def settled(self):
@@ -130,6 +141,8 @@ class GravacController:
         self.log.append({"step": self.step, "cf": cf, "path": path, "gain_min": gain_min, "gain_c": gain_c,
                          "theta_min": theta_min, "candidate_cf": theta_c,
                          "step_seconds": step_seconds if step_seconds > 0 else None})
+        self.totals["paths"][path] += 1
+        self.totals["cf_steps"][cf] = self.totals["cf_steps"].get(cf, 0) + 1
         self.step += 1
         if self.step % self.spec.window == 0 and not self.settled:
             self._end_window(gain_min, gain_c)
@@ -150,10 +163,15 @@ class GravacController:
         return {cf: (total / count, count) for cf, (total, count) in sorted(self.throughput.items())}
 
     def observations(self):
-        """What compression_stats() shows of the controller: the per-step log, the throughput table it settles
-        from and the CF it settled on (None while exploring)."""
+        """What compression_stats() shows of the controller: the log of the last `window` steps, the totals since
+        the start (steps per path, steps per CF sent, the mean CF), the throughput table it settles from and the
+        CF it settled on (None while exploring)."""
+        steps = sum(self.totals["cf_steps"].values())
+        mean_cf = sum(cf * n for cf, n in self.totals["cf_steps"].items()) / steps if steps else None
         return {"log": [dict(e) for e in self.log], "throughput": self.throughput_table(),
-                "theta_ideal": self.theta_ideal}
+                "theta_ideal": self.theta_ideal,
+                "totals": {"paths": dict(self.totals["paths"]), "cf_steps": dict(sorted(self.totals["cf_steps"].items())),
+                           "mean_cf": mean_cf}}
 
     def _end_window(self, gain_min, gain_c):
         table = sorted(((t, cf) for cf, (t, _) in self.throughput_table().items()), reverse=True)
@@ -174,7 +192,8 @@ class GravacController:
                 "alpha": self.alpha, "ewma": dict(self.ewma), "ewma_cf": dict(self.ewma_cf), "step": self.step,
                 "throughput": [[cf, total, count] for cf, (total, count) in sorted(self.throughput.items())],
                 "previous": None if self.previous is None else list(self.previous),
-                "log": [dict(e) for e in self.log]}
+                "totals": {"paths": dict(self.totals["paths"]),
+                           "cf_steps": [[cf, n] for cf, n in sorted(self.totals["cf_steps"].items())]}}
 
     def load_state(self, state):
         self.theta_min, self.theta_s = float(state["theta_min"]), float(state["theta_s"])
@@ -185,4 +204,12 @@ class GravacController:
         self.throughput = {float(cf): [float(total), int(count)] for cf, total, count in state["throughput"]}
         self.previous = None if state["previous"] is None else tuple(float(v) for v in state["previous"])
         self.decided_at = None  # the time across a restore is no step's
-        self.log = [dict(e) for e in state["log"]]
+        self.log.clear()
+        self.totals = new_totals()
+        if "totals" in state:
+            self.totals["paths"].update({k: int(v) for k, v in state["totals"]["paths"].items()})
+            self.totals["cf_steps"] = {float(cf): int(n) for cf, n in state["totals"]["cf_steps"]}
+        else:  # a checkpoint that held the whole log
+            for entry in state.get("log", []):
+                self.totals["paths"][entry["path"]] += 1
+                self.totals["cf_steps"][float(entry["cf"])] = self.totals["cf_steps"].get(float(entry["cf"]), 0) + 1

@@ -22,3 +22,29 @@ def check_groups(num_groups, groups):
     if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and not
                                                                 isinstance(groups, bool) and groups > 0)):
         raise ValueError(f"groups must be a positive integer or a list of lists of parameters, got {groups!r}")
+
+
+def check_named_parameters(named_parameters, params, what):
+    """Horovod's rules for ``named_parameters`` (horovod/torch/optimizer.py), in one place for every optimizer
+    that takes it: (name, parameter) pairs with unique names, naming every parameter the optimizer updates (it
+    may name more). ``params`` is None where the optimizer's parameters are not known yet (a Keras optimizer
+    before it is built): then only the pairs are checked. Returns {id(parameter): name}; None given: {}."""
+    if named_parameters is None:
+        return {}
+    named = list(named_parameters)
+    if any(not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], str) for pair in named):
+        raise ValueError(f"{what}: named_parameters must be a sequence of (name, parameter) pairs with str names, "
+                         f"e.g. model.named_parameters()")
+    names = [name for name, _ in named]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"{what}: named_parameters holds duplicate names: {duplicates}; parameter names must be "
+                         f"unique")
+    by_id = {id(p): name for name, p in named}
+    if params is not None:
+        unnamed = [i for i, p in enumerate(params) if id(p) not in by_id]
+        if unnamed:
+            raise ValueError(f"{what}: named_parameters must name every parameter the optimizer updates "
+                             f"(pass model.named_parameters() of the model whose parameters it holds); "
+                             f"{len(unnamed)} of {len(params)} are not named (positions {unnamed[:8]})")
+    return by_id

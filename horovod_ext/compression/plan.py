@@ -18,57 +18,51 @@ A step has two stages, so that PyTorch keeps its overlap with backward:
 
 A step in which some rank has called hvd.join() goes dense (``launch_dense`` / ``finish_dense``, see join.py).
 
-The backend's contract (both adapters implement exactly this):
+The backend's contract is compression/backend.py (a typed interface both adapters implement, with a conformance
+test); the step driver (driver.py) makes the Items, calls the two stages and raises what the backend recorded.
 
-    nranks, rank, divisor          ranks of the process set; N for op Average, 1 for Sum
-    step, seed                     this step's counter and the random seed, as the kernels take them
-    kernels                        the kernel table (uniform, functional signatures; see the codecs)
-    flat32(g), copy(x), sub(a, b), stack(values, dtype), unstack(t, n), concat(parts), sum(values)
-    where_nonzero(test, a, b)      a where test != 0, else b (elementwise)
-    all_finite(x) -> truth         a Python bool, or a boolean tensor in a graph
-    allreduce(x, name, op)         op "sum" / "average" / "max"; returns a future
-    allreduce_grad(item, name, compression=None)   the gradient with the user's op and predivide factor, through
-                                   a Horovod compressor's compress/decompress; sets item.payload_bytes
-    allgather(x, name), alltoall(x, splits, name), wait(future)
-    name(prefix, item), step_name(prefix)           collective names (unique per tensor / per step)
-    host(fn, args, dtypes)         run Python on host values (a tf.py_function in TensorFlow); returns a tuple
-    numpy(fn, args, dtypes)        run a NumPy function on the tensors' values (tf.numpy_function in TensorFlow):
-                                   how a codec outside the native library (a test's, a prototype) supplies kernels
-    switch(index, branches)        run branches[index]() (tf.switch_case in a graph)
-    k_of(numel, cf, upper=None)    top-k's k at compression factor cf (a tensor when cf is one)
-    residual(name, n, item), read(state), assign(state, value), reset(state), export(state),
-    imported_residual(name, values), imported(values)      error feedback's state, and checkpoints of it
-    size(x), equal(x, value), no_flag()  a tensor's size, an elementwise test, the "no bad rank" flag (-1)
-    guarded(x)                     x, after every failed requirement's assertion (graph mode)
-    output_buffer(item), write(item, flat)
-    require(truth, detail, value=None)   record "detail" (its "{}" filled with value) unless truth
-    failed()                       whether a requirement failed so far this step (False in a graph)
-    timed(field)                   a context that adds its seconds to the statistics (no-op in a graph)
-    count(**amounts)               bytes known when the step is built
-    host_state_loaded/saved(key, s)  host state a TensorFlow checkpoint must hold ("controller": GraVAC's,
-                                   "regions": sparse_reduce's): no-ops in PyTorch
-    count_decided(**amounts)       bytes known only once a host decision is taken (GraVAC's path)
-    count_runtime(**amounts)       bytes known only as the step runs (entropy-coded payloads: sizes, or tensors of
-                                   them in a graph)
+A method owns its per-step state: what it computes for one tensor between launch() and finish() lives in its
+Record (``item.work``, a new one per tensor and step), and what every rank holds alike (GraVAC's controller,
+sparse_reduce's regions) is its shared state (``shared_state()`` / ``load_shared_state()``), which the adapters
+checkpoint and agree on without knowing what it holds.
 """
 import math
+import types
 
 from .wire import allgather_wire_bytes, allreduce_wire_bytes
 
 
 class Item:
-    """One gradient of the step: its position, name, the framework's tensor and what the stages leave on it."""
+    """One gradient of the step, what every method needs: its position and name, the framework's tensor, its size,
+    how it travels (kind: "small", "linear", "payload", "sparse"), its collective in flight, and its output.
+    ``work`` is the method's own Record of it."""
 
-    __slots__ = ("index", "name", "grad", "numel", "itemsize", "kind", "future", "flat", "scale", "threshold",
-                 "k", "candidates", "energy", "payload_bytes", "param", "result")
+    __slots__ = ("index", "name", "grad", "numel", "itemsize", "param", "kind", "future", "payload_bytes", "result",
+                 "work")
 
     def __init__(self, index, name, grad, numel, itemsize, param=None):
         self.index, self.name, self.grad, self.numel, self.itemsize = index, name, grad, int(numel), int(itemsize)
         self.param = param
-        self.kind = self.future = self.flat = self.scale = self.threshold = self.k = self.candidates = None
-        self.energy = None
+        self.kind = self.future = self.payload_bytes = self.work = None
         self.result = None  # TensorFlow: the averaged gradient (PyTorch writes it into .grad)
-        self.payload_bytes = None
+
+
+class Record:
+    """A method's per-step record of one tensor: the fields it computes in launch() and reads in finish(),
+    declared as the __slots__ of a subclass (all None when made). A new one per tensor and step: nothing to clear."""
+
+    __slots__ = ()
+
+    def __init__(self):
+        for cls in type(self).__mro__:
+            for field in getattr(cls, "__slots__", ()):
+                setattr(self, field, None)
+
+
+class EncodeRecord(Record):
+    """What a codec's method holds between launch() and finish(): g (or g + r) as flat float32."""
+
+    __slots__ = ("flat",)
 
 
 def count_dense(be, item):
@@ -82,6 +76,7 @@ class Method:
     dense path (a join step) sends each gradient (with error feedback, g + r, after which r = 0) by allreduce."""
 
     needs_join_check = True  # payload compressors cannot run while a rank is joined (join.py)
+    Record = Record  # the per-step record of one tensor (item.work)
 
     def __init__(self, spec, be, sizes):
         self.spec, self.sizes = spec, [int(n) for n in sizes]
@@ -110,12 +105,16 @@ class Method:
             self.feedback.load_state(be, residuals)
 
     def shared_state(self):
-        """What of the method's state every rank holds alike and a checkpoint restores on all (resume.py), or
-        None: sparse_reduce's regions."""
+        """What of the method's state every rank holds alike and a checkpoint restores on all (resume.py): a dict
+        of JSON-able values (GraVAC's controller, sparse_reduce's regions), or None."""
         return None
 
     def load_shared_state(self, state):
-        """Take on shared_state() from a checkpoint."""
+        """Take on shared_state() from a checkpoint (None: the checkpoint holds none; keep the current state)."""
+
+    def observations(self):
+        """What compression_stats() adds for this method (GraVAC: its controller's log and table)."""
+        return {}
 
     def abandon_step(self):
         """Launched gradients were dropped before finish() (a checkpoint was loaded): forget the step's state."""
@@ -170,6 +169,16 @@ class DenseSplit:
             be.require(be.all_finite(avg), f"{item.name!r} (after averaging)")
 
 
+def stream_of(items):
+    """What a step-level stream (two-phase's) is named by in errors: the tensors it carries."""
+    return types.SimpleNamespace(name="the two-phase stream of " + ", ".join(repr(i.name) for i in items))
+
+
+def require_decoded(be, codec, item, bad):
+    """A decoder's flag: -1, else the first rank whose payload failed (codec.bad_flag says what that means)."""
+    be.require(be.equal(bad, -1), f"{item.name!r} {codec.bad_flag}", bad, error=codec.bad_flag_error)
+
+
 class Allgather(Method):
     """Any codec whose payloads cannot be summed, by allgather: encode (with error feedback if the codec asks for
     it) and start the allgather as soon as the gradient is ready; decode the N payloads into the average.
@@ -179,6 +188,7 @@ class Allgather(Method):
     def __init__(self, spec, be, sizes):
         super().__init__(spec, be, sizes)
         self.codec = spec.codec(spec, be)
+        self.Record = self.codec.Record
         self.feedback = ErrorFeedback(self.codec) if getattr(spec, "error_feedback", False) else None
 
     def compressed(self, item):
@@ -211,9 +221,9 @@ class Allgather(Method):
     def decode_all(self, be, items):
         gathered = [(item, be.wait(item.future)) for item in items]
         for item, payloads in gathered:
-            with be.timed("decompress_seconds"):
+            with be.timed("decompress_seconds"), be.decoding(item):
                 avg, bad = self.codec.decode(be, item, payloads, be.output_buffer(item))
-                be.require(be.equal(bad, -1), self.codec.bad_payload % (repr(item.name),), bad)
+                require_decoded(be, self.codec, item, bad)
                 be.write(item, avg)
                 if self.codec.nonfinite:
                     be.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
@@ -237,7 +247,9 @@ class Codec:
     feedback around a codec whose encode returns no remainder, ``sent(be, item, payload)``: the values this rank's
     own payload stands for."""
 
-    bad_payload = "%s (on rank {})"  # %s: the tensor's name; {}: the rank decode reported
+    Record = EncodeRecord  # what the codec and its method keep of one tensor between launch() and finish()
+    bad_flag = "(on rank {})"  # follows the tensor's name; {}: the rank the decoder reported
+    bad_flag_error = "nonfinite"  # what that rank's flag means: "nonfinite" (NaN/Inf) or "payload" (corrupted)
     nonfinite = "(NaN or Inf after averaging)"
 
     def __init__(self, spec, be):

@@ -2,9 +2,9 @@
 resume pattern (rank 0 loads the checkpoint, then ``broadcast_parameters`` and ``broadcast_optimizer_state``).
 
 Shared (every rank holds the same value in an uninterrupted run, so one rank's checkpoint restores it everywhere):
-the step counter (part of every ternary random key), the seed, the byte statistics, GraVAC's controller (its
-decisions are taken from allreduced gains, so every rank's controller is the same), and sparse_reduce's regions
-(rebalanced from an allreduce, so the same on every rank).
+the step counter (part of every ternary random key), the seed, the byte statistics, and the method's shared state
+(plan.Method.shared_state: GraVAC's controller, whose decisions are taken from allreduced gains, so every rank's
+controller is the same, and sparse_reduce's regions, rebalanced from an allreduce, so the same on every rank).
 
 Per rank: error-feedback residuals r_i (top-k, adaptive top-k). They hold what rank i computed but has not sent yet
 and exist only on rank i. A checkpoint written by rank 0 alone holds rank 0's residuals; they are restored only on
@@ -18,15 +18,19 @@ the optimizer already makes before its first collective); every rank adopts the 
 resuming works with Horovod's own ``broadcast_optimizer_state`` (which knows nothing of this state) as well as with
 horovod_ext's, which broadcasts it at once.
 """
-SHARED_KEYS = ("step", "seed", "stats", "controller", "regions")
+SHARED_KEYS = ("step", "seed", "stats", "method")
 
 
 def split_checkpoint(ours):
-    """(shared, per_rank) parts of horovod_ext's entry in an optimizer state_dict; reads the older layout in which
-    the residuals and the controller sat under "transport"."""
+    """(shared, per_rank) parts of horovod_ext's entry in an optimizer state_dict. "method" is the method's shared
+    state (plan.Method.shared_state); older layouts held GraVAC's controller and sparse_reduce's regions at the top
+    (or the controller and the residuals under "transport"), read into the same place."""
     transport = ours.get("transport") or {}
-    shared = {"step": int(ours["step"]), "seed": ours.get("seed"), "stats": ours.get("stats"),
-              "controller": ours.get("controller", transport.get("controller")), "regions": ours.get("regions")}
+    method = ours.get("method")
+    if method is None:
+        older = {"controller": ours.get("controller", transport.get("controller")), "regions": ours.get("regions")}
+        method = {key: value for key, value in older.items() if value is not None} or None
+    shared = {"step": int(ours["step"]), "seed": ours.get("seed"), "stats": ours.get("stats"), "method": method}
     per_rank = {"rank": ours.get("rank", 0), "size": ours.get("size"),
                 "residuals": ours.get("residuals", transport.get("residuals")) or {}}
     return shared, per_rank

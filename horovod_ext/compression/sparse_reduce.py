@@ -119,12 +119,13 @@ class Regions:
 
 class SparseReduce:
     """The transport: reduce(be, items, indices, tag) -> (averages, payload bytes, wire bytes). items carry g_ef
-    in item.flat (the residual's storage with error feedback); indices[t] are item t's selected positions
+    in item.work.flat (the residual's storage with error feedback); indices[t] are item t's selected positions
     (ascending int32). The kernels read the tensors in place as the segments of one index space (no
     concatenation), decode straight into the gradients' buffers (PyTorch), and touch only this rank's K entries of
     g_ef to leave each residual as the module docstring's step 4."""
 
-    def __init__(self, codec, feedback, every, be):
+    def __init__(self, owner, codec, feedback, every, be):
+        self.owner = owner  # the method whose shared state holds the regions
         self.codec, self.feedback, self.be = codec, feedback, be
         self.regions = Regions(every)
 
@@ -138,7 +139,7 @@ class SparseReduce:
             positions = be.concat([idx + offset for idx, offset in zip(indices, offsets)])
         bounds, rebalance_bytes = self._bounds(be, positions, kept, offsets[-1], tag)  # may wait on an allreduce
         with be.timed("compress_seconds"):
-            payload, region_bytes = k.topk_encode_regions([item.flat for item in items], positions, bounds,
+            payload, region_bytes = k.topk_encode_regions([item.work.flat for item in items], positions, bounds,
                                                           self.codec.value_type)
         received = be.wait(be.alltoall(payload, region_bytes, be.step_name(f"topk.{tag}.sparse_reduce.alltoall")))
         with be.timed("compress_seconds"):
@@ -151,7 +152,7 @@ class SparseReduce:
             averages = k.topk_decode_regions(gathered, bounds, be.divisor, [item.numel for item in items],
                                              [be.output_buffer(item) for item in items])
             if self.feedback is not None:
-                residuals = k.topk_keep_applied([item.flat for item in items], averages, positions,
+                residuals = k.topk_keep_applied([item.work.flat for item in items], averages, positions,
                                                 self.codec.value_type)
                 for item, residual in zip(items, residuals):
                     self.feedback.keep(be, item, residual)
@@ -187,10 +188,10 @@ class SparseReduce:
         return bounds, be.unstack(chosen[-1], 2)
 
     def _due(self, total, nranks):
-        self.be.host_state_loaded("regions", self.regions)  # TensorFlow: a checkpoint may have restored them
+        self.be.shared_state_read(self.owner)  # TensorFlow: a checkpoint may have restored them
         return self.regions.due(total, nranks)
 
     def _store(self, due, *bounds):
         result = self.regions.store(due, *bounds)
-        self.be.host_state_saved("regions", self.regions)  # TensorFlow: into the variable a checkpoint holds
+        self.be.shared_state_written(self.owner)  # TensorFlow: into the variable a checkpoint holds
         return result

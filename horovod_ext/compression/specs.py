@@ -131,10 +131,3 @@ def describe_compression(compression):
 def is_payload_compressor(compression):
     """True for compressors whose output cannot be summed (travels by allgather); False for Horovod's linear ones."""
     return isinstance(compression, CompressorSpec)
-
-
-
-# The compressors, each declared in its own module (imported last: they build on the base above).
-from .ternary import PACKINGS, PACKING_IDS, TRANSPORTS, Ternary  # noqa: E402,F401
-from .topk import POLICIES, VALUE_DTYPE_IDS, VALUE_DTYPES, AdaptiveTopK, TopK, check_fraction  # noqa: E402,F401
-from .plan import k_of  # noqa: E402,F401

@@ -5,7 +5,7 @@ core) and the method (its transports: allgather, or two-phase with a shared scal
 cpp/include/hvdext/ternary.h and two_phase.h; its definition in python/hvdext_reference/terngrad.py, two_phase.py.
 """
 from . import sizes
-from .plan import Allgather, Codec, DenseSplit, count_dense, count_payload
+from .plan import Allgather, Codec, DenseSplit, EncodeRecord, count_dense, stream_of
 from .specs import CompressorSpec, SEED_LIMIT, check_bool, check_choice, check_int, check_real
 from .two_phase import TwoPhasePlan, choose_transport, scale_sharing_bytes
 from .wire import tensor_key
@@ -17,6 +17,12 @@ ENTROPY = PACKING_IDS["entropy"]
 FIXED_OF = {"2bit": "2bit", "base3": "base3", "entropy": "base3"}  # the fixed packing inside two-phase's sums
 
 
+class TernaryRecord(EncodeRecord):
+    """One tensor's step: g (or g + r) as flat float32, and this rank's (or the shared) clip threshold and scale."""
+
+    __slots__ = ("threshold", "scale")
+
+
 class TernaryCodec(Codec):
     """One tensor: clip to clip * std(g), scale s = max|clipped g| (or the max over ranks), codes
     t_k = sign(g_k) with probability |g_k| / s (else 0), packed 4 or 5 per byte after the float32 s, or entropy
@@ -24,7 +30,8 @@ class TernaryCodec(Codec):
     Decoding sums the N ranks' s_r * t_r and divides by the divisor, in one native pass: the same bits for every
     packing of the same codes."""
 
-    bad_payload = "%s (on rank {})"  # decode reports the first rank whose scale is not finite
+    Record = TernaryRecord
+    bad_flag = "(on rank {})"  # decode reports the first rank whose scale is not finite (a NaN/Inf gradient)
     nonfinite = None  # the decode's flag already covers every NaN/Inf
 
     def __init__(self, spec, be):
@@ -37,22 +44,22 @@ class TernaryCodec(Codec):
 
     def scale(self, be, item, flat):
         """This rank's (threshold, scale); scale = inf flags NaN/Inf."""
-        item.threshold, item.scale = be.kernels.ternary_local_scale(flat, self.clip)
+        item.work.threshold, item.work.scale = be.kernels.ternary_local_scale(flat, self.clip)
 
     def encode(self, be, item, flat, want_remainder=False):
-        if item.scale is None:
+        if item.work.scale is None:
             self.scale(be, item, flat)
         if self.packing == ENTROPY:
-            payload = be.kernels.ternary_encode_entropy(flat, item.threshold, item.scale, be.seed, be.step,
+            payload = be.kernels.ternary_encode_entropy(flat, item.work.threshold, item.work.scale, be.seed, be.step,
                                                         tensor_key(item.name), be.rank)
         else:
-            payload = be.kernels.ternary_encode(flat, item.threshold, item.scale, be.seed, be.step,
+            payload = be.kernels.ternary_encode(flat, item.work.threshold, item.work.scale, be.seed, be.step,
                                                 tensor_key(item.name), be.rank, self.packing)
         return payload, None
 
     def codes(self, be, item, flat):
         """The unpacked codes (the same draws as encode), for the two-phase stream."""
-        return be.kernels.ternary_encode_codes(flat, item.threshold, item.scale, be.seed, be.step,
+        return be.kernels.ternary_encode_codes(flat, item.work.threshold, item.work.scale, be.seed, be.step,
                                                tensor_key(item.name), be.rank)
 
     def decode(self, be, item, gathered, into):
@@ -90,10 +97,10 @@ class TernaryMethod(Allgather):
         item.kind = "payload"
         count_dense(be, item)
         with be.timed("compress_seconds"):
-            item.flat = be.flat32(item.grad)
+            item.work.flat = be.flat32(item.grad)
             if self.feedback is not None:
-                item.flat, _ = self.feedback.accumulate(be, item, item.flat)
-            self.codec.scale(be, item, item.flat)
+                item.work.flat, _ = self.feedback.accumulate(be, item, item.work.flat)
+            self.codec.scale(be, item, item.work.flat)
         return item
 
     def finish(self, be, items):
@@ -108,7 +115,7 @@ class TernaryMethod(Allgather):
             else:
                 for item in compressed:
                     with be.timed("compress_seconds"):
-                        payload, _ = self.codec.encode(be, item, item.flat)
+                        payload, _ = self.codec.encode(be, item, item.work.flat)
                         self._keep(be, item, payload)
                     self._gather(be, item, payload)
         DenseSplit.finish(be, [i for i in items if i.kind == "small"])
@@ -117,19 +124,19 @@ class TernaryMethod(Allgather):
     def _keep(self, be, item, payload):
         """With error feedback: r = g_ef - s * t, once the (shared) scale is known; then g_ef is no longer needed."""
         if self.feedback is not None:
-            self.feedback.keep(be, item, None, item.flat, payload)
-        item.flat = None
+            self.feedback.keep(be, item, None, item.work.flat, payload)
+        item.work.flat = None
 
     def _share_scales(self, be, items):
         """TernGrad's scaler sharing: every rank takes the max over ranks of each tensor's scale."""
-        agreed = be.wait(be.allreduce(be.stack([item.scale for item in items], "float32"),
+        agreed = be.wait(be.allreduce(be.stack([item.work.scale for item in items], "float32"),
                                       be.step_name("ternary.shared_scales"), "max"))
         be.count(payload_bytes=4 * len(items), wire_bytes=scale_sharing_bytes(len(items), be.nranks))
         values = be.unstack(agreed, len(items))
         for item, value in zip(items, values):
             be.require(be.all_finite(value), f"{item.name!r} (on at least one rank)")
         for item, value in zip(items, values):
-            item.scale = be.guarded(value)
+            item.work.scale = be.guarded(value)
 
     def _two_phase(self, be, items):
         sizes_ = [item.numel for item in items]
@@ -139,11 +146,11 @@ class TernaryMethod(Allgather):
         plan, k, coded = self.plan, be.kernels, self.codec.packing == ENTROPY
         fixed_id = PACKING_IDS[fixed]
         with be.timed("compress_seconds"):
-            codes = be.concat([self.codec.codes(be, item, item.flat) for item in items])
+            codes = be.concat([self.codec.codes(be, item, item.work.flat) for item in items])
             for item in items:
                 if self.feedback is not None:  # the same draws as the codes: what this rank's chunk sums carry
-                    self._keep(be, item, self.codec.encode(be, item, item.flat)[0])
-                item.flat = None
+                    self._keep(be, item, self.codec.encode(be, item, item.work.flat)[0])
+                item.work.flat = None
             chunks = [codes[plan.bounds[j]:plan.bounds[j + 1]] for j in range(be.nranks)]
             if coded:  # each chunk entropy-coded (scale 1: the shared scales travel once, by allreduce)
                 outgoing = [k.ternary_codes_encode_entropy(chunk) for chunk in chunks]
@@ -162,7 +169,7 @@ class TernaryMethod(Allgather):
             else:
                 stream = k.ternary_sum_reencode(received, be.nranks, count, fixed_id, plan.bits)
         gathered = be.wait(be.allgather(stream, be.step_name("ternary.two_phase.allgather")))
-        with be.timed("decompress_seconds"):
+        with be.timed("decompress_seconds"), be.decoding(stream_of(items)):
             if coded:
                 gathered = k.two_phase_levels_decode(gathered, plan.counts, plan.bits)
             parts = [[] for _ in items]
@@ -171,7 +178,7 @@ class TernaryMethod(Allgather):
                 chunk = gathered[position:position + size]
                 position += size
                 for t, first, count, _ in plan.pieces(j):
-                    parts[t].append(k.two_phase_decode(chunk, items[t].scale, first, count, be.nranks, plan.bits,
+                    parts[t].append(k.two_phase_decode(chunk, items[t].work.scale, first, count, be.nranks, plan.bits,
                                                        be.divisor))
             for item, pieces in zip(items, parts):
                 be.write(item, be.concat(pieces))

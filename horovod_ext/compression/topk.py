@@ -8,7 +8,8 @@ cpp/include/hvdext/topk.h, its definition in python/hvdext_reference/topk.py, th
 """
 from . import sizes
 from .gravac import GravacController
-from .plan import Allgather, Codec, DenseSplit, ErrorFeedback, Method, count_dense, k_of
+from .plan import Allgather, Codec, DenseSplit, EncodeRecord, ErrorFeedback, Method, Record, count_dense, k_of, \
+    require_decoded
 from .sparse_reduce import TRANSPORTS, SparseReduce, choose_transport
 from .specs import CompressorSpec, check_bool, check_choice, check_int, check_real
 from .wire import allreduce_wire_bytes
@@ -56,15 +57,28 @@ class SparseTransport:
         value_bits = 32 if spec.value_dtype == "fp32" else 16
         self.transport = choose_transport(requested, sizes_, cf, be.nranks, value_bits)
         be.stats.extra["transport"] = self.transport
-        self.sparse = SparseReduce(self.codec, feedback, spec.rebalance_every, be) \
+        self.sparse = SparseReduce(self, self.codec, feedback, spec.rebalance_every, be) \
             if self.transport == "sparse_reduce" else None
 
     def shared_state(self):
-        return self.sparse.regions.state() if self.sparse is not None else None
+        return {"regions": self.sparse.regions.state()} if self.sparse is not None else None
 
     def load_shared_state(self, state):
-        if self.sparse is not None:
-            self.sparse.regions.load_state(state)
+        if self.sparse is not None and state is not None and "regions" in state:
+            self.sparse.regions.load_state(state["regions"])
+
+
+class TopKRecord(EncodeRecord):
+    """One tensor's step: g_ef as flat float32 (the residual's storage with error feedback), its k, and (by
+    sparse_reduce) the selected positions."""
+
+    __slots__ = ("k", "candidates")
+
+
+class GravacRecord(Record):
+    """One tensor's GraVAC step: g_ef, its selections (at theta_c, at theta_min) and its three squared norms."""
+
+    __slots__ = ("flat", "candidates", "energy")
 
 
 class TopKCodec(Codec):
@@ -75,7 +89,9 @@ class TopKCodec(Codec):
     for ternary values, rounded once where |g_ef| and the magnitude are more than a factor two apart). Decoding
     scatter-adds the N payloads and divides by the divisor: the same bits for both packings of the same values."""
 
-    bad_payload = "%s (rank {} sent indices outside the tensor)"
+    Record = TopKRecord
+    bad_flag = "(rank {} sent indices outside the tensor)"
+    bad_flag_error = "payload"
     nonfinite = "(NaN/Inf on some rank, or beyond the fp16 range: try value_dtype='fp32')"
 
     def __init__(self, spec, be):
@@ -91,8 +107,8 @@ class TopKCodec(Codec):
         return None if self.coded else sizes.topk_payload_bytes(self.k(numel), self.value_type)
 
     def encode(self, be, item, flat, want_remainder=False):
-        item.k = self.k(item.numel)
-        return self.extract(be, flat if want_remainder else be.copy(flat), be.kernels.topk_select(flat, item.k))
+        item.work.k = self.k(item.numel)
+        return self.extract(be, flat if want_remainder else be.copy(flat), be.kernels.topk_select(flat, item.work.k))
 
     def extract(self, be, g_ef, idx):
         """(payload, remainder). The kernel writes the remainder into g_ef's storage where the framework can."""
@@ -101,7 +117,7 @@ class TopKCodec(Codec):
         return be.kernels.topk_extract(g_ef, idx, self.value_type)
 
     def decode(self, be, item, gathered, into):
-        return self.decode_k(be, item.numel, item.k, gathered, into)
+        return self.decode_k(be, item.numel, item.work.k, gathered, into)
 
     def decode_k(self, be, numel, k, gathered, into):
         """(average, -1 or a rank with bad indices); a corrupted "delta" payload raises on every rank."""
@@ -126,9 +142,9 @@ class TopKMethod(SparseTransport, Allgather):
         count_dense(be, item)
         with be.timed("compress_seconds"):
             flat = be.flat32(item.grad)
-            item.flat = self.feedback.accumulate(be, item, flat)[0] if self.feedback is not None else be.copy(flat)
-            item.k = self.codec.k(item.numel)
-            item.candidates = be.kernels.topk_select(item.flat, item.k)
+            item.work.flat = self.feedback.accumulate(be, item, flat)[0] if self.feedback is not None else be.copy(flat)
+            item.work.k = self.codec.k(item.numel)
+            item.work.candidates = be.kernels.topk_select(item.work.flat, item.work.k)
         be.count(compressed_elements=item.numel)
         return item
 
@@ -139,12 +155,11 @@ class TopKMethod(SparseTransport, Allgather):
         items = [i for i in items if i.kind == "payload"]
         if not items:
             return
-        averages, payload_bytes, wire_bytes = self.sparse.reduce(be, items, [i.candidates for i in items], "static")
+        averages, payload_bytes, wire_bytes = self.sparse.reduce(be, items, [i.work.candidates for i in items], "static")
         be.count_runtime(payload_bytes=payload_bytes, wire_bytes=wire_bytes)
         for item, avg in zip(items, averages):
             be.write(item, avg)
             be.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
-            item.flat = item.candidates = None
 
 
 class AdaptiveTopKMethod(SparseTransport, Method):
@@ -159,6 +174,8 @@ class AdaptiveTopKMethod(SparseTransport, Method):
      3. the controller's decision (on the host: every rank has the same averages, so takes the same one);
      4. the chosen path: the candidate's or theta_min's payloads by allgather (r keeps the rest), or g_ef dense by
         allreduce (r = 0). Its bytes are counted when the decision is taken (count_decided)."""
+
+    Record = GravacRecord
 
     def __init__(self, spec, be, sizes_):
         super().__init__(spec, be, sizes_)
@@ -178,28 +195,39 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         theta_min, theta_c = self.step_cfs
         k = be.kernels
         with be.timed("compress_seconds"):
-            item.flat, sumsq = self.feedback.accumulate(be, item, be.flat32(item.grad))
+            item.work.flat, sumsq = self.feedback.accumulate(be, item, be.flat32(item.grad))
             k_min = be.k_of(item.numel, theta_min)
-            first = k.topk_select(item.flat, k_min)
-            second = k.topk_select_among(item.flat, first, be.k_of(item.numel, theta_c, upper=k_min))
-            item.candidates = (second, first)
-            item.energy = (sumsq, k.sum_squares_at(item.flat, first), k.sum_squares_at(item.flat, second))
+            first = k.topk_select(item.work.flat, k_min)
+            second = k.topk_select_among(item.work.flat, first, be.k_of(item.numel, theta_c, upper=k_min))
+            item.work.candidates = (second, first)
+            item.work.energy = (sumsq, k.sum_squares_at(item.work.flat, first), k.sum_squares_at(item.work.flat, second))
         return item
 
     def abandon_step(self):
         self.step_cfs = None
+
+    def observations(self):
+        return self.controller.observations()
+
+    def shared_state(self):
+        return {"controller": self.controller.state(), **(super().shared_state() or {})}
+
+    def load_shared_state(self, state):
+        if state is not None and state.get("controller") is not None:
+            self.controller.load_state(state["controller"])
+        super().load_shared_state(state)
 
     def launch_dense(self, be, item):
         self.controller.forget_step_time()  # no decision this step: the next step's time is not the last CF's
         return super().launch_dense(be, item)
 
     def _cfs(self):
-        self.be.host_state_loaded("controller", self.controller)
+        self.be.shared_state_read(self)  # TensorFlow: a checkpoint may have restored it
         return self.controller.cfs()
 
     def _decide(self, agreed):
         path, cf, gain_min, gain_c = self.controller.decide(*agreed)
-        self.be.host_state_saved("controller", self.controller)
+        self.be.shared_state_written(self)
         self.be.count_decided(**self.decision_bytes(path, cf))
         theta_min, theta_c = self.controller.log[-1]["theta_min"], self.controller.log[-1]["candidate_cf"]
         self.be.stats.extra.update(cf=cf, path=path, gain_min=gain_min, gain_c=gain_c, theta_min=theta_min,
@@ -213,7 +241,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
     def finish(self, be, items):
         self.step_cfs, self.step_sizes = None, [item.numel for item in items]
         elapsed, = be.host(self.controller.seconds_since_decision, [], ("float64",))
-        norms = be.stack([be.sum([item.energy[j] for item in items]) for j in range(3)] + [elapsed], "float64")
+        norms = be.stack([be.sum([item.work.energy[j] for item in items]) for j in range(3)] + [elapsed], "float64")
         agreed = be.wait(be.allreduce(norms, be.step_name("adaptive_topk.norms"), "average"))
         be.count(payload_bytes=NORM_BYTES, wire_bytes=allreduce_wire_bytes(NORM_BYTES, be.nranks))
         be.require(be.all_finite(agreed), "every tensor (the squared norms of the gradients are not finite on "
@@ -227,23 +255,22 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         payload_bytes, wire_bytes = be.unstack(results[2 * n], 2)
         be.count_runtime(payload_bytes=payload_bytes, wire_bytes=wire_bytes)
         for item, avg, bad in zip(items, results[:n], results[n:2 * n]):
-            be.require(be.equal(bad, -1), self.codec.bad_payload % (repr(item.name),), bad)
+            require_decoded(be, self.codec, item, bad)
             be.write(item, avg)
             be.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
-            item.flat = item.candidates = item.energy = None
 
     def _sparse(self, be, items, which, tag):
         """Send each tensor's selection `which` by allgather or sparse_reduce; returns the averages, the bad-rank
         flags, and the (payload, wire) bytes sent."""
         if self.sparse is not None:
             averages, payload_bytes, wire_bytes = self.sparse.reduce(
-                be, items, [item.candidates[which] for item in items], tag)
+                be, items, [item.work.candidates[which] for item in items], tag)
             return averages + [be.no_flag() for _ in items] + [be.stack([payload_bytes, wire_bytes], "float64")]
         sent, nbytes = [], []
         for item in items:
-            idx = item.candidates[which]
+            idx = item.work.candidates[which]
             with be.timed("compress_seconds"):
-                payload, remainder = self.codec.extract(be, item.flat, idx)
+                payload, remainder = self.codec.extract(be, item.work.flat, idx)
                 self.feedback.keep(be, item, remainder)
             nbytes.append(be.size(payload))
             sent.append((item, be.size(idx), be.allgather(payload, be.name(f"topk.{tag}", item))))
@@ -261,7 +288,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         """GraVAC's dense path: g_ef by allreduce, after which r = 0."""
         sent = []
         for item in items:
-            send = be.copy(item.flat)
+            send = be.copy(item.work.flat)
             self.feedback.clear(be, item)
             sent.append(be.allreduce(send, be.name("topk.dense", item), "sum" if be.divisor == 1.0 else "average"))
         nbytes = 4 * sum(self.step_sizes)

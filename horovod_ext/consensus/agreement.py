@@ -5,9 +5,10 @@ host and any argument error in one allgather, and then every rank raises the sam
 arguments are invalid therefore never leaves the others waiting in a collective. Groups become Horovod process
 sets, created on every rank in the same order.
 """
-from horovod.common import process_sets as _process_sets
+from horovod.common.process_sets import global_process_set
 
 from horovod_ext import __version__
+from horovod_ext.horovod_internals import existing_process_sets, process_set_object
 from horovod_ext.compression.consistency import exchange, layout_digest
 from .groups import node_key
 
@@ -40,12 +41,10 @@ def process_set_for(ranks, size, add_process_set):
     this for the same rank lists in the same order, as Horovod's add_process_set is collective)."""
     ranks = sorted(ranks)
     if ranks == list(range(size)):
-        return _process_sets.global_process_set
-    for set_id, members in _process_sets._basics._get_process_set_ids_and_ranks().items():
+        return global_process_set
+    for set_id, members in existing_process_sets().items():
         if sorted(members) == ranks:
-            existing = _process_sets._temp_process_set_object(set_id)
-            existing.ranks = list(members)
-            return existing
+            return process_set_object(set_id, members)
     try:
         return add_process_set(ranks)
     except Exception as exc:  # Horovod raises different types for "dynamic process sets are off"

@@ -7,7 +7,7 @@ Horovod's init resolves the process sets' ranks through it before pointing it at
 Initializing torch after TensorFlow was imported (or the other way round) left global_process_set.ranks == [] (the
 uninitialized framework's answer), so ProcessSet.included() read False on every rank. init resolves them again
 through the framework it initialized."""
-from horovod.common import process_sets as _process_sets
+from horovod_ext.horovod_internals import resolve_process_sets
 
 
 def make_init(horovod_init, basics=None):
@@ -17,9 +17,8 @@ def make_init(horovod_init, basics=None):
         result = horovod_init(comm, process_sets="dynamic" if process_sets is None else process_sets)
         if basics is None:
             return result
-        _process_sets._setup(basics)
         given = [] if process_sets is None or isinstance(process_sets, str) else list(process_sets)
-        _process_sets._init_process_sets(given)
+        resolve_process_sets(basics, given)
         return result
 
     return init

@@ -6,20 +6,16 @@ gradients are traced or computed; the step counter and the seed live in tf.Varia
 tf.train.Checkpoint(aggregator=...)). A NaN/Inf gradient fails the step on every rank: FloatingPointError when
 eager, tf.errors.InvalidArgumentError with the same message inside tf.function.
 """
-import json
-
 import horovod.tensorflow as hvd
-import numpy as np
 import tensorflow as tf
 
 from horovod_ext import __version__
-from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_payload_compressor, method_for
-from horovod_ext.compression.consistency import agree, optimizer_settings, split_blobs
+from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_payload_compressor
+from horovod_ext.compression.consistency import agree, allgather_blobs, optimizer_settings
+from horovod_ext.compression.driver import StepDriver
 from horovod_ext.compression.horovod_args import check_predivide
-from horovod_ext.compression.join import JOIN_CHECK_BYTES, a_rank_joined, join_check_wire_bytes
-from horovod_ext.compression.plan import Item
 from horovod_ext.compression.specs import check_tensor, describe_compression, element_limit
-from .backend import TFBackend, collective_name
+from .backend import TFBackend, collective_name, numpy_allgather
 from .ops import seed_tensor
 
 OP_NAMES = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Adasum: "Adasum"}
@@ -71,31 +67,19 @@ class GradientAggregator(tf.Module):
         with tf.init_scope():
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             self.seed = tf.Variable(0, dtype=tf.int64, trainable=False, name="seed")
-            # GraVAC's controller state as JSON: the source of truth, so that restoring a checkpoint restores it
-            self.controller_state = tf.Variable("", dtype=tf.string, trainable=False, name="controller_state")
-            # sparse_reduce's regions as JSON, likewise
-            self.regions_state = tf.Variable("", dtype=tf.string, trainable=False, name="regions_state")
+            # the method's shared state as JSON (GraVAC's controller, sparse_reduce's regions): the source of truth,
+            # so that restoring a checkpoint restores it (TFBackend.shared_state_read / shared_state_written)
+            self.method_state = tf.Variable("", dtype=tf.string, trainable=False, name="method_state")
         self.residuals = {}  # error feedback's tf.Variables, by tensor name (tracked for tf.train.Checkpoint)
         self._agreed = None
         self.stats = CompressionStats(getattr(compression, "name", getattr(compression, "__name__", "custom")),
                                       timed=False)
         self.backend = TFBackend(self, process_set, op, self.predivide, self.stats)
-        self.backend.host_state_hooks = {"controller": (self._sync_controller, self._save_controller),
-                                         "regions": (self._sync_regions, self._save_regions)}
-        self.method = None  # the compressor's plan (registry.method_for), made at the first step
-
-    @property
-    def controller(self):
-        return getattr(self.method, "controller", None)
+        self.driver = None  # the compressor's step (compression/driver.py), made at the first step
 
     # --------------------------------------------------------------------------------------------- agreement
     def _allgather_blobs(self, blob):
-        data = tf.constant(np.frombuffer(blob, dtype=np.uint8))
-        tag = f"horovod_ext.settings.{self.name}"
-        sizes = hvd.allgather(tf.constant([len(blob)], dtype=tf.int64), name=tag + ".sizes",
-                              ignore_name_scope=True, process_set=self.process_set).numpy().tolist()
-        gathered = hvd.allgather(data, name=tag, ignore_name_scope=True, process_set=self.process_set)
-        return split_blobs(gathered.numpy().tobytes(), sizes)
+        return allgather_blobs(blob, numpy_allgather(self.process_set), f"horovod_ext.settings.{self.name}")
 
     def _agree(self, names, grads):
         if self._agreed == names:
@@ -159,72 +143,33 @@ class GradientAggregator(tf.Module):
             for name, g in zip(names, present):
                 check_tensor(what, name, g.dtype.name, g.shape.num_elements(), g.shape.as_list(), **limit)
         self._agree(names, present)
-        if self.method is None:
-            self.method = method_for(self.compression)(self.compression, self.backend,
-                                                       [g.shape.num_elements() for g in present])
-        items = [Item(i, name, g, g.shape.num_elements(), g.dtype.size) for i, (name, g) in enumerate(zip(names,
-                                                                                                           present))]
-        out = self._communicate(items)
+        if self.driver is None:
+            self.driver = StepDriver(self.compression, self.backend, [g.shape.num_elements() for g in present],
+                                     self.name)
+        out = self._communicate(names, present)
         result, it = [], iter(out)
         for g in grads:
             result.append(None if g is None else next(it))
         return result
 
-    def _communicate(self, items):
-        """The plan's two stages over every gradient; dense if some rank has called hvd.join() (checked eagerly
-        only, see horovod_ext.compression.join). Failed checks raise FloatingPointError on every rank when eager,
-        and fail the step through assertions in a graph."""
-        be, method = self.backend, self.method
-        be.begin(self.step.read_value(), self.seed.read_value())
-        dense = False
-        if method.needs_join_check and tf.executing_eagerly():
-            size = self.process_set.size()
-            training = hvd.allreduce(tf.constant([1], tf.int32), op=hvd.Sum, name="hvdext.training",
-                                     ignore_name_scope=True, process_set=self.process_set)
-            dense = a_rank_joined(int(training[0]), size)
-            be.count(payload_bytes=JOIN_CHECK_BYTES, wire_bytes=join_check_wire_bytes(size))
-        if dense:
-            for item in items:
-                method.launch_dense(be, item)
-            method.finish_dense(be, items)
-        else:
-            for item in items:
-                method.launch(be, item)
-            method.finish(be, items)
-        if be.errors:
-            method.on_error(be)
-            raise FloatingPointError("NaN or Inf in the gradient of " + ", ".join(be.errors))
+    def _communicate(self, names, grads):
+        """The step driver over every gradient (compression/driver.py): dense if some rank has called hvd.join()
+        (asked eagerly only, see horovod_ext.compression.join); its errors raise on every rank when eager, and
+        fail the step through assertions in a graph."""
+        be, driver = self.backend, self.driver
+        step = self.step.read_value()
+        driver.begin(step, self.seed.read_value())
+        items = [driver.item(i, name, g, g.shape.num_elements(), g.dtype.size)
+                 for i, (name, g) in enumerate(zip(names, grads))]
+        for item in items:
+            driver.launch(item)
+        driver.finish(items, int(step) if tf.executing_eagerly() else "(in the graph)")
         out = [item.result for item in items]
         counted = be.runtime_counted()
         with tf.control_dependencies(be.guards + out + ([counted] if counted is not None else [])):
             out = [tf.identity(o) for o in out]
             self.step.assign_add(1)
         return out
-
-    def _sync_controller(self, controller):
-        """Reload the controller if its variable was restored from a checkpoint (it holds another step)."""
-        saved = self.controller_state.numpy().decode()
-        if saved:
-            state = json.loads(saved)
-            if state["step"] != controller.step:
-                log = controller.log[:state["step"]]
-                controller.load_state({**state, "log": log})
-
-    def _sync_regions(self, regions):
-        """Reload sparse_reduce's regions if their variable was restored from a checkpoint (it differs)."""
-        saved = self.regions_state.numpy().decode()
-        state = json.loads(saved) if saved else None
-        if state != regions.state():
-            regions.load_state(state)
-
-    def _save_regions(self, regions):
-        self.regions_state.assign(json.dumps(regions.state()))
-
-    def _save_controller(self, controller):
-        """Keep the controller's state (its log aside) in its variable, so that a checkpoint holds it."""
-        state = controller.state()
-        state.pop("log")
-        self.controller_state.assign(json.dumps(state))
 
     # -------------------------------------------------------------------------------------------- statistics
     def compression_stats(self):
@@ -241,8 +186,8 @@ class GradientAggregator(tf.Module):
         total = {k: be.per_step.get(k, 0) * steps + be.decided_total.get(k, 0) + be.runtime_total.get(k, 0)
                  for k in fields}
         stats = self.stats.as_dict()
-        if self.controller is not None:
-            stats.update(self.controller.observations())
+        if self.driver is not None:
+            stats.update(self.driver.method.observations())
         stats.update(steps=steps, ranks=self.process_set.size(), seed=int(self.seed.numpy()) % 2 ** 64,
                      last_step=CompressionStats._summary({**last, **seconds}),
                      total=CompressionStats._summary({**total, **seconds}))

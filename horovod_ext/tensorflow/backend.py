@@ -3,17 +3,19 @@ inside tf.function: Horovod's TensorFlow collectives (a future is the result ten
 ops by their data), the custom ops, residuals as tf.Variables, host decisions in tf.py_function, branches as
 tf.switch_case, failed requirements collected eagerly and as assertions in a graph."""
 import contextlib
+import json
 import re
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from horovod_ext.compression.backend import Backend
 from .ops import TFKernels
 
 OPS = {"sum": hvd.Sum, "average": hvd.Average, "max": hvd.Max}
 DTYPES = {"float32": tf.float32, "float64": tf.float64, "int32": tf.int32, "int64": tf.int64, "uint8": tf.uint8}
-NONFINITE = "NaN or Inf in the gradient of "
+ERROR_PREFIXES = {"nonfinite": "NaN or Inf in the gradient of ", "payload": "corrupted payload of "}
 
 
 def collective_name(prefix, index, name):
@@ -23,7 +25,26 @@ def collective_name(prefix, index, name):
     return f"{prefix}.{index}." + re.sub(r"[^A-Za-z0-9_.]", "_", name)
 
 
-class TFBackend:
+def numpy_allgather(process_set=None):
+    """allgather(array, name) -> NumPy array over Horovod's TensorFlow allgather, eagerly
+    (consistency.allgather_blobs)."""
+    where = {} if process_set is None else {"process_set": process_set}
+
+    def allgather(array, name):
+        return hvd.allgather(tf.constant(array), name=name, ignore_name_scope=True, **where).numpy()
+
+    return allgather
+
+
+def as_tuple(outputs):
+    """tf.py_function / tf.numpy_function return a bare tensor for one output eagerly (a list in a graph)."""
+    return tuple(outputs) if isinstance(outputs, (list, tuple)) else (outputs,)
+
+
+class TFBackend(Backend):
+    """Eager or building a tf.function: collectives are ops (a future is the result tensor), requirements are
+    collected eagerly and become assertions in a graph, host state is mirrored in the module's variables."""
+
     kernels = TFKernels
 
     def __init__(self, module, process_set, op, predivide, stats):
@@ -38,14 +59,23 @@ class TFBackend:
         self.decided_total, self.decided_last = {}, {}  # bytes counted at host decisions, as they are taken
         self.runtime_total, self.runtime_last = {}, {}  # bytes of entropy-coded payloads, as the steps run
         self.runtime = []  # in a graph: (field, size tensor) of the step being built
-        self.host_state_hooks = {}  # key: (reload from its variable, save into it), set by the aggregator
+        self.shared_written = None  # the JSON last stored in module.method_state (or taken on from it)
 
-    def begin(self, step, seed):
-        """A new step is being built (eagerly: run)."""
+    def begin_step(self, step, seed, dense):
+        """A new step is being built (eagerly: run); step and seed are the aggregator's variables' values."""
         self.step, self.seed = step, seed
         self.errors, self.guards, self.per_step, self.runtime = [], [], {}, []
         if tf.executing_eagerly():
             self.runtime_last = {}
+
+    def ranks_training(self, name):
+        """Eagerly only: inside tf.function the answer would be a tensor, and the choice between the dense and
+        the compressed step is made while the graph is built (join.py)."""
+        if not tf.executing_eagerly():
+            return None
+        count = hvd.allreduce(tf.constant([1], tf.int32), op=hvd.Sum, name=name, ignore_name_scope=True,
+                              process_set=self.process_set)
+        return int(count[0])
 
     # ------------------------------------------------------------------------------------------------ tensors
     @staticmethod
@@ -75,10 +105,6 @@ class TFBackend:
     @staticmethod
     def sub(a, b):
         return tf.subtract(a, b)
-
-    @staticmethod
-    def where_nonzero(test, a, b):
-        return tf.where(tf.not_equal(test, 0.0), a, b)
 
     @staticmethod
     def size(x):
@@ -143,7 +169,7 @@ class TFBackend:
             result = result if isinstance(result, tuple) else (result,)
             return [tf.constant(r, DTYPES[d]) for r, d in zip(result, dtypes)]
 
-        return tuple(tf.py_function(call, list(args), [DTYPES[d] for d in dtypes]))
+        return as_tuple(tf.py_function(call, list(args), [DTYPES[d] for d in dtypes]))
 
     @staticmethod
     def numpy(fn, args, dtypes):
@@ -153,20 +179,32 @@ class TFBackend:
             return [np.ascontiguousarray(r, dtype=d) if np.ndim(r) else np.asarray(r, dtype=d)
                     for r, d in zip(result, dtypes)]
 
-        return tuple(tf.numpy_function(call, list(args), [DTYPES[d] for d in dtypes]))
+        return as_tuple(tf.numpy_function(call, list(args), [DTYPES[d] for d in dtypes]))
 
     @staticmethod
     def switch(index, branches):
         return tf.switch_case(index, branches)
 
-    def require(self, truth, detail, value=None):
+    def require(self, truth, detail, value=None, error="nonfinite"):
         if tf.executing_eagerly():
             if not bool(truth):
-                self.errors.append(detail.replace("{}", str(int(value))) if value is not None else detail)
+                self.errors.append((error, detail.replace("{}", str(int(value))) if value is not None else detail))
             return
         head, _, tail = detail.partition("{}")
-        data = [NONFINITE + head] + ([value, tail] if value is not None else [])
+        data = [ERROR_PREFIXES[error] + head] + ([value, tail] if value is not None else [])
         self.guards.append(tf.debugging.Assert(truth, data))
+
+    @contextlib.contextmanager
+    def decoding(self, item):
+        if not tf.executing_eagerly():  # a graph: the failing op's name carries the tensor's
+            with tf.name_scope(re.sub(r"[^A-Za-z0-9_.]", "_", f"decode.{item.name}")):
+                yield
+            return
+        try:
+            yield
+        except (ValueError, tf.errors.InvalidArgumentError) as exc:
+            message = exc.message if isinstance(exc, tf.errors.OpError) else str(exc)
+            self.errors.append(("payload", f"{item.name!r}: {message}"))
 
     def failed(self):
         return bool(self.errors)
@@ -217,15 +255,17 @@ class TFBackend:
         for key, value in amounts.items():
             self.decided_total[key] = self.decided_total.get(key, 0) + value
 
-    def host_state_loaded(self, key, state):
-        """Before host state is read: the aggregator reloads it if a checkpoint restored its variable."""
-        if key in self.host_state_hooks:
-            self.host_state_hooks[key][0](state)
+    def shared_state_read(self, method):
+        """The method takes on module.method_state if a checkpoint restored it (it differs from what was stored)."""
+        saved = self.module.method_state.numpy().decode()
+        if saved and saved != self.shared_written:
+            method.load_shared_state(json.loads(saved))
+            self.shared_written = saved
 
-    def host_state_saved(self, key, state):
-        """After host state changed: the aggregator keeps it in the variable a checkpoint holds."""
-        if key in self.host_state_hooks:
-            self.host_state_hooks[key][1](state)
+    def shared_state_written(self, method):
+        """Keep Method.shared_state() in module.method_state, the variable a tf.train.Checkpoint holds."""
+        self.shared_written = json.dumps(method.shared_state())
+        self.module.method_state.assign(self.shared_written)
 
     # ------------------------------------------------------------------------------------------------- state
     def residual(self, name, n, item=None):
@@ -252,8 +292,10 @@ class TFBackend:
         return state.numpy()
 
     def imported_residual(self, name, values):
+        """Made with its values, eagerly as residual() is (also while a tf.function is traced)."""
         variable = self.residual(name, int(np.size(values)))
-        variable.assign(tf.cast(tf.reshape(values, [-1]), tf.float32))
+        with tf.init_scope():
+            variable.assign(tf.cast(tf.reshape(values, [-1]), tf.float32))
         return variable
 
     @staticmethod

@@ -20,6 +20,7 @@ State (step, loss window, leaders, the EASGD center) is in ``optimizer.horovod_e
 a warning (SYNCHRONOUS_FALLBACK says why): Horovod's TensorFlow collectives have no handles.
 """
 import contextlib
+import functools
 import itertools
 import warnings
 
@@ -29,12 +30,14 @@ import numpy as np
 import tensorflow as tf
 
 from horovod_ext.compression import CompressionStats
-from horovod_ext.compression.consistency import split_blobs
+from horovod_ext.compression.consistency import allgather_blobs
+from horovod_ext.compression.horovod_args import check_named_parameters
 from horovod_ext.consensus import ElasticSync, LeaderSync
 from horovod_ext.consensus.accounting import account_dense_reference
 from horovod_ext.consensus.agreement import build_on_every_rank, level_process_sets
 from horovod_ext.consensus.leader import ELASTIC_EVALUATION, LEADER_EVALUATION, check_evaluation
 from .aggregator import collective_name, variable_names
+from .backend import numpy_allgather
 
 _ids = itertools.count()
 
@@ -263,25 +266,17 @@ def _swapped_in(variables, values):
             v.assign(x)
 
 
-def _allgather_blobs(tag):
-    def allgather(blob):
-        sizes = hvd.allgather(tf.constant([len(blob)], dtype=tf.int64), name=tag + ".sizes",
-                              ignore_name_scope=True).numpy().tolist()
-        gathered = hvd.allgather(tf.constant(np.frombuffer(blob, dtype=np.uint8)), name=tag,
-                                 ignore_name_scope=True)
-        return split_blobs(gathered.numpy().tobytes(), sizes)
-    return allgather
-
-
 def _wrap(optimizer, state_class, make_sync, arguments, named_parameters):
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"{state_class.what} needs a Keras 3 optimizer (keras.optimizers.SGD, Adam, ...); got "
                         f"{type(optimizer).__module__}.{type(optimizer).__name__}")
+    check_named_parameters(named_parameters, None, state_class.what)  # the Keras optimizer is not built yet
     named = list(named_parameters) if named_parameters is not None else []
     tensors = [(n, tuple(v.shape), tf.as_dtype(v.dtype).name) for n, v in named]
     n = next(_ids)
     with tf.init_scope():
-        sync = build_on_every_rank(make_sync, arguments, tensors, _allgather_blobs(f"hvdext.{state_class.what}.{n}"),
+        gather = functools.partial(allgather_blobs, allgather=numpy_allgather(), tag=f"hvdext.{state_class.what}.{n}")
+        sync = build_on_every_rank(make_sync, arguments, tensors, gather,
                                    hvd.rank(), hvd.size(), state_class.what)
         if sync.staleness:
             warnings.warn(SYNCHRONOUS_FALLBACK, RuntimeWarning, stacklevel=3)

@@ -11,10 +11,11 @@ import horovod.torch as _horovod
 from horovod.torch import *  # noqa: F401,F403  (everything of horovod.torch is still there)
 
 from horovod_ext.consensus.init import make_init  # noqa: E402
+from horovod_ext.horovod_internals import framework_basics  # noqa: E402
 from .compression import Compression  # noqa: E402
 from .functions import broadcast_optimizer_state  # noqa: E402
 from .project import project  # noqa: E402
 from .leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402
 from .optimizer import DistributedOptimizer  # noqa: E402
 
-init = make_init(_horovod.init, _horovod.mpi_ops._basics)
+init = make_init(_horovod.init, framework_basics(_horovod))

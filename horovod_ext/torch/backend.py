@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from horovod.common.exceptions import HorovodInternalError
 
+from horovod_ext.compression.backend import Backend
 from horovod_ext.compression.plan import k_of
 from .kernels import TorchKernels, as_float32
 
@@ -36,6 +37,16 @@ class Done:
         self.value = value
 
 
+def numpy_allgather(process_set=None):
+    """allgather(array, name) -> NumPy array over Horovod's torch allgather (consistency.allgather_blobs)."""
+    where = {} if process_set is None else {"process_set": process_set}
+
+    def allgather(array, name):
+        return hvd.allgather(torch.from_numpy(array), name=name, **where).numpy()
+
+    return allgather
+
+
 def drain(futures):
     """Wait for (and discard) every collective still in flight, so that none is left in Horovod's handle map."""
     for future in futures:
@@ -48,7 +59,10 @@ def drain(futures):
             pass
 
 
-class TorchBackend:
+class TorchBackend(Backend):
+    """Eager: collectives by Horovod handle, requirements collected as (error, message) and raised by the step
+    driver once the step is finished."""
+
     kernels = TorchKernels
 
     def __init__(self, process_set, op, predivide, stats):
@@ -66,15 +80,22 @@ class TorchBackend:
         self.round = 0
         self.errors = []
 
-    def begin_finish(self, dense_step=False):
-        """A step's finish begins. Only steps every rank takes advance the round in step-level collective names:
-        a rank that has called hvd.join() takes no part in the dense steps of the others."""
-        if not dense_step:
+    def begin_step(self, step, seed, dense):
+        """Only steps every rank takes advance the round in step-level collective names: a rank that has called
+        hvd.join() takes no part in the dense steps of the others."""
+        self.step, self.seed = step, seed
+        if not dense:
             self.round += 1
         self.errors = []
 
+    def ranks_training(self, name):
+        count = hvd.allreduce(torch.ones(1, dtype=torch.int32), op=hvd.Sum, name=name, process_set=self.process_set)
+        return int(count.item())
+
     # ------------------------------------------------------------------------------------------------ tensors
-    flat32 = staticmethod(as_float32)
+    @staticmethod
+    def flat32(g):
+        return as_float32(g)
 
     @staticmethod
     def copy(x):
@@ -99,10 +120,6 @@ class TorchBackend:
     @staticmethod
     def sub(a, b):
         return torch.sub(a, b)
-
-    @staticmethod
-    def where_nonzero(test, a, b):
-        return torch.where(test != 0, a, b)
 
     @staticmethod
     def size(x):
@@ -194,9 +211,16 @@ class TorchBackend:
     def switch(index, branches):
         return branches[int(index)]()
 
-    def require(self, truth, detail, value=None):
+    def require(self, truth, detail, value=None, error="nonfinite"):
         if not truth:
-            self.errors.append(detail.replace("{}", str(int(value))) if value is not None else detail)
+            self.errors.append((error, detail.replace("{}", str(int(value))) if value is not None else detail))
+
+    @contextlib.contextmanager
+    def decoding(self, item):
+        try:
+            yield
+        except ValueError as exc:  # a kernel rejected a corrupted payload (every rank holds the same bytes)
+            self.errors.append(("payload", f"{item.name!r}: {exc}"))
 
     def failed(self):
         return bool(self.errors)
@@ -216,19 +240,19 @@ class TorchBackend:
     def count(self, **amounts):
         self.stats.add(**amounts)
 
-    count_decided = count
+    def count_decided(self, **amounts):
+        """Eager: the decision is taken as the step runs, so its bytes add to the statistics as count's do."""
+        self.stats.add(**amounts)
 
     def count_runtime(self, **amounts):
         self.stats.add(**{key: float(value) for key, value in amounts.items()})
 
-    @staticmethod
-    def host_state_loaded(key, state):
-        """Host state (GraVAC's controller, sparse_reduce's regions) lives in the method here, checkpointed through
-        the optimizer's state_dict()."""
+    def shared_state_read(self, method):
+        """Nothing to take on: a checkpoint reaches the method only through the optimizer's load_state_dict(),
+        which hands it to the method itself."""
 
-    @staticmethod
-    def host_state_saved(key, state):
-        pass
+    def shared_state_written(self, method):
+        """Nothing to store: the optimizer's state_dict() reads Method.shared_state() when it is called."""
 
     # ------------------------------------------------------------------------------------------------- state
     @staticmethod

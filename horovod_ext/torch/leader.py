@@ -26,12 +26,14 @@ import horovod.torch as hvd
 import torch
 
 from horovod_ext.compression import CompressionStats
-from horovod_ext.compression.consistency import split_blobs
+from horovod_ext.compression.consistency import allgather_blobs
+from horovod_ext.compression.horovod_args import check_named_parameters
 from horovod_ext.consensus import ElasticSync, LeaderSync, Rounds
 from horovod_ext.consensus.accounting import account_dense_reference
 from horovod_ext.consensus.agreement import build_on_every_rank, level_process_sets
 from horovod_ext.consensus.leader import ELASTIC_EVALUATION, LEADER_EVALUATION, check_evaluation
 from horovod_ext.consensus.rounds import Round
+from .backend import numpy_allgather
 
 STATE_KEY = "horovod_ext"
 _ids = itertools.count()
@@ -67,13 +69,9 @@ class _ParameterSync:
     def _hx_setup(self, named_parameters, make_sync, arguments):
         self._hx_id = next(_ids)
         params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
-        named = list(named_parameters) if named_parameters is not None else []
-        names = {p: n for n, p in named if isinstance(n, str)}
-        if named and any(p not in names for p in params):
-            raise ValueError("named_parameters must name every parameter the optimizer updates "
-                             "(pass model.named_parameters() of the model whose parameters it holds)")
+        names = check_named_parameters(named_parameters, params, self._hx_what)
         self._hx_params = params
-        self._hx_names = [names.get(p, f"param.{i}") for i, p in enumerate(params)]
+        self._hx_names = [names.get(id(p), f"param.{i}") for i, p in enumerate(params)]
         tensors = [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(self._hx_names, params)]
         self._hx_sync = build_on_every_rank(make_sync, arguments, tensors, self._hx_allgather_blobs, hvd.rank(),
                                             hvd.size(), self._hx_what)
@@ -86,10 +84,7 @@ class _ParameterSync:
         self._hx_stats = CompressionStats(self._hx_what)
 
     def _hx_allgather_blobs(self, blob):
-        tag = f"horovod_ext.{self._hx_what}.{self._hx_id}.settings"
-        data = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-        sizes = hvd.allgather(torch.tensor([data.numel()], dtype=torch.int64), name=tag + ".sizes").tolist()
-        return split_blobs(hvd.allgather(data, name=tag).numpy().tobytes(), sizes)
+        return allgather_blobs(blob, numpy_allgather(), f"horovod_ext.{self._hx_what}.{self._hx_id}.settings")
 
     def _hx_tag(self, *parts):
         return ".".join(["hvdext", self._hx_what, str(self._hx_id), *map(str, parts)])

@@ -20,14 +20,14 @@ import torch
 from horovod.common.process_sets import global_process_set
 
 from horovod_ext import __version__
-from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_payload_compressor, method_for
-from horovod_ext.compression.consistency import exchange, optimizer_settings, split_blobs
-from horovod_ext.compression.horovod_args import check_groups, check_predivide
-from horovod_ext.compression.join import JOIN_CHECK_BYTES, a_rank_joined, join_check_wire_bytes
+from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_payload_compressor
+from horovod_ext.compression.consistency import allgather_blobs, exchange, optimizer_settings
+from horovod_ext.compression.driver import StepDriver
+from horovod_ext.compression.horovod_args import check_groups, check_named_parameters, check_predivide
 from horovod_ext.compression.plan import Item
 from horovod_ext.compression.resume import adopted_offer, residuals_for, split_checkpoint
 from horovod_ext.compression.specs import describe_compression, element_limit
-from .backend import TorchBackend, drain
+from .backend import TorchBackend, drain, numpy_allgather
 from .kernels import check_gradient
 
 _optimizer_ids = itertools.count()
@@ -57,19 +57,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              f"use hvd.Average or hvd.Sum")
 
         all_params = [p for group in self.param_groups for p in group["params"]]
-        named = list(named_parameters) if named_parameters is not None else []
-        if named and any(not isinstance(item, tuple) or len(item) != 2 for item in named):
-            raise ValueError("named_parameters must be a sequence of (name, parameter) pairs, "
-                             "e.g. model.named_parameters()")
-        names = [name for name, _ in named]
-        if len(set(names)) != len(names):
-            dups = sorted({n for n in names if names.count(n) > 1})
-            raise ValueError(f"named_parameters holds duplicate names: {dups}")
-        by_param = {p: name for name, p in named}
-        if named and any(p not in by_param for p in all_params):
-            raise ValueError("named_parameters must name every parameter the optimizer updates "
-                             "(pass model.named_parameters() of the model whose parameters it holds)")
-        self._hx_names = {p: by_param.get(p, f"noname.{i}") for i, p in enumerate(all_params)}
+        by_id = check_named_parameters(named_parameters, all_params, "DistributedOptimizer")
+        self._hx_names = {p: by_id.get(id(p), f"noname.{i}") for i, p in enumerate(all_params)}
         self._parameter_names = dict(self._hx_names)  # Horovod's attribute, read by tools and Horovod's tests
         self._hx_sparse_as_dense = bool(sparse_as_dense)
         self._hx_params = [p for p in all_params if p.requires_grad]
@@ -84,17 +73,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                             f"Compressor), got {compression!r}")
 
         self._hx_stats = CompressionStats(getattr(compression, "name", getattr(compression, "__name__", "custom")))
-        self._hx_method = None  # the compressor's plan, made after the settings check (the seed may come from rank 0)
+        self._hx_driver = None  # the compressor's step, made after the settings check (the seed may come from rank 0)
         self._hx_backend = TorchBackend(process_set, op, self._hx_predivide, self._hx_stats)
         self._hx_agreement = None  # None: not checked yet; True: agreed; an exception: re-raised
         self._hx_seed = None
         self._hx_step = 0
         self._hx_loaded = None  # the shared part of a loaded checkpoint, offered to every rank at the next agreement
-        self._hx_residuals = None  # this rank's residuals from a checkpoint, restored once the transport exists
-        self._hx_controller_state = None  # a checkpoint's GraVAC controller, restored once the transport exists
-        self._hx_regions = None  # a checkpoint's sparse_reduce regions, likewise
+        self._hx_residuals = None  # this rank's residuals from a checkpoint, restored once the method exists
+        self._hx_method_state = None  # a checkpoint's method shared state, restored once the method exists
         self._hx_pending = {}
-        self._hx_training = None  # ranks still training this step (None: not asked yet this step)
+        self._hx_begun = False  # the driver has begun this step (at its first launch)
+        self._hx_densified = set()  # parameters whose sparse gradient this step sends dense (sparse_as_dense)
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
         self._hx_should_synchronize = True
         self._hx_synchronized = False
@@ -102,11 +91,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # ----------------------------------------------------------------------------------------------- agreement
     def _hx_allgather_blobs(self, blob):
-        ps, tag = self._hx_process_set, f"horovod_ext.settings.{self._hx_id}"
-        data = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-        sizes = hvd.allgather(torch.tensor([data.numel()], dtype=torch.int64), name=tag + ".sizes",
-                              process_set=ps).tolist()
-        return split_blobs(hvd.allgather(data, name=tag, process_set=ps).numpy().tobytes(), sizes)
+        return allgather_blobs(blob, numpy_allgather(self._hx_process_set), f"horovod_ext.settings.{self._hx_id}")
 
     def _hx_agree(self):
         """Exchange settings (two small allgathers) before the first collective, and again after a checkpoint was
@@ -134,9 +119,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._hx_seed is None:
             seed = getattr(self._hx_compression, "seed", None)
             self._hx_seed = seed if seed is not None else proposals[0]["seed"]
-        if self._hx_method is None:
-            self._hx_method = self._hx_make_method()
-        self._hx_restore_transport_state(offer)
+        if self._hx_driver is None:
+            self._hx_driver = self._hx_make_driver()
+        self._hx_restore_method_state(offer)
         self._hx_loaded = None
         self._hx_agreement = True
 
@@ -144,38 +129,31 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """The shared state: a loaded checkpoint's until the next agreement has adopted it, else this rank's."""
         if self._hx_loaded is not None:
             return dict(self._hx_loaded)
-        controller = getattr(self._hx_method, "controller", None)
-        return {"step": self._hx_step, "seed": self._hx_seed, "stats": self._hx_stats.state(),
-                "controller": controller.state() if controller is not None else self._hx_controller_state,
-                "regions": self._hx_method.shared_state() if self._hx_method is not None else self._hx_regions}
+        method = self._hx_driver.method.shared_state() if self._hx_driver is not None else self._hx_method_state
+        return {"step": self._hx_step, "seed": self._hx_seed, "stats": self._hx_stats.state(), "method": method}
 
     def _hx_adopt(self, shared):
-        """Take on a checkpoint's shared state (step counter, seed, statistics, GraVAC controller)."""
+        """Take on a checkpoint's shared state (step counter, seed, statistics, the method's shared state)."""
         self._hx_step = int(shared["step"])
         if shared.get("seed") is not None:
             self._hx_seed = int(shared["seed"])
             self._hx_set_seed(self._hx_seed)
         if shared.get("stats") is not None:
             self._hx_stats.load_state(shared["stats"])
-        self._hx_controller_state = shared.get("controller")
-        self._hx_regions = shared.get("regions")
+        self._hx_method_state = shared.get("method")
 
-    def _hx_restore_transport_state(self, offer):
-        controller = getattr(self._hx_method, "controller", None)
-        if controller is not None and offer is not None and offer.get("controller") is not None:
-            controller.load_state(offer["controller"])
+    def _hx_restore_method_state(self, offer):
+        method = self._hx_driver.method
         if offer is not None:
-            self._hx_method.load_shared_state(offer.get("regions"))
+            method.load_shared_state(offer.get("method"))
         if self._hx_residuals is not None:
-            self._hx_method.load_state(self._hx_backend, self._hx_residuals)
+            method.load_state(self._hx_backend, self._hx_residuals)
             self._hx_residuals = None
 
-    def _hx_make_method(self):
-        """The compressor's plan (registry.method_for): the same class TensorFlow runs, on the torch backend."""
-        comp = self._hx_compression
+    def _hx_make_driver(self):
+        """The compressor's step (compression/driver.py): the same method TensorFlow runs, on the torch backend."""
         self._hx_set_seed(self._hx_seed)
-        sizes = [p.numel() for p in self._hx_params]
-        return method_for(comp)(comp, self._hx_backend, sizes)
+        return StepDriver(self._hx_compression, self._hx_backend, [p.numel() for p in self._hx_params], self._hx_id)
 
     def _hx_set_seed(self, seed):
         self._hx_backend.seed = seed
@@ -200,11 +178,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _hx_launch(self, p):
         """Start one gradient's communication. A sparse gradient (nn.Embedding(sparse=True)) travels as Horovod
         sends it: an allgather of its indices and values (``sparse_allreduce_async``), or densified with
-        ``sparse_as_dense=True``, after which it is an ordinary dense gradient (compressed like any other). In a step
-        after some rank called hvd.join(), every gradient goes dense by allreduce (see _hx_ranks_training)."""
-        dense_step = a_rank_joined(self._hx_ranks_training(), self._hx_process_set.size())
+        ``sparse_as_dense=True`` (an ordinary dense gradient then, compressed like any other, made sparse again
+        once averaged, as Horovod does: optimizers such as SparseAdam take only sparse gradients). In a step after
+        some rank called hvd.join(), every gradient goes dense by allreduce (the driver's join check)."""
+        driver = self._hx_driver
+        if not self._hx_begun:
+            driver.begin(self._hx_step, self._hx_seed)
+            self._hx_begun = True
         if p.grad is not None and p.grad.is_sparse:
-            if not (self._hx_sparse_as_dense or dense_step):
+            if not (self._hx_sparse_as_dense or driver.dense):
                 handle = hvd.sparse_allreduce_async(p.grad, name=f"sparse.{self._hx_names[p]}", op=self._hx_op,
                                                     process_set=self._hx_process_set)
                 self._hx_stats.add(payload_bytes=p.grad._values().numel() * p.grad.element_size()
@@ -213,25 +195,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 item.kind, item.future = "sparse", handle
                 return item
             p.grad = p.grad.to_dense()
-        item = Item(self._hx_index[p], self._hx_names[p], p.grad, p.numel(), p.grad.element_size(), param=p)
-        self._hx_backend.step = self._hx_step
-        if dense_step:
-            return self._hx_method.launch_dense(self._hx_backend, item)
-        return self._hx_method.launch(self._hx_backend, item)
-
-    def _hx_ranks_training(self):
-        """How many ranks of the process set are still training this step (the others called hvd.join()): asked
-        once per step, at its first launch, for payload compressors (see horovod_ext.compression.join)."""
-        if self._hx_training is None:
-            if self._hx_method.needs_join_check:
-                count = hvd.allreduce(torch.ones(1, dtype=torch.int32), op=hvd.Sum,
-                                      name=f"horovod_ext.training.{self._hx_id}", process_set=self._hx_process_set)
-                self._hx_training = int(count.item())
-                self._hx_stats.add(payload_bytes=JOIN_CHECK_BYTES,
-                                   wire_bytes=join_check_wire_bytes(self._hx_process_set.size()))
-            else:
-                self._hx_training = self._hx_process_set.size()
-        return self._hx_training
+            self._hx_densified.add(p)
+        item = driver.item(self._hx_index[p], self._hx_names[p], p.grad, p.numel(), p.grad.element_size(), param=p)
+        return driver.launch(item)
 
     def _hx_hook(self, p):
         if p in self._hx_pending:
@@ -262,29 +228,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
         sparse = [item for item in ordered if item.kind == "sparse"]
         ordered = [item for item in ordered if item.kind != "sparse"]
-        dense_step = self._hx_training is not None and a_rank_joined(self._hx_training, self._hx_process_set.size())
-        self._hx_training = None
-        be = self._hx_backend
-        be.begin_finish(dense_step)
+        densified, self._hx_densified, self._hx_begun = self._hx_densified, set(), False
         try:
-            if dense_step:
-                self._hx_method.finish_dense(be, ordered)
-                self._hx_stats.extra["join_dense_steps"] = self._hx_stats.extra.get("join_dense_steps", 0) + 1
-            else:
-                self._hx_method.finish(be, ordered)
+            self._hx_driver.finish(ordered, self._hx_step)
+            for p in densified:
+                p.grad = p.grad.to_sparse()
+        finally:
             for item in sparse:
                 item.param.grad = item.future()
-        finally:
             self._hx_step += 1
             self._hx_stats.end_step()
-        self._hx_synchronized = True
-        errors = be.errors
-        if errors:
-            self._hx_method.on_error(be)
-            name = getattr(self._hx_compression, "name", type(self._hx_compression).__name__)
-            raise FloatingPointError(
-                f"Compression.{name}: NaN or Inf in the gradient of {', '.join(errors)} at "
-                f"step {self._hx_step - 1}; gradients must be finite (lower the learning rate, or clip gradients)")
+            self._hx_synchronized = True
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -320,9 +274,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         with "theta_ideal", the CF it settled on (None while exploring)."""
         stats = self._hx_stats.as_dict()
         stats["ranks"] = self._hx_process_set.size()
-        controller = getattr(self._hx_method, "controller", None)
-        if controller is not None:
-            stats.update(controller.observations())
+        if self._hx_driver is not None:
+            stats.update(self._hx_driver.method.observations())
         return stats
 
     # --------------------------------------------------------------------------------------------- checkpoints
@@ -331,7 +284,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         GraVAC controller) and this rank's residuals, tagged with its rank and the job's size (see resume.py)."""
         state = super(self.__class__, self).state_dict()
         ours = self._hx_shared_state()
-        residuals = self._hx_method.state(self._hx_backend) if self._hx_method is not None \
+        residuals = self._hx_driver.method.state(self._hx_backend) if self._hx_driver is not None \
             else (self._hx_residuals or {})
         ours.update(rank=self._hx_process_set.rank(), size=self._hx_process_set.size(), residuals=residuals)
         state[STATE_KEY] = ours
@@ -345,9 +298,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         ours = state_dict.pop(STATE_KEY, None)
         if self._hx_pending:
             drain(list(item.future for item in self._hx_pending.values()))
-            if self._hx_method is not None:
-                self._hx_method.abandon_step()
+            if self._hx_driver is not None:
+                self._hx_driver.abandon_step()
         self._hx_pending = {}
+        self._hx_begun, self._hx_densified = False, set()
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
         self._hx_synchronized = False
         self._hx_should_synchronize = True

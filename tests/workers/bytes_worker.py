@@ -46,11 +46,19 @@ def spec_of(hvd, name, kwargs):
     return spec(**kwargs) if kwargs else spec
 
 
-def record(stats):
+def record(stats, log):
+    """The statistics after the run; log: (path, cf) of each step, read after it (the controller keeps the last
+    window)."""
     out = {part: {f: stats[part][f] for f in FIELDS} for part in ("total", "last_step")}
     out["steps"] = stats["steps"]
-    out["log"] = [(e["path"], e["cf"]) for e in stats.get("log", [])]
+    out["log"] = log
     return out
+
+
+def newest(stats, log):
+    """Append the step just taken to log, for adaptive_topk."""
+    if stats.get("log"):
+        log.append((stats["log"][-1]["path"], stats["log"][-1]["cf"]))
 
 
 def run_torch():
@@ -63,12 +71,14 @@ def run_torch():
         opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1),
                                        named_parameters=[(f"w{i}", p) for i, p in enumerate(params)],
                                        compression=spec_of(hvd, name, kwargs))
+        log = []
         for step in range(STEPS):
             opt.zero_grad()
             for p, g in zip(params, gradients(step, hvd.rank())):
                 (p * torch.from_numpy(g)).sum().backward()
             opt.step()
-        results[key] = record(opt.compression_stats())
+            newest(opt.compression_stats(), log)
+        results[key] = record(opt.compression_stats(), log)
     return hvd, results
 
 
@@ -94,9 +104,11 @@ def run_tf():
             tape_holder = {}
             step_fn = make_step(tf, hvd, variables, tape_holder, spec_of(hvd, name, kwargs))
             fn = tf.function(step_fn) if mode == "graph" else step_fn
+            log = []
             for step in range(STEPS):
                 fn([tf.constant(g) for g in gradients(step, hvd.rank())])
-            results[f"{mode}/{key}"] = record(tape_holder["tape"].compression_stats())
+                newest(tape_holder["tape"].compression_stats(), log)
+            results[f"{mode}/{key}"] = record(tape_holder["tape"].compression_stats(), log)
             # a fresh aggregator for the next config: DistributedGradientTape shares one per (compression, op, ...)
             from horovod_ext.tensorflow import gradient_tape
             gradient_tape._aggregators.clear()

@@ -70,25 +70,41 @@ def torch_run(hvd, torch, name, kwargs, steps=STEPS):
     return seen
 
 
+CORRUPTIONS = {  # which: (kernel whose output rank 1 corrupts once, compressor, settings)
+    "allgather": ("ternary_encode_entropy", "ternary", PAIRS["ternary"][1]),
+    "two_phase": ("ternary_codes_encode_entropy", "ternary", PAIRS["ternary_two_phase"][1]),
+    "topk_delta": ("topk_extract_coded", "topk", PAIRS["topk_fp16"][1]),
+    "topk_int32": ("topk_extract", "topk", PAIRS["topk_fp16"][2]),
+}
+
+
+def corrupt_indices(payload):
+    """An int32-packed top-k payload whose first index points past every tensor."""
+    data = payload.numpy().copy()
+    data.view(np.uint8)[:4] = 0x7F
+    return data
+
+
 def torch_corruption(hvd, torch, which):
-    """Rank 1 corrupts its payload (which="allgather") or its phase-1 chunk for rank 0 ("two_phase")."""
+    """Rank 1 corrupts one payload: an allgathered ternary one, its phase-1 chunk for rank 0 (two-phase), a
+    delta-coded top-k one, or an int32 top-k one's indices."""
     from horovod_ext.torch import kernels
-    original = {"allgather": kernels.TorchKernels.ternary_encode_entropy,
-                "two_phase": kernels.TorchKernels.ternary_codes_encode_entropy}[which]
+    name, compressor, kwargs = CORRUPTIONS[which]
+    original = getattr(kernels.TorchKernels, name)
     calls = []
 
     def corrupting(*args, **kwargs):
-        payload = original(*args, **kwargs)
+        out = original(*args, **kwargs)
+        payload, rest = (out[0], out[1:]) if isinstance(out, tuple) else (out, None)
         calls.append(1)
         if hvd.rank() == 1 and len(calls) == 1:
-            return torch.from_numpy(corrupt_one_byte(payload, True))
-        return payload
+            bad = corrupt_indices(payload) if which == "topk_int32" else corrupt_one_byte(payload, True)
+            payload = torch.from_numpy(bad)
+        return payload if rest is None else (payload, *rest)
 
-    name = "ternary_encode_entropy" if which == "allgather" else "ternary_codes_encode_entropy"
     setattr(kernels.TorchKernels, name, staticmethod(corrupting))
-    kwargs = dict(PAIRS["ternary"][1]) if which == "allgather" else dict(PAIRS["ternary_two_phase"][1])
     try:
-        torch_run(hvd, torch, "ternary", kwargs, steps=1)
+        torch_run(hvd, torch, compressor, dict(kwargs), steps=1)
         return {"type": None, "message": ""}
     except Exception as exc:  # noqa: BLE001 - the test checks the type and the message
         return {"type": type(exc).__name__, "message": str(exc)}
@@ -103,7 +119,7 @@ def run_torch():
     results = {}
     for pair, (name, coded, fixed) in PAIRS.items():
         results[pair] = {"coded": torch_run(hvd, torch, name, coded), "fixed": torch_run(hvd, torch, name, fixed)}
-    errors = {which: torch_corruption(hvd, torch, which) for which in ("allgather", "two_phase")}
+    errors = {which: torch_corruption(hvd, torch, which) for which in CORRUPTIONS}
     # after a corrupted step, the next one trains normally on every rank
     after = torch_run(hvd, torch, "ternary", PAIRS["ternary"][1], steps=1)
     return hvd, {"results": results, "errors": errors, "after": after}

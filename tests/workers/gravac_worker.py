@@ -30,11 +30,13 @@ def run_torch():
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
                                    compression=hvd.Compression.adaptive_topk(window=3))
     gen = torch.Generator().manual_seed(hvd.rank())
+    log = []  # the controller's log holds the last window: read its newest entry after each step
     for _ in range(STEPS):
         opt.zero_grad()
         model(torch.randn(8, 16, generator=gen)).pow(2).mean().backward()
         opt.step()
-    return hvd, opt.compression_stats()
+        log.append(opt.compression_stats()["log"][-1])
+    return hvd, opt.compression_stats(), log
 
 
 def run_tf():
@@ -48,6 +50,7 @@ def run_tf():
     weights = [tf.Variable(tf.random.normal([16, 32], stddev=0.2)), tf.Variable(tf.random.normal([32, 4], stddev=0.2))]
     rng = np.random.default_rng(hvd.rank())
     compression = hvd.Compression.adaptive_topk(window=3)  # one aggregator (and controller) per compression
+    log = []
     for _ in range(STEPS):
         x = tf.constant(rng.standard_normal((8, 16)), tf.float32)
         with tf.GradientTape() as tape:
@@ -55,10 +58,11 @@ def run_tf():
         tape = hvd.DistributedGradientTape(tape, compression=compression)
         for w, g in zip(weights, tape.gradient(loss, weights)):
             w.assign_sub(0.1 * g)
-    return hvd, tape.compression_stats()
+        log.append(tape.compression_stats()["log"][-1])
+    return hvd, tape.compression_stats(), log
 
 
-hvd, stats = run_torch() if FRAMEWORK == "torch" else run_tf()
-write_result(hvd.rank(), {"steps": len(stats["log"]), "step_seconds": [e["step_seconds"] for e in stats["log"]],
-                          "paths": [e["path"] for e in stats["log"]], "throughput": {str(k): v for k, v in
-                                                                                    stats["throughput"].items()}})
+hvd, stats, log = run_torch() if FRAMEWORK == "torch" else run_tf()
+write_result(hvd.rank(), {"steps": len(log), "step_seconds": [e["step_seconds"] for e in log],
+                          "paths": [e["path"] for e in log], "throughput": {str(k): v for k, v in
+                                                                            stats["throughput"].items()}})

@@ -68,10 +68,9 @@ def snapshot(model, opt):
 def ours(opt):
     """horovod_ext's shared state as the optimizer's state_dict() holds it, less measured seconds."""
     state = opt.state_dict()["horovod_ext"]
-    controller = state["controller"]
+    controller = (state["method"] or {}).get("controller")
     if controller is not None:
-        controller = {**{k: v for k, v in controller.items() if k not in ("log", "throughput")},
-                      "paths": [(e["path"], e["cf"]) for e in controller["log"]]}
+        controller = {k: v for k, v in controller.items() if k != "throughput"}
     return {"step": state["step"], "seed": state["seed"], "stats_steps": state["stats"]["steps"],
             "controller": controller}
 

@@ -169,7 +169,8 @@ def check_resume(compression, tmp):
     for s in range(3, 6):
         step(*batch(s))
     full = np.concatenate([w.numpy().ravel() for w in m.weights])
-    paths = [e["path"] for e in holder["aggregator"].compression_stats().get("log", [])]
+    totals = holder["aggregator"].compression_stats().get("totals", {"paths": {}})
+    paths = [path for path, steps in totals["paths"].items() if steps]  # every path a step of the run took
     checkpoint.restore(path)
     for s in range(3, 6):
         step(*batch(s))

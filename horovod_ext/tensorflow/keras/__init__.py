@@ -16,6 +16,7 @@ from horovod.tensorflow.keras import *  # noqa: F401,F403  (everything of horovo
 
 import horovod.tensorflow as _horovod  # noqa: E402
 from horovod_ext.consensus.init import make_init  # noqa: E402
+from horovod_ext.horovod_internals import framework_basics  # noqa: E402
 from horovod_ext.tensorflow.compression import Compression  # noqa: E402
 from horovod_ext.tensorflow.leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402
 from horovod_ext.tensorflow.project import project  # noqa: E402
@@ -23,4 +24,4 @@ from .optimizer import DistributedOptimizer  # noqa: E402
 
 # `from . import callbacks` would return the `callbacks` the star import bound (Horovod's, for Keras 2).
 callbacks = importlib.import_module(".callbacks", __name__)
-init = make_init(_horovod.init, _horovod.mpi_ops._basics)
+init = make_init(_horovod.init, framework_basics(_horovod))

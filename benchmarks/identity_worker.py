@@ -1,0 +1,151 @@
+"""One rank of the identity check (benchmarks/identity.py): trains a small model a few steps with every compressor
+and both leader optimizers (sync and async), in PyTorch and in TensorFlow (eager and tf.function), on fixed seeds,
+and writes the SHA-256 of this rank's parameters after each configuration. argv[1]: the JSON output path prefix."""
+import hashlib
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import numpy as np  # noqa: E402
+
+STEPS = 6
+SIZES = [(32, 64), (64,), (64, 48), (48,), (48, 10), (10,)]
+
+
+def compressors(hvd):
+    C = hvd.Compression
+    return {
+        "none": C.none, "fp16": C.fp16,
+        "ternary": C.ternary(seed=7),
+        "ternary-2bit-clipoff": C.ternary(seed=7, packing="2bit", clip=None, min_size=0),
+        "ternary-two_phase-ef": C.ternary(seed=7, shared_scale=True, transport="two_phase", error_feedback=True,
+                                          min_size=0),
+        "ternary-shared-allgather": C.ternary(seed=7, shared_scale=True, transport="allgather", min_size=0),
+        "topk": C.topk(ratio=0.05),
+        "topk-int32-fp32": C.topk(ratio=0.05, packing="int32", value_dtype="fp32"),
+        "topk-ternary-values": C.topk(ratio=0.05, value_dtype="ternary"),
+        "topk-sparse_reduce": C.topk(ratio=0.05, transport="sparse_reduce", rebalance_every=2),
+        "adaptive_topk": C.adaptive_topk(window=2, omega=0.0, epsilon=0.3),
+        "adaptive_topk-sparse_reduce": C.adaptive_topk(window=2, omega=0.0, epsilon=0.3, transport="sparse_reduce",
+                                                       rebalance_every=2),
+    }
+
+
+def digest(arrays):
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
+def batches(rank, shape_in=32):
+    rng = np.random.default_rng(1000 + rank)
+    return [(rng.standard_normal((16, shape_in)).astype(np.float32), rng.integers(0, 10, 16)) for _ in range(STEPS)]
+
+
+def run_torch(out):
+    import torch
+    import horovod_ext.torch as hvd
+    hvd.init()
+    rank = hvd.rank()
+    torch.set_num_threads(1)
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 48),
+                                   torch.nn.Tanh(), torch.nn.Linear(48, 10))
+
+    def train(make_opt, report=False):
+        m = model()
+        opt = make_opt(m)
+        for x, y in batches(rank):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(m(torch.from_numpy(x)), torch.from_numpy(y))
+            loss.backward()
+            if report:
+                opt.report_loss(loss)
+            opt.step()
+        return digest(p.detach().numpy() for p in m.parameters())
+
+    for name, comp in compressors(hvd).items():
+        out[f"torch/{name}"] = train(lambda m: hvd.DistributedOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), m.named_parameters(), compression=comp))
+    leaders = {
+        "lsgd": dict(groups=None, period=2),
+        "lsgd-node": dict(groups="node", period=2, global_period=4),
+        "lsgd-async": dict(groups=None, period=2, asynchronous=True),
+    }
+    for name, kw in leaders.items():
+        out[f"torch/{name}"] = train(lambda m: hvd.LeaderOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(), **kw), report=True)
+    for name, kw in {"easgd": dict(period=2), "easgd-async": dict(period=2, asynchronous=True)}.items():
+        out[f"torch/{name}"] = train(lambda m: hvd.ElasticAveragingOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(), **kw))
+    return rank
+
+
+def run_tf(out):
+    import keras
+    import tensorflow as tf
+    import horovod_ext.tensorflow.keras as hvdk
+    import horovod_ext.tensorflow as hvd
+    hvd.init()
+    rank = hvd.rank()
+
+    def variables():
+        rng = np.random.default_rng(0)
+        return [tf.Variable(rng.standard_normal(s).astype(np.float32) * 0.2, name=f"w{i}")
+                for i, s in enumerate(SIZES)]
+
+    def forward(vs, x):
+        h = tf.tanh(x @ vs[0] + vs[1])
+        h = tf.tanh(h @ vs[2] + vs[3])
+        return h @ vs[4] + vs[5]
+
+    def loss_of(vs, x, y):
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, forward(vs, x)))
+
+    for graph in (False, True):
+        mode = "graph" if graph else "eager"
+        for name, comp in compressors(hvd).items():
+            vs = variables()
+
+            def step(x, y, comp=comp, vs=vs):
+                with tf.GradientTape() as tape:
+                    loss = loss_of(vs, x, y)
+                tape = hvd.DistributedGradientTape(tape, compression=comp)
+                for v, g in zip(vs, tape.gradient(loss, vs)):
+                    v.assign_sub(0.1 * g)
+
+            fn = tf.function(step) if graph else step
+            for x, y in batches(rank):
+                fn(tf.constant(x), tf.constant(y))
+            out[f"tf-{mode}/{name}"] = digest(v.numpy() for v in vs)
+        for name, make in {
+            "lsgd": lambda o: hvdk.LeaderOptimizer(o, groups=None, period=2),
+            "lsgd-node": lambda o: hvdk.LeaderOptimizer(o, groups="node", period=2, global_period=4),
+            "easgd": lambda o: hvdk.ElasticAveragingOptimizer(o, period=2),
+        }.items():
+            vs = variables()
+            opt = make(keras.optimizers.SGD(0.1))
+
+            def step(x, y, opt=opt, vs=vs):
+                with tf.GradientTape() as tape:
+                    loss = loss_of(vs, x, y)
+                opt.report_loss(loss)
+                opt.apply(tape.gradient(loss, vs), vs)
+
+            fn = tf.function(step) if graph else step
+            for x, y in batches(rank):
+                fn(tf.constant(x), tf.constant(y))
+            out[f"tf-{mode}/{name}"] = digest(v.numpy() for v in vs)
+    return rank
+
+
+if __name__ == "__main__":
+    framework, prefix = sys.argv[1], sys.argv[2]
+    result = {}
+    rank = run_torch(result) if framework == "torch" else run_tf(result)
+    with open(f"{prefix}.{framework}.rank{rank}.json", "w") as f:
+        json.dump(result, f, indent=1, sort_keys=True)

@@ -1,0 +1,222 @@
+"""The backend contract: the primitives a method's step (plan.py, each compressor's module) runs on.
+
+Both adapters implement it (horovod_ext/torch/backend.py, horovod_ext/tensorflow/backend.py) as subclasses of
+``Backend``: a primitive left out is a TypeError when the backend is made, in whichever framework, and
+tests/test_backend_contract.py runs every primitive on PyTorch, TensorFlow eager and TensorFlow inside tf.function
+against the same expectations.
+
+Values are the framework's tensors. A "truth" is a Python bool (eager) or a boolean tensor (a graph); a "future"
+is whatever ``wait`` turns into the collective's result. Where a framework has nothing to do for a primitive, its
+backend still implements it, and its docstring says why (PyTorch checkpoints host state by reading the method at
+``state_dict()`` time, so ``shared_state_read`` / ``shared_state_written`` do nothing there; a TensorFlow graph
+cannot time its ops, so ``timed`` is a null context and its statistics say ``timed=False``).
+
+Attributes every backend has: ``nranks``, ``rank`` (of the process set), ``divisor`` (N for op Average, 1 for Sum),
+``step`` and ``seed`` (this step's counter and the random seed, as the kernels take them), ``kernels`` (the kernel
+table: uniform, functional signatures; see the codecs), ``stats`` (the CompressionStats the step adds to) and
+``errors`` (the (error, detail) pairs of the requirements that failed since begin_step, eagerly).
+"""
+import abc
+
+
+class Backend(abc.ABC):
+    """The primitives, grouped as the plan uses them. Every method is abstract: see the module docstring."""
+
+    nranks = rank = None
+    divisor = 1.0
+    step = seed = None
+    kernels = None
+    stats = None
+    errors = ()
+
+    # ------------------------------------------------------------------------------------------------ a step
+    @abc.abstractmethod
+    def begin_step(self, step, seed, dense):
+        """A step begins (the driver, before its first launch): its counter and seed (tensors in a graph), and
+        whether it goes dense (a rank has joined). Forgets the last step's requirements."""
+
+    @abc.abstractmethod
+    def ranks_training(self, name):
+        """How many ranks of the process set are still training (the others called hvd.join()): an allreduce of 1
+        (see join.py); None where it cannot be asked (a graph being built)."""
+
+    # ------------------------------------------------------------------------------------------------ tensors
+    @abc.abstractmethod
+    def flat32(self, g):
+        """g as a flat float32 tensor."""
+
+    @abc.abstractmethod
+    def copy(self, x):
+        """A copy of x that later writes to x do not change."""
+
+    @abc.abstractmethod
+    def sub(self, a, b):
+        """a - b, elementwise."""
+
+    @abc.abstractmethod
+    def stack(self, values, dtype):
+        """A 1-D tensor of `dtype` ("float32", "float64", "int32", "int64", "uint8") from scalars or 0-d tensors."""
+
+    @abc.abstractmethod
+    def unstack(self, t, n):
+        """The n elements of a 1-D tensor, as a list (Python numbers eagerly in PyTorch)."""
+
+    @abc.abstractmethod
+    def concat(self, parts):
+        """The 1-D tensors of `parts` one after the other (the one part itself when there is one)."""
+
+    @abc.abstractmethod
+    def sum(self, values):
+        """The sum of a list of scalars or 0-d tensors."""
+
+    @abc.abstractmethod
+    def all_finite(self, x):
+        """A truth: no NaN or Inf in x (a Python float, or a tensor)."""
+
+    @abc.abstractmethod
+    def size(self, x):
+        """The number of elements of x (an int eagerly in PyTorch, an int32 tensor in TensorFlow)."""
+
+    @abc.abstractmethod
+    def equal(self, x, value):
+        """A truth: x == value, elementwise."""
+
+    @abc.abstractmethod
+    def no_flag(self):
+        """The "no bad rank" flag a decoder returns: -1."""
+
+    @abc.abstractmethod
+    def k_of(self, numel, cf, upper=None):
+        """Top-k's k at compression factor cf (plan.k_of), at most `upper`; cf may be a tensor."""
+
+    # -------------------------------------------------------------------------------------------- collectives
+    @abc.abstractmethod
+    def allreduce(self, x, name, op):
+        """Start an allreduce of x over the process set; op "sum", "average" or "max". Returns a future."""
+
+    @abc.abstractmethod
+    def allreduce_grad(self, item, name, compression=None):
+        """Start the allreduce of item.grad with the user's op and gradient_predivide_factor, through a Horovod
+        compressor's compress/decompress (None: Compression.none); sets item.payload_bytes. Returns a future."""
+
+    @abc.abstractmethod
+    def allgather(self, x, name):
+        """Start an allgather of x (ranks' tensors concatenated in rank order). Returns a future."""
+
+    @abc.abstractmethod
+    def alltoall(self, x, splits, name):
+        """An alltoall: x cut by `splits` (one count per rank), the parts received concatenated in rank order.
+        Returns a future."""
+
+    @abc.abstractmethod
+    def wait(self, future):
+        """The result of a collective started by allreduce, allreduce_grad, allgather or alltoall."""
+
+    @abc.abstractmethod
+    def name(self, prefix, item):
+        """A collective's name, unique per (prefix, tensor)."""
+
+    @abc.abstractmethod
+    def step_name(self, prefix):
+        """A collective's name, unique per prefix within a step (a step-level collective)."""
+
+    # ------------------------------------------------------------------------------------------ host, control
+    @abc.abstractmethod
+    def host(self, fn, args, dtypes):
+        """fn run in Python on the host values of `args` (lists of numbers; a tf.py_function in a graph). Returns
+        a tuple of values of `dtypes`."""
+
+    @abc.abstractmethod
+    def numpy(self, fn, args, dtypes):
+        """fn run on the NumPy arrays of `args` (tf.numpy_function in a graph): how a codec outside the native
+        library supplies kernels. Returns a tuple of tensors of `dtypes`."""
+
+    @abc.abstractmethod
+    def switch(self, index, branches):
+        """branches[index]() (tf.switch_case in a graph: every branch returns the same structure)."""
+
+    @abc.abstractmethod
+    def require(self, truth, detail, value=None, error="nonfinite"):
+        """Record a failed requirement unless `truth`: `detail` with its "{}" filled with `value`. `error` is what
+        the step driver raises for it: "nonfinite" (FloatingPointError) or "payload" (a corrupted payload:
+        ValueError). Eagerly it is collected and raised after the step; in a graph it is an assertion."""
+
+    @abc.abstractmethod
+    def decoding(self, item):
+        """A context around decoding one tensor's payloads: a corrupted payload that a kernel rejects is recorded
+        as a "payload" requirement naming the tensor (eagerly; the rest of the block is skipped), or fails the
+        graph from an op named after the tensor."""
+
+    @abc.abstractmethod
+    def failed(self):
+        """Whether a requirement failed so far this step (always False in a graph: its assertions run later)."""
+
+    @abc.abstractmethod
+    def guarded(self, x):
+        """x, once every assertion recorded so far has passed (a graph); x itself eagerly."""
+
+    @abc.abstractmethod
+    def timed(self, field):
+        """A context that adds the seconds it lasts to statistics field `field`."""
+
+    # ----------------------------------------------------------------------------------------------- accounting
+    @abc.abstractmethod
+    def count(self, **amounts):
+        """Bytes (or elements) known when the step is built: the same every step."""
+
+    @abc.abstractmethod
+    def count_decided(self, **amounts):
+        """Bytes known only once a host decision is taken (GraVAC's path), called from that decision."""
+
+    @abc.abstractmethod
+    def count_runtime(self, **amounts):
+        """Bytes known only as the step runs (numbers, or tensors of them in a graph)."""
+
+    # --------------------------------------------------------------------------------------------- shared state
+    @abc.abstractmethod
+    def shared_state_read(self, method):
+        """Called on the host before a method reads its shared state (Method.shared_state): where a checkpoint
+        restores that state behind the method's back (a TensorFlow variable), the method takes it on here."""
+
+    @abc.abstractmethod
+    def shared_state_written(self, method):
+        """Called on the host after a method changed its shared state: where a checkpoint holds it in a variable
+        (TensorFlow), it is stored there."""
+
+    # ------------------------------------------------------------------------------------------- per-rank state
+    @abc.abstractmethod
+    def residual(self, name, n, item=None):
+        """A new per-rank state of n float32 zeros (error feedback's residual of tensor `name`)."""
+
+    @abc.abstractmethod
+    def read(self, state):
+        """The current value of a state."""
+
+    @abc.abstractmethod
+    def assign(self, state, value):
+        """state = value."""
+
+    @abc.abstractmethod
+    def reset(self, state):
+        """state = 0."""
+
+    @abc.abstractmethod
+    def export(self, state):
+        """The state's value for a checkpoint (a tensor in PyTorch, a NumPy array in TensorFlow)."""
+
+    @abc.abstractmethod
+    def imported_residual(self, name, values):
+        """A new per-rank state holding a checkpoint's values."""
+
+    @abc.abstractmethod
+    def imported(self, values):
+        """A checkpoint's values as a flat float32 tensor, to assign to an existing state."""
+
+    # ------------------------------------------------------------------------------------------------- output
+    @abc.abstractmethod
+    def output_buffer(self, item):
+        """Where a decoder may write item's average in place (the gradient's own storage), or None."""
+
+    @abc.abstractmethod
+    def write(self, item, flat):
+        """Make `flat` (the average, flat float32) item's result, in the gradient's shape and dtype."""

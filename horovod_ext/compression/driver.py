@@ -1,0 +1,80 @@
+"""The step driver: one compressor step over a backend, written once for PyTorch and TensorFlow.
+
+An adapter makes one StepDriver per optimizer (or aggregator) once the settings are agreed, and per step calls
+``begin(step, seed)`` before the first gradient is launched, ``item(...)`` and ``launch(item)`` for each gradient
+(PyTorch: in its backward hook; TensorFlow: each in turn), then ``finish(items)``. The driver asks whether a rank
+has joined (join.py: the step goes dense), runs the method's two stages (plan.py), and raises what the backend
+recorded, the same error on every rank (each is decided from collective results):
+
+- a NaN/Inf gradient: FloatingPointError (TensorFlow inside tf.function: InvalidArgumentError, same text);
+- a corrupted payload: ValueError naming the tensor and the rank that sent it (InvalidArgumentError in a graph).
+
+After either, the method drops what error feedback kept (Method.on_error), and the next step trains normally.
+"""
+from .join import JOIN_CHECK_BYTES, a_rank_joined, join_check_wire_bytes
+from .plan import Item
+from .registry import method_for
+
+NONFINITE_HELP = "gradients must be finite (lower the learning rate, or clip gradients)"
+PAYLOAD_HELP = "payloads are checked on arrival; a corrupted one fails the step on every rank"
+
+
+class StepDriver:
+    """The compressor's method (registry.method_for) over one backend, and the step's join check and errors."""
+
+    def __init__(self, compression, backend, sizes, tag):
+        self.compression, self.be = compression, backend
+        self.method = method_for(compression)(compression, backend, sizes)
+        self.tag = tag  # makes the join check's collective name unique per optimizer
+        self.dense = False  # this step goes dense: some rank has called hvd.join()
+        self.name = getattr(compression, "name", getattr(compression, "__name__", type(compression).__name__))
+
+    def begin(self, step, seed):
+        """A step begins (before its first launch): the join check, then the backend's step. Payload compressors
+        cannot run while a rank is joined (join.py): one allreduce of 1 per step asks (eagerly)."""
+        training = None
+        if self.method.needs_join_check:
+            training = self.be.ranks_training(f"horovod_ext.training.{self.tag}")
+        self.dense = training is not None and a_rank_joined(training, self.be.nranks)
+        self.be.begin_step(step, seed, self.dense)
+        if training is not None:
+            self.be.count(payload_bytes=JOIN_CHECK_BYTES, wire_bytes=join_check_wire_bytes(self.be.nranks))
+        if self.dense:
+            extra = self.be.stats.extra
+            extra["join_dense_steps"] = extra.get("join_dense_steps", 0) + 1
+
+    def item(self, index, name, grad, numel, itemsize, param=None):
+        """One gradient of the step, with the method's record of it."""
+        item = Item(index, name, grad, numel, itemsize, param=param)
+        item.work = self.method.Record()
+        return item
+
+    def launch(self, item):
+        if self.dense:
+            return self.method.launch_dense(self.be, item)
+        return self.method.launch(self.be, item)
+
+    def finish(self, items, step):
+        """Finish every launched gradient; raise the step's recorded errors (see the module docstring)."""
+        if self.dense:
+            self.method.finish_dense(self.be, items)
+        else:
+            self.method.finish(self.be, items)
+        errors = self.be.errors
+        if errors:
+            self.method.on_error(self.be)
+            raise self.error(errors, step)
+
+    def error(self, errors, step):
+        """The exception for the step's recorded (error, detail) pairs: a corrupted payload before a NaN/Inf."""
+        payload = [detail for error, detail in errors if error == "payload"]
+        if payload:
+            return ValueError(f"Compression.{self.name}: corrupted payload of {'; '.join(payload)} at step {step}; "
+                              f"{PAYLOAD_HELP}")
+        nonfinite = [detail for error, detail in errors if error != "payload"]
+        return FloatingPointError(f"Compression.{self.name}: NaN or Inf in the gradient of {', '.join(nonfinite)} "
+                                  f"at step {step}; {NONFINITE_HELP}")
+
+    def abandon_step(self):
+        """Launched gradients were dropped before finish() (a checkpoint was loaded)."""
+        self.method.abandon_step()

@@ -1,0 +1,299 @@
+"""The backend contract's conformance cases (horovod_ext/compression/backend.py): one case per primitive, run by
+tests/workers/contract_worker.py on the PyTorch backend, TensorFlow eagerly and TensorFlow inside tf.function,
+against the same expectations. tests/test_backend_contract.py checks that every primitive has a case.
+
+A case is fn(ctx) -> value (tensors, numbers, lists of them, None), run inside a tf.function in the graph mode;
+the expectation is fn(rank, nranks, value, ctx) -> None or a message saying what differs. ctx gives the framework:
+ctx.be (a new backend per case), ctx.t(values, dtype) (a tensor), ctx.item(name, values) (a plan.Item),
+ctx.graph (True inside tf.function), ctx.counted(field) (what the backend's statistics hold of a counted field),
+ctx.written(item) (the item's result after write), ctx.set_method_state(text) (a checkpoint restoring the
+TensorFlow variable; nothing elsewhere).
+"""
+import numpy as np
+
+
+def close(value, want):
+    got = np.asarray(value, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape or not np.allclose(got, want, equal_nan=True):
+        return f"got {got.tolist()}, want {want.tolist()}"
+    return None
+
+
+def equal(value, want):
+    return None if value == want else f"got {value!r}, want {want!r}"
+
+
+class FakeMethod:
+    """A method with shared state, to see what shared_state_read / shared_state_written do with it."""
+
+    def __init__(self):
+        self.loaded = None
+
+    @staticmethod
+    def shared_state():
+        return {"theta": 10.0}
+
+    def load_shared_state(self, state):
+        self.loaded = state
+
+
+def _begin_step(c):
+    c.be.begin_step(3, 7, False)
+    return [c.be.step, c.be.seed]
+
+
+def _ranks_training(c):
+    return c.be.ranks_training("contract.training")
+
+
+def _flat32(c):
+    flat = c.be.flat32(c.t([[1.0, 2.0], [3.0, 4.0]], "float64"))
+    return [flat, "float32" in str(flat.dtype)]
+
+
+def _copy(c):
+    x = c.t([1.0, 2.0])
+    return c.be.copy(x)
+
+
+def _unstack(c):
+    return list(c.be.unstack(c.t([1.0, 2.0, 3.0]), 3))
+
+
+def _all_finite(c):
+    be = c.be
+    return [be.all_finite(c.t([1.0, 2.0])), be.all_finite(c.t([1.0, float("nan")])),
+            be.all_finite(c.t([float("inf")])), be.all_finite(c.t([], "float32"))]
+
+
+def _k_of(c):
+    return [c.be.k_of(1000, 10.0), c.be.k_of(1000, 10.0, upper=50), c.be.k_of(5, 100.0)]
+
+
+def _allreduce(c):
+    be, x = c.be, c.t([float(c.rank + 1)])
+    return [be.wait(be.allreduce(x, f"contract.allreduce.{op}", op)) for op in ("sum", "average", "max")]
+
+
+def _allreduce_grad(c):
+    item = c.item("grad", [float(c.rank + 1)] * 3)
+    out = c.be.wait(c.be.allreduce_grad(item, "contract.allreduce_grad"))
+    return [out, item.payload_bytes]
+
+
+def _allgather(c):
+    return c.be.wait(c.be.allgather(c.t([float(c.rank)] * 2), "contract.allgather"))
+
+
+def _alltoall(c):
+    n = c.be.nranks
+    x = c.t([float(10 * c.rank + j) for j in range(n)])
+    return c.be.wait(c.be.alltoall(x, [1] * n, "contract.alltoall"))
+
+
+def _wait(c):
+    return c.be.wait(c.be.allreduce(c.t([1.0]), "contract.wait", "sum"))
+
+
+def _name(c):
+    a, b = c.item("a", [1.0]), c.item("b", [1.0])
+    names = [c.be.name("p", a), c.be.name("p", b), c.be.name("q", a)]
+    return len(set(names)) == 3 and all(isinstance(n, str) for n in names)
+
+
+def _step_name(c):
+    return c.be.step_name("a") != c.be.step_name("b")
+
+
+def _host(c):
+    return list(c.be.host(lambda a, b: (a + b, a * b), [c.t(2.0, "float64"), c.t(3.0, "float64")],
+                          ("float64", "float64")))
+
+
+def _numpy(c):
+    return c.be.numpy(lambda a: (a * 2).astype(np.float32), [c.t([1.0, 2.0])], ("float32",))[0]
+
+
+def _switch(c):
+    index = c.be.unstack(c.be.stack([1], "int32"), 1)[0]
+    return c.be.switch(index, [lambda: c.t([10.0]), lambda: c.t([20.0])])
+
+
+def _require(c):
+    be = c.be
+    be.begin_step(0, 0, False)
+    be.require(c.be.all_finite(c.t([1.0])), "fine")
+    be.require(c.be.all_finite(c.t([float("nan")])), "'w' (on rank {})", be.stack([1], "int32")[0])
+    be.require(be.equal(be.stack([-1], "int32")[0], -1), "'v' {}", be.stack([2], "int32")[0], error="payload")
+    if c.graph:  # assertions: the failed one fails the step when it runs
+        return be.guarded(c.t([1.0]))
+    return [list(e) for e in be.errors]
+
+
+def _decoding(c):
+    be, item = c.be, c.item("dense/kernel", [1.0])
+    be.begin_step(0, 0, False)
+    if c.graph:
+        with be.decoding(item):
+            op = be.copy(c.t([1.0]))
+        return op.name
+    with be.decoding(item):
+        raise ValueError("rank 1 sent a corrupted payload")
+    return [list(e) for e in be.errors]
+
+
+def _failed(c):
+    be = c.be
+    be.begin_step(0, 0, False)
+    before = be.failed()
+    if not c.graph:
+        be.require(False, "x")
+    return [before, be.failed()]
+
+
+def _timed(c):
+    with c.be.timed("compress_seconds"):
+        sum(range(20000))
+    return c.counted("compress_seconds")
+
+
+def _counting(method):
+    def case(c):
+        c.be.begin_step(0, 0, False)
+        getattr(c.be, method)(payload_bytes=5, wire_bytes=c.t(7.0, "float64") if method == "count_runtime" else 7)
+        return [c.counted("payload_bytes"), c.counted("wire_bytes")]
+    return case
+
+
+def _shared_state_written(c):
+    """Host primitives: called from be.host, as the methods call them."""
+    m = FakeMethod()
+
+    def on_host():
+        c.be.shared_state_written(m)
+        c.be.shared_state_read(m)  # nothing was restored since: nothing to take on
+        return float(m.loaded is None)
+
+    return c.be.host(on_host, [], ("float64",))[0]
+
+
+def _shared_state_read(c):
+    m = FakeMethod()
+
+    def on_host():
+        c.be.shared_state_written(m)
+        restored = c.set_method_state('{"theta": 40.0}')  # a checkpoint restores it behind the method's back
+        c.be.shared_state_read(m)
+        return float(restored), float(m.loaded == {"theta": 40.0}), float(m.loaded is None)
+
+    return list(c.be.host(on_host, [], ("float64",) * 3))
+
+
+def _per_rank_state(c):
+    be = c.be
+    if not hasattr(c, "state"):  # made once and reused (a tf.function may trace twice), as ErrorFeedback does
+        c.state = be.residual("w", 3, c.item("w", [0.0, 0.0, 0.0]))
+    r = c.state
+    first = be.copy(be.read(r))
+    be.assign(r, c.t([1.0, 2.0, 3.0]))
+    assigned = be.copy(be.read(r))
+    exported = np.asarray(be.export(r)).tolist() if not c.graph else None
+    be.reset(r)
+    reset = be.copy(be.read(r))
+    return [first, assigned, reset, exported]
+
+
+def _imported(c):
+    """A checkpoint holds what export() gave (inside a graph nothing is exported: TensorFlow's are NumPy arrays)."""
+    be = c.be
+    if c.graph:
+        values = np.asarray([4.0, 5.0], np.float32)
+    else:
+        saved = be.residual("u", 2, c.item("u", [0.0, 0.0]))
+        be.assign(saved, c.t([4.0, 5.0]))
+        values = be.export(saved)
+    if not hasattr(c, "state"):  # made once and reused (a tf.function may trace twice)
+        c.state = be.imported_residual("v", values)
+    return [be.read(c.state), be.imported(values)]
+
+
+def _output_buffer(c):
+    item = c.item("g", [1.0, 2.0])
+    buffer = c.be.output_buffer(item)
+    return None if buffer is None else buffer
+
+
+def _write(c):
+    item = c.item("g", [[1.0, 2.0], [3.0, 4.0]])
+    c.be.write(item, c.t([5.0, 6.0, 7.0, 8.0]))
+    return c.written(item)
+
+
+def _expect_require(rank, n, value, c):
+    if c.graph:
+        return "the failed requirement did not fail the graph"  # the worker expects the run to raise
+    return equal(value, [["nonfinite", "'w' (on rank 1)"]])
+
+
+def _expect_shared_read(rank, n, value, c):
+    restored, took_it, nothing = value
+    if restored:  # the backend holds the state in a variable a checkpoint restores (TensorFlow)
+        return None if took_it else "the method did not take on the restored state"
+    # PyTorch: a checkpoint reaches the method through load_state_dict() alone
+    return None if nothing else "the method took on state nobody restored"
+
+
+CASES = {
+    "begin_step": (_begin_step, lambda r, n, v, c: close(v, [3, 7])),
+    "ranks_training": (_ranks_training, lambda r, n, v, c: equal(v, None if c.graph else n)),
+    "flat32": (_flat32, lambda r, n, v, c: close(v[0], [1, 2, 3, 4]) or equal(v[1], True)),
+    "copy": (_copy, lambda r, n, v, c: close(v, [1, 2])),
+    "sub": (lambda c: c.be.sub(c.t([5.0, 7.0]), c.t([1.0, 2.0])), lambda r, n, v, c: close(v, [4, 5])),
+    "stack": (lambda c: c.be.stack([1, 2.5], "float64"), lambda r, n, v, c: close(v, [1, 2.5])),
+    "unstack": (_unstack, lambda r, n, v, c: close(v, [1, 2, 3])),
+    "concat": (lambda c: [c.be.concat([c.t([1.0]), c.t([2.0, 3.0])]), c.be.concat([c.t([4.0])])],
+               lambda r, n, v, c: close(v[0], [1, 2, 3]) or close(v[1], [4])),
+    "sum": (lambda c: c.be.sum([c.t(1.0, "float64"), c.t(2.5, "float64")]), lambda r, n, v, c: close(v, 3.5)),
+    "all_finite": (_all_finite, lambda r, n, v, c: equal([bool(x) for x in v], [True, False, False, True])),
+    "size": (lambda c: c.be.size(c.t([1.0, 2.0, 3.0])), lambda r, n, v, c: close(v, 3)),
+    "equal": (lambda c: c.be.equal(c.t([1.0, -1.0]), -1), lambda r, n, v, c: equal([bool(x) for x in v],
+                                                                                     [False, True])),
+    "no_flag": (lambda c: c.be.no_flag(), lambda r, n, v, c: close(v, -1)),
+    "k_of": (_k_of, lambda r, n, v, c: close(v, [100, 50, 1])),
+    "allreduce": (_allreduce, lambda r, n, v, c: close(v, [[n * (n + 1) / 2], [(n + 1) / 2], [n]])),
+    "allreduce_grad": (_allreduce_grad, lambda r, n, v, c: close(v[0], [(n + 1) / 2] * 3) or close(v[1], 12)),
+    "allgather": (_allgather, lambda r, n, v, c: close(v, [float(j) for j in range(n) for _ in range(2)])),
+    "alltoall": (_alltoall, lambda r, n, v, c: close(v, [10.0 * j + r for j in range(n)])),
+    "wait": (_wait, lambda r, n, v, c: close(v, [n])),
+    "name": (_name, lambda r, n, v, c: equal(v, True)),
+    "step_name": (_step_name, lambda r, n, v, c: equal(v, True)),
+    "host": (_host, lambda r, n, v, c: close(v, [5, 6])),
+    "numpy": (_numpy, lambda r, n, v, c: close(v, [2, 4])),
+    "switch": (_switch, lambda r, n, v, c: close(v, [20])),
+    "require": (_require, _expect_require),
+    "decoding": (_decoding, lambda r, n, v, c: (None if "decode.dense_kernel" in v else f"op {v!r} is not named "
+                                                "after the tensor") if c.graph else
+                 equal(v, [["payload", "'dense/kernel': rank 1 sent a corrupted payload"]])),
+    "failed": (_failed, lambda r, n, v, c: equal(v, [False, False] if c.graph else [False, True])),
+    "guarded": (lambda c: c.be.guarded(c.t([3.0])), lambda r, n, v, c: close(v, [3])),
+    "timed": (_timed, lambda r, n, v, c: None if (v > 0) == c.timed else f"timed={c.timed} but {v} s counted"),
+    "count": (_counting("count"), lambda r, n, v, c: close(v, [5, 7])),
+    "count_decided": (_counting("count_decided"), lambda r, n, v, c: close(v, [5, 7])),
+    "count_runtime": (_counting("count_runtime"), lambda r, n, v, c: close(v, [5, 7])),
+    "shared_state_written": (_shared_state_written, lambda r, n, v, c: close(v, 1)),
+    "shared_state_read": (_shared_state_read, _expect_shared_read),
+    "residual": (_per_rank_state, lambda r, n, v, c: close(v[0], [0, 0, 0]) or close(v[1], [1, 2, 3])
+                 or close(v[2], [0, 0, 0]) or (None if c.graph else close(v[3], [1, 2, 3]))),
+    "read": (_per_rank_state, lambda r, n, v, c: close(v[1], [1, 2, 3])),
+    "assign": (_per_rank_state, lambda r, n, v, c: close(v[1], [1, 2, 3])),
+    "reset": (_per_rank_state, lambda r, n, v, c: close(v[2], [0, 0, 0])),
+    "export": (_per_rank_state, lambda r, n, v, c: None if c.graph else close(v[3], [1, 2, 3])),
+    "imported_residual": (_imported, lambda r, n, v, c: close(v[0], [4, 5])),
+    "imported": (_imported, lambda r, n, v, c: close(v[1], [4, 5])),
+    "output_buffer": (_output_buffer, lambda r, n, v, c: None if v is None else close(v, [1, 2])),
+    "write": (_write, lambda r, n, v, c: close(v, [[5, 6], [7, 8]])),
+}
+
+# Cases that must fail the tf.function they run in (their failed assertion), with this text in the error.
+GRAPH_FAILURES = {"require": "assertion failed: [NaN or Inf in the gradient of"}

@@ -1,0 +1,50 @@
+"""The backend contract (horovod_ext/compression/backend.py): both backends implement every primitive, and every
+primitive behaves as the contract says on PyTorch, TensorFlow eager and TensorFlow inside tf.function
+(tests/contract_cases.py, run by tests/workers/contract_worker.py under horovodrun -np 2)."""
+import inspect
+
+import pytest
+
+from contract_cases import CASES
+from horovod_ext.compression.backend import Backend
+from hvdrun import horovodrun
+
+PRIMITIVES = sorted(Backend.__abstractmethods__)
+
+
+def test_every_primitive_has_a_conformance_case():
+    assert sorted(CASES) == PRIMITIVES
+
+
+def test_the_contract_is_abstract_so_a_missing_primitive_fails_at_construction():
+    class Partial(Backend):
+        def flat32(self, g):
+            return g
+
+    with pytest.raises(TypeError, match="abstract"):
+        Partial()
+
+
+def test_both_backends_implement_the_contract_with_its_signatures():
+    from horovod_ext.tensorflow.backend import TFBackend
+    from horovod_ext.torch.backend import TorchBackend
+
+    for backend in (TorchBackend, TFBackend):
+        assert issubclass(backend, Backend) and not backend.__abstractmethods__, backend
+        for name in PRIMITIVES:
+            want = inspect.signature(getattr(Backend, name))
+            got = inspect.signature(getattr(backend, name))
+            # static methods drop self; every other parameter is the contract's
+            wanted = [p for p in want.parameters if p != "self"]
+            have = [p for p in got.parameters if p != "self"]
+            assert have == wanted, (backend.__name__, name, have, wanted)
+
+
+@pytest.mark.parametrize("framework", ["torch", "tf"])
+def test_every_primitive_conforms(framework):
+    results, _ = horovodrun(2, "tests/workers/contract_worker.py", framework, timeout=300)
+    for r in results:
+        for mode, cases in r["results"].items():
+            assert sorted(cases) == PRIMITIVES, mode
+            failures = {case: detail for case, detail in cases.items() if detail is not None}
+            assert not failures, (r["rank"], mode, failures)

@@ -1,0 +1,121 @@
+"""Runs the backend contract's conformance cases (tests/contract_cases.py) under horovodrun: argv[1] "torch" (the
+PyTorch backend) or "tf" (TensorFlow eagerly, then inside tf.function). Writes {mode: {case: None or what
+differs}} for tests/test_backend_contract.py."""
+import json
+import os
+import sys
+import types
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np  # noqa: E402
+
+from contract_cases import CASES, GRAPH_FAILURES  # noqa: E402
+from hvdrun import write_result  # noqa: E402
+
+from horovod_ext.compression import CompressionStats  # noqa: E402
+from horovod_ext.compression.plan import Item  # noqa: E402
+
+
+def plain(value, to_numpy):
+    """Tensors to nested lists of numbers (None, bools, numbers and strings as they are)."""
+    if isinstance(value, (list, tuple)):
+        return [plain(v, to_numpy) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str, dict)):
+        return value
+    value = to_numpy(value)
+    return value.decode() if isinstance(value, bytes) else value  # a tf.function returns str as a string tensor
+
+
+def check(mode, rank, nranks, make_context, to_numpy, run=lambda fn: fn()):
+    results = {}
+    for name, (case, expect) in CASES.items():
+        ctx = make_context()
+        ctx.rank = rank
+        try:
+            value = run(lambda: case(ctx))
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            fragment = GRAPH_FAILURES.get(name) if ctx.graph else None
+            results[name] = None if fragment and fragment in str(exc) else f"{type(exc).__name__}: {exc}"[:500]
+            continue
+        value = plain(value, to_numpy)
+        results[name] = expect(rank, nranks, value, ctx)
+    return results
+
+
+def run_torch():
+    import torch
+    import horovod_ext.torch as hvd
+    from horovod.common.process_sets import global_process_set
+    from horovod_ext.torch.backend import TorchBackend
+    hvd.init()
+
+    def t(values, dtype="float32"):
+        return torch.tensor(values, dtype=getattr(torch, dtype))
+
+    def make_context():
+        stats = CompressionStats("contract")
+        be = TorchBackend(global_process_set, hvd.Average, 1.0, stats)
+
+        def item(name, values):
+            grad = t(values)
+            return Item(0 if name in ("a", "g", "w", "grad") else 1, name, grad, grad.numel(), grad.element_size())
+
+        return types.SimpleNamespace(be=be, t=t, item=item, graph=False, timed=True,
+                                     counted=lambda field: stats.current[field],
+                                     written=lambda it: it.grad if it.result is None else it.result,
+                                     set_method_state=lambda text: False)
+
+    def to_numpy(x):
+        return np.asarray(x.detach().cpu().numpy() if torch.is_tensor(x) else x).tolist()
+
+    return hvd, {"torch": check("torch", hvd.rank(), hvd.size(), make_context, to_numpy)}
+
+
+def run_tf():
+    import tensorflow as tf
+    import horovod_ext.tensorflow as hvd
+    from horovod.common.process_sets import global_process_set
+    from horovod_ext.tensorflow.backend import TFBackend
+    hvd.init()
+
+    def t(values, dtype="float32"):
+        return tf.constant(values, dtype=getattr(tf, dtype))
+
+    def make_context(graph):
+        stats = CompressionStats("contract", timed=False)
+        module = tf.Module()
+        with tf.init_scope():
+            module.method_state = tf.Variable("", dtype=tf.string, trainable=False)
+        module.residuals = {}
+        be = TFBackend(module, global_process_set, hvd.Average, 1.0, stats)
+
+        def counted(field):
+            runtime = [v for key, v in be.runtime if key == field]
+            fixed = be.per_step.get(field, 0) + be.decided_last.get(field, 0) + be.runtime_last.get(field, 0)
+            return fixed + tf.add_n([tf.cast(v, tf.float64) for v in runtime]) if runtime else fixed
+
+        def set_method_state(text):
+            module.method_state.assign(text)
+            return True
+
+        def item(name, values):
+            grad = t(values)
+            return Item(0, name, grad, int(np.prod(grad.shape)), grad.dtype.size)
+
+        return types.SimpleNamespace(be=be, t=t, item=item, graph=graph, timed=False, counted=counted,
+                                     written=lambda it: it.result, set_method_state=set_method_state)
+
+    def to_numpy(x):
+        return np.asarray(x.numpy() if hasattr(x, "numpy") else x).tolist()
+
+    results = {"tf-eager": check("tf-eager", hvd.rank(), hvd.size(), lambda: make_context(False), to_numpy)}
+    results["tf-graph"] = check("tf-graph", hvd.rank(), hvd.size(), lambda: make_context(True), to_numpy,
+                                run=lambda fn: tf.function(fn)())
+    return hvd, results
+
+
+if __name__ == "__main__":
+    hvd, results = run_torch() if sys.argv[1] == "torch" else run_tf()
+    write_result(hvd.rank(), {"rank": hvd.rank(), "results": results})
+    json.dumps(results)
