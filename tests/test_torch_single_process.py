@@ -213,3 +213,44 @@ def test_backend_all_finite_sees_every_nan_and_inf(dtype):
             y[position] = bad
             assert not TorchBackend.all_finite(y), (bad, position)
             assert not TorchBackend.all_finite(y.view(-1, 1))
+
+
+def test_gravac_checkpoint_size_does_not_grow_with_the_steps_taken():
+    """GraVAC's controller keeps the last window of its log and running totals: a checkpoint after 2,000 steps is
+    within 1 KB of one after 50 (the log itself is not checkpointed), and compression_stats() shows the last
+    window with the totals of every step."""
+    import pickle
+
+    m = model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.01), named_parameters=m.named_parameters(),
+                                   compression=hvd.Compression.adaptive_topk(min_cf=2, max_cf=50, window=20))
+    sizes = {}
+    for step in range(1, 2001):
+        opt.zero_grad()
+        loss_of(m, step % 7).backward()
+        opt.step()
+        if step in (50, 2000):
+            sizes[step] = len(pickle.dumps(opt.state_dict()))
+    assert abs(sizes[2000] - sizes[50]) < 1024, sizes
+    stats = opt.compression_stats()
+    assert len(stats["log"]) == 20 and stats["log"][-1]["step"] == 1999
+    assert sum(stats["totals"]["paths"].values()) == 2000 == sum(stats["totals"]["cf_steps"].values())
+
+
+@pytest.mark.parametrize("compression", [hvd.Compression.none, hvd.Compression.topk(ratio=0.1)], ids=["none", "topk"])
+def test_sparse_as_dense_feeds_an_optimizer_that_takes_only_sparse_gradients(compression):
+    """Horovod's sparse_as_dense=True densifies a sparse gradient to send it and makes the average sparse again, so
+    torch.optim.SparseAdam (sparse gradients only) steps as with Horovod's own DistributedOptimizer."""
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(50, 8, sparse=True)
+    opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(embedding.parameters(), lr=0.1),
+                                   named_parameters=embedding.named_parameters(), sparse_as_dense=True,
+                                   compression=compression)
+    before = embedding.weight.detach().clone()
+    for _ in range(3):
+        opt.zero_grad()
+        embedding(torch.tensor([[1, 4, 9]])).sum().backward()
+        opt.step()
+        assert embedding.weight.grad.is_sparse
+    moved = (embedding.weight.detach() != before).any(dim=1)
+    assert moved[[1, 4, 9]].all()
