@@ -34,6 +34,11 @@ class ElasticSync:
         self.size = size
         self.alpha = self.beta / size
 
+    @staticmethod
+    def arguments(beta, period, asynchronous, max_staleness):
+        """ElasticAveragingOptimizer's arguments by name, as both frameworks' factories take them."""
+        return {"beta": beta, "period": period, "asynchronous": asynchronous, "max_staleness": max_staleness}
+
     def settings(self):
         return {"optimizer": self.what, "beta": self.beta, "period": self.period, "staleness": self.staleness}
 

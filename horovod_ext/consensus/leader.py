@@ -98,6 +98,13 @@ class LeaderSync:
         self.leaders = {}           # level name -> leader rank of the last election of that level
         self.last_election = 0      # the step of the last election
 
+    @staticmethod
+    def arguments(pull, global_pull, period, global_period, groups, asynchronous, max_staleness):
+        """LeaderOptimizer's arguments by name, as both frameworks' factories take them (compared across ranks at
+        construction, then passed to LeaderSync)."""
+        return {"pull": pull, "global_pull": global_pull, "period": period, "global_period": global_period,
+                "groups": groups, "asynchronous": asynchronous, "max_staleness": max_staleness}
+
     def settings(self):
         """What every rank must share (compared across ranks before the first collective)."""
         return {"optimizer": self.what, "pull": self.pull, "global_pull": self.global_pull, "period": self.period,

@@ -1,19 +1,20 @@
 """LeaderOptimizer (LSGD, multi-leader LSGD) and ElasticAveragingOptimizer (EASGD) for Keras 3 optimizers.
 
-The same names, arguments and semantics as horovod_ext.torch's (the schedule, groups, election and settings check
-are horovod_ext.consensus's); this module moves tensors, eagerly or inside tf.function (model.fit). The wrapped
-optimizer's apply() first pulls the variables (x += sum_k w_k (x_k - x), every force from the same x), then runs
-the optimizer's own step on the rank's own gradients.
+The same names, arguments and semantics as horovod_ext.torch's; the whole step is horovod_ext.consensus's
+(step.py), run eagerly or inside tf.function (model.fit) on this module's backend: Horovod's TensorFlow
+collectives, the variables, and the optimizer's state in tf.Variables. The wrapped optimizer's apply() first runs
+the step (the pull: x += sum_k w_k (x_k - x), every force from the same x), then the optimizer's own step on the
+rank's own gradients.
 
-Inside a graph the schedule and the election run in tf.py_function (the Python of horovod_ext.consensus), and the
-broadcast from the elected leader is a tf.switch_case over the members, each branch a broadcast from one root
-(Horovod's broadcast takes its root as a constant). Every rank takes the same branch: the election is computed
-from one allgather of every rank's loss window. A NaN loss or a missing one raises FloatingPointError /
-ValueError eagerly and tf.errors.InvalidArgumentError / UnknownError with the same message in a graph.
+Inside a graph the schedule and the election run in tf.py_function, and the broadcast from the elected leader is a
+tf.switch_case over the members, each branch a broadcast from one root (Horovod's broadcast takes its root as a
+constant). Every rank takes the same branch: the election is computed from one allgather of every rank's loss
+window. A NaN loss or a missing one raises FloatingPointError / ValueError eagerly and
+tf.errors.InvalidArgumentError / UnknownError with the same message in a graph.
 
 The training loss: ``optimizer.report_loss(loss)`` in a custom loop (eager or tf.function), and
 ``hvd.callbacks.ReportLossCallback()`` with model.fit (it reports the loss Keras logs after each batch).
-State (step, loss window, leaders, the EASGD center) is in ``optimizer.horovod_ext``, a tf.Module:
+State (step, loss window, the elected leaders, the EASGD center) is in ``optimizer.horovod_ext``, a tf.Module:
 ``tf.train.Checkpoint(horovod_ext=optimizer.horovod_ext)``.
 
 ``asynchronous=True`` is accepted, checked and compared across ranks as in PyTorch, and runs synchronously, with
@@ -22,6 +23,7 @@ a warning (SYNCHRONOUS_FALLBACK says why): Horovod's TensorFlow collectives have
 import contextlib
 import functools
 import itertools
+import json
 import warnings
 
 import horovod.tensorflow as hvd
@@ -33,11 +35,12 @@ from horovod_ext.compression import CompressionStats
 from horovod_ext.compression.consistency import allgather_blobs
 from horovod_ext.compression.horovod_args import check_named_parameters
 from horovod_ext.consensus import ElasticSync, LeaderSync
-from horovod_ext.consensus.accounting import account_dense_reference
-from horovod_ext.consensus.agreement import build_on_every_rank, level_process_sets
+from horovod_ext.consensus.agreement import build_on_every_rank
+from horovod_ext.consensus.backend import ParameterBackend
 from horovod_ext.consensus.leader import ELASTIC_EVALUATION, LEADER_EVALUATION, check_evaluation
+from horovod_ext.consensus.step import ElasticStep, LeaderStep
 from .aggregator import collective_name, variable_names
-from .backend import numpy_allgather
+from .backend import DTYPES, as_tuple, numpy_allgather
 
 _ids = itertools.count()
 
@@ -50,25 +53,183 @@ SYNCHRONOUS_FALLBACK = (
     "asynchronously (Horovod's torch API returns handles).")
 
 
-def _value(v):
-    return tf.convert_to_tensor(v)
+def _grouped(result):
+    """An op that runs `result` (an op, a tensor, a list or tuple of them, or None)."""
+    if result is None:
+        return tf.no_op()
+    return tf.group(*result) if isinstance(result, (list, tuple)) else tf.group(result)
 
 
-class _SyncState(tf.Module):
-    """Step counter, loss window and (EASGD) center of one wrapped optimizer, plus its Python bookkeeping."""
+class TFParameterBackend(ParameterBackend):
+    """The variables given to apply() (bound per call), Horovod's TensorFlow collectives (a future is its result
+    tensor), and the optimizer's state in the module's tf.Variables (checkpointed with it)."""
 
-    what = None
+    def __init__(self, module):
+        self.module = module
+        self.nranks, self.rank = hvd.size(), hvd.rank()
+        self.variables, self.names = [], []
+        self.sets = {}
+        self.shared_written = None  # the JSON last stored in module.sync_state (or taken on from it)
 
-    def __init__(self, sync, name):
+    def bind(self, variables):
+        self.variables, self.names = list(variables), variable_names(variables)
+
+    # ------------------------------------------------------------------------------------------ optimizer state
+    def advance_step(self):
+        return self.module.step.assign_add(1)
+
+    def loss_window(self):
+        m = self.module
+        return tf.reshape(tf.stack([m.loss_sum.read_value(), m.loss_count.read_value()]), [1, 2])
+
+    def reset_loss_window(self):
+        return tf.group(self.module.loss_sum.assign(0.0), self.module.loss_count.assign(0.0))
+
+    def _centers(self):
+        m = self.module
+        if not m.center:
+            with tf.init_scope():
+                m.center = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name=f"center_{i}")
+                            for i, v in enumerate(self.variables)]
+        return m.center
+
+    def center(self):
+        return [c.read_value() for c in self._centers()]
+
+    def center_ready(self):
+        return self.module.center_ready.read_value()
+
+    def set_center(self, values):
+        ops = [c.assign(v) for c, v in zip(self._centers(), values)]
+        with tf.control_dependencies(ops):
+            return tf.group(self.module.center_ready.assign(True))
+
+    def shared_state_read(self, owner):
+        """The owner takes on module.sync_state if a checkpoint restored it (it differs from what was stored)."""
+        saved = self.module.sync_state.numpy().decode()
+        if saved and saved != self.shared_written:
+            owner.load_shared_state(json.loads(saved))
+            self.shared_written = saved
+
+    def shared_state_written(self, owner):
+        self.shared_written = json.dumps(owner.shared_state())
+        self.module.sync_state.assign(self.shared_written)
+
+    # ----------------------------------------------------------------------------------------------- parameters
+    def parameters(self):
+        return [tf.convert_to_tensor(v) for v in self.variables]
+
+    def add_to_parameters(self, forces):
+        if forces is None:
+            return None
+        return tf.group(*[v.assign_add(f) for v, f in zip(self.variables, forces)])
+
+    def assign_parameters(self, values):
+        for v, x in zip(self.variables, values):
+            v.assign(x)
+
+    @staticmethod
+    def copy(values):
+        return [tf.identity(v) for v in values]
+
+    # ---------------------------------------------------------------------------------------------- collectives
+    @staticmethod
+    def allgather(x, name):
+        return hvd.allgather(x, name=name, ignore_name_scope=True)
+
+    def broadcast(self, values, root, level, name, delayed=False):
+        """Horovod's broadcast takes its root as a constant: a tensor root is a tf.switch_case over the members."""
+        members = list(range(self.nranks)) if level is None else level.members
+        where = {} if level is None else {"process_set": self.sets[level.name]}
+
+        def from_rank(rank):
+            return [hvd.broadcast(v, root_rank=rank, name=collective_name(f"{name}.{rank}", i, n),
+                                  ignore_name_scope=True, **where) for i, (v, n) in enumerate(zip(values, self.names))]
+
+        if not tf.is_tensor(root):
+            return from_rank(members[int(root)])
+        return tf.switch_case(root, [functools.partial(from_rank, rank) for rank in members])
+
+    def allreduce_mean(self, values, name, delayed=False):
+        return [hvd.allreduce(v, op=hvd.Average, name=collective_name(name, i, n), ignore_name_scope=True)
+                for i, (v, n) in enumerate(zip(values, self.names))]
+
+    @staticmethod
+    def wait(future):
+        return future
+
+    @staticmethod
+    def done(value):
+        return value
+
+    @staticmethod
+    def add_process_set(ranks):
+        return hvd.add_process_set(ranks)
+
+    # ------------------------------------------------------------------------------------------ host, control
+    @staticmethod
+    def host(fn, args, dtypes):
+        """Eagerly fn is called directly (its errors are raised as they are); in a graph through tf.py_function."""
+        if tf.executing_eagerly():
+            result = fn(*[np.asarray(a).tolist() for a in args])
+            return result if isinstance(result, tuple) else (result,)
+        out = tf.py_function(lambda *a: fn(*[x.numpy().tolist() for x in a]), list(args), [DTYPES[d] for d in dtypes])
+        return tuple(tf.reshape(x, []) for x in as_tuple(out))
+
+    @staticmethod
+    def _truth(truth):
+        return tf.not_equal(truth, 0) if truth.dtype != tf.bool else truth
+
+    def cond(self, truth, true_fn, false_fn):
+        if not tf.is_tensor(truth):
+            return true_fn() if truth else false_fn()
+        return tf.cond(self._truth(truth), true_fn, false_fn)
+
+    def when(self, truth, fn, otherwise=None):
+        if not tf.is_tensor(truth):
+            return fn() if truth else (otherwise() if otherwise is not None else None)
+        return tf.cond(self._truth(truth), lambda: _grouped(fn()),
+                       lambda: _grouped(otherwise() if otherwise is not None else None))
+
+    @staticmethod
+    def bit(mask, i):
+        if not tf.is_tensor(mask):
+            return bool(int(mask) & (1 << i))
+        return tf.not_equal(tf.bitwise.bitwise_and(mask, 1 << i), 0)
+
+    @staticmethod
+    def after(first, fn):
+        if first is None or tf.executing_eagerly():
+            return fn()
+        with tf.control_dependencies([first]):
+            return _grouped(fn())
+
+    @staticmethod
+    def timed():
+        return contextlib.nullcontext()  # a tf.function runs as one graph: seconds are not measured
+
+
+class _State(tf.Module):
+    """The optimizer's state (step counter, loss window, the sync state every rank shares as JSON, EASGD's center)
+    for tf.train.Checkpoint, and the consensus step that runs on it."""
+
+    def __init__(self, sync, step_class, name):
         super().__init__(name=name)
-        self.sync = sync
-        self.tag = f"hvdext.{self.what}.{next(_ids)}"
         with tf.init_scope():
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="loss_sum")
             self.loss_count = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="loss_count")
-        self.stats = CompressionStats(self.what, timed=False)
-        self.variables_seen = None
+            self.sync_state = tf.Variable("", dtype=tf.string, trainable=False, name="sync_state")
+            self.center_ready = tf.Variable(False, trainable=False, name="center_ready")
+        self.center = []
+        self.stats = CompressionStats(sync.what, timed=False)
+        self.backend = TFParameterBackend(self)
+        self.runner = step_class(sync, self.backend, self.stats, f"hvdext.{sync.what}.{next(_ids)}", 0, 0)
+        self.backend.sets = getattr(self.runner, "process_sets", {})
+
+    @property
+    def sync(self):
+        return self.runner.sync
 
     def report_loss(self, loss):
         """Add a training loss (a number or a scalar tensor) to the window the leader is elected by."""
@@ -76,212 +237,40 @@ class _SyncState(tf.Module):
         self.loss_sum.assign_add(loss)
         self.loss_count.assign_add(1.0)
 
-    def _account_step(self, variables):
-        """Python, once per step (eagerly or from py_function): the dense reference and this step's rounds."""
-        param_bytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in variables)
-        account_dense_reference(self.stats, sum(int(np.prod(v.shape)) for v in variables), param_bytes, hvd.size())
-        return param_bytes
-
-    def _python(self, fn, inputs, tout):
-        """Run fn on the inputs' values: directly when eager, through tf.py_function inside a graph."""
-        if tf.executing_eagerly():
-            return fn(*[np.asarray(i) for i in inputs])
-        out = tf.py_function(lambda *a: fn(*[x.numpy() for x in a]), inputs, tout)
-        return out
+    def bind(self, variables):
+        self.backend.bind(variables)
+        self.runner.numel = sum(int(np.prod(v.shape)) for v in variables)
+        self.runner.param_bytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in variables)
 
     def before_apply(self, variables):
-        raise NotImplementedError
+        self.bind(variables)
+        return self.runner.step()
+
+    def evaluation_parameters(self, variables, which):
+        self.bind(variables)
+        return self.runner.swapped_in(self.runner.evaluation_values(which))
 
     def compression_stats(self):
-        stats = self.stats.as_dict()
-        stats.update(ranks=hvd.size(), optimizer=self.what)
-        return stats
+        return self.runner.compression_stats()
 
 
-class _LeaderState(_SyncState):
-    what = "LeaderOptimizer"
-
-    def __init__(self, sync, name):
-        super().__init__(sync, name)
-        with tf.init_scope():
-            self.best_rank = tf.Variable(0, dtype=tf.int32, trainable=False, name="best_rank")
-            self.last_election = tf.Variable(0, dtype=tf.int64, trainable=False, name="last_election")
-        self.process_sets = level_process_sets(sync, hvd.size(), hvd.add_process_set)
-
-    def _due_mask(self, step, variables):
-        """Bit i set: level i pulls at this step. Also counts this step's bytes."""
-        param_bytes = self._account_step(variables)
-        due = self.sync.due(int(step))
-        self.sync.account(self.stats, due, param_bytes, hvd.size())
-        self.stats.end_step()
-        return np.int32(sum(1 << i for i, level in enumerate(self.sync.levels) if level in due))
-
-    def _elect(self, windows, step, last):
-        """Leaders as indices into each level's members, then the best rank (raises on every rank)."""
-        self.sync.last_election = int(last)
-        leaders = self.sync.elect([(float(s), int(c)) for s, c in np.asarray(windows)], int(step))
-        out = [level.members.index(leaders[level.name]) for level in self.sync.levels]
-        return [np.int32(i) for i in out + [self.sync.best_rank]]
-
-    def _broadcast_all(self, variables, names, root, level):
-        ps = self.process_sets[level.name]
-        return [hvd.broadcast(_value(v), root_rank=root, name=collective_name(f"{self.tag}.{level.name}.{root}", i, n),
-                              ignore_name_scope=True, process_set=ps) for i, (v, n) in enumerate(zip(variables, names))]
-
-    def before_apply(self, variables):
-        names = variable_names(variables)
-        step = self.step.assign_add(1)
-        mask = self._python(lambda s: self._due_mask(s, variables), [step], tf.int32)
-        mask = tf.reshape(mask, [])
-
-        def communicate():
-            window = tf.reshape(tf.stack([self.loss_sum.read_value(), self.loss_count.read_value()]), [1, 2])
-            windows = hvd.allgather(window, name=f"{self.tag}.losses", ignore_name_scope=True)
-            picked = self._python(self._elect, [windows, step, self.last_election.read_value()],
-                                  [tf.int32] * (len(self.sync.levels) + 1))
-            picked = [tf.reshape(p, []) for p in picked]
-            current = [_value(v) for v in variables]
-            forces = [tf.zeros_like(x) for x in current]
-            sources = self.sync.transfer_levels(self.sync.levels)
-            received = {}
-            for i, level in enumerate(self.sync.levels):
-                if level.name not in sources:
-                    continue
-                source = sources[level.name]
-                due = tf.not_equal(tf.bitwise.bitwise_and(mask, 1 << i), 0)
-                if source.name != level.name:  # the same members, due whenever this level is: its leader's bits
-                    targets = tf.cond(due, lambda s=received[source.name]: list(s), lambda: list(current))
-                else:
-                    branches = [lambda r=r, level=level: self._broadcast_all(variables, names, r, level)
-                                for r in level.members]
-                    targets = tf.cond(due, lambda b=branches, i=i: tf.switch_case(picked[i], b),
-                                      lambda: list(current))
-                    received[level.name] = targets
-                forces = [f + (t - x) * tf.constant(level.weight, x.dtype)
-                          for f, t, x in zip(forces, targets, current)]
-            updates = [v.assign_add(f) for v, f in zip(variables, forces)]
-            with tf.control_dependencies(updates):
-                return tf.group(self.loss_sum.assign(0.0), self.loss_count.assign(0.0),
-                                self.best_rank.assign(picked[-1]), self.last_election.assign(step))
-
-        return tf.cond(tf.not_equal(mask, 0), communicate, tf.no_op)
-
-    @contextlib.contextmanager
-    def evaluation_parameters(self, variables, which="leader"):
-        check_evaluation(which, LEADER_EVALUATION, self.what)
-        root = int(self.best_rank.numpy())
-        names = variable_names(variables)
-        if which == "center":
-            values = [hvd.allreduce(_value(v), op=hvd.Average, ignore_name_scope=True,
-                                    name=collective_name(f"{self.tag}.evaluate_center", i, n))
-                      for i, (v, n) in enumerate(zip(variables, names))]
-        else:
-            values = [hvd.broadcast(_value(v), root_rank=root, name=collective_name(f"{self.tag}.evaluate", i, n),
-                                    ignore_name_scope=True) for i, (v, n) in enumerate(zip(variables, names))]
-        with _swapped_in(variables, values):
-            yield
-
-    def compression_stats(self):
-        stats = super().compression_stats()
-        stats.update(best_rank=int(self.best_rank.numpy()), last_election=int(self.last_election.numpy()))
-        return stats
-
-
-class _ElasticState(_SyncState):
-    what = "ElasticAveragingOptimizer"
-
-    def __init__(self, sync, name):
-        super().__init__(sync, name)
-        with tf.init_scope():
-            self.center_ready = tf.Variable(False, trainable=False, name="center_ready")
-        self.center = []
-
-    def _centers(self, variables):
-        if not self.center:
-            with tf.init_scope():
-                self.center = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name=f"center_{i}")
-                               for i, v in enumerate(variables)]
-        return self.center
-
-    def _mean(self, variables, names, label):
-        return [hvd.allreduce(_value(v), op=hvd.Average, name=collective_name(f"{self.tag}.{label}", i, n),
-                              ignore_name_scope=True) for i, (v, n) in enumerate(zip(variables, names))]
-
-    def _due(self, step, variables):
-        param_bytes = self._account_step(variables)
-        if int(step) == 1 and not bool(self.center_ready.numpy()):
-            self.sync.account(self.stats, param_bytes, hvd.size())  # the center's initialization
-        due = self.sync.due(int(step))
-        if due:
-            self.sync.account(self.stats, param_bytes, hvd.size())
-        self.stats.end_step()
-        return np.bool_(due)
-
-    def _initialize(self, variables, names):
-        centers = self._centers(variables)
-
-        def init():
-            means = self._mean(variables, names, "center")
-            with tf.control_dependencies([c.assign(m) for c, m in zip(centers, means)]):
-                return tf.group(self.center_ready.assign(True))
-
-        return tf.cond(self.center_ready.read_value(), tf.no_op, init)
-
-    def before_apply(self, variables):
-        names = variable_names(variables)
-        centers = self._centers(variables)
-        step = self.step.assign_add(1)
-        due = tf.reshape(self._python(lambda s: self._due(s, variables), [step], tf.bool), [])
-        with tf.control_dependencies([self._initialize(variables, names)]):
-            def communicate():
-                current = [_value(v) for v in variables]
-                old = [c.read_value() for c in centers]
-                means = self._mean(variables, names, "round")
-                beta = self.sync.beta
-                ops = []
-                for v, x, c_old, c, m in zip(variables, current, old, centers, means):
-                    ops.append(v.assign_add((c_old - x) * tf.constant(self.sync.alpha, x.dtype)))
-                    ops.append(c.assign(c_old * tf.constant(1.0 - beta, x.dtype) + m * tf.constant(beta, x.dtype)))
-                return tf.group(*ops)
-
-            return tf.cond(due, communicate, tf.no_op)
-
-    @contextlib.contextmanager
-    def evaluation_parameters(self, variables, which="center"):
-        check_evaluation(which, ELASTIC_EVALUATION, self.what)
-        self._initialize(variables, variable_names(variables))
-        with _swapped_in(variables, [c.read_value() for c in self._centers(variables)]):
-            yield
-
-
-@contextlib.contextmanager
-def _swapped_in(variables, values):
-    saved = [tf.identity(_value(v)) for v in variables]
-    for v, x in zip(variables, values):
-        v.assign(x)
-    try:
-        yield
-    finally:
-        for v, x in zip(variables, saved):
-            v.assign(x)
-
-
-def _wrap(optimizer, state_class, make_sync, arguments, named_parameters):
+def _wrap(optimizer, sync_class, step_class, arguments, named_parameters, evaluations, default):
+    what = sync_class.what
     if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(f"{state_class.what} needs a Keras 3 optimizer (keras.optimizers.SGD, Adam, ...); got "
+        raise TypeError(f"{what} needs a Keras 3 optimizer (keras.optimizers.SGD, Adam, ...); got "
                         f"{type(optimizer).__module__}.{type(optimizer).__name__}")
-    check_named_parameters(named_parameters, None, state_class.what)  # the Keras optimizer is not built yet
+    check_named_parameters(named_parameters, None, what)  # the Keras optimizer is not built yet
     named = list(named_parameters) if named_parameters is not None else []
     tensors = [(n, tuple(v.shape), tf.as_dtype(v.dtype).name) for n, v in named]
     n = next(_ids)
     with tf.init_scope():
-        gather = functools.partial(allgather_blobs, allgather=numpy_allgather(), tag=f"hvdext.{state_class.what}.{n}")
-        sync = build_on_every_rank(make_sync, arguments, tensors, gather,
-                                   hvd.rank(), hvd.size(), state_class.what)
+        gather = functools.partial(allgather_blobs, allgather=numpy_allgather(), tag=f"hvdext.{what}.{n}")
+        sync = build_on_every_rank(lambda: sync_class(size=hvd.size(), **arguments), arguments, tensors, gather,
+                                   hvd.rank(), hvd.size(), what)
         if sync.staleness:
             warnings.warn(SYNCHRONOUS_FALLBACK, RuntimeWarning, stacklevel=3)
             sync.staleness = 0
-        state = state_class(sync, name=f"horovod_ext_{state_class.what}_{n}")
+        state = _State(sync, step_class, name=f"horovod_ext_{what}_{n}")
     base = optimizer.__class__
     fixed = [v for _, v in named] or None
 
@@ -297,8 +286,9 @@ def _wrap(optimizer, state_class, make_sync, arguments, named_parameters):
         """Context manager: the model holds the best worker's variables (LSGD, which="leader"), the workers'
         average (LSGD, which="center") or EASGD's center inside the block, its own after. LSGD's is collective:
         every rank enters it."""
-        variables = fixed or list(self._trainable_variables)
-        return self.horovod_ext.evaluation_parameters(variables, *([] if which is None else [which]))
+        which = default if which is None else which
+        check_evaluation(which, evaluations, what)
+        return self.horovod_ext.evaluation_parameters(fixed or list(self._trainable_variables), which)
 
     def compression_stats(self):
         return self.horovod_ext.compression_stats()
@@ -317,16 +307,13 @@ def LeaderOptimizer(optimizer, named_parameters=None, pull=0.1, global_pull=0.1,
     the math and the arguments, which are the same. named_parameters (optional): (name, variable) pairs, checked
     across ranks and used by evaluation_parameters(); by default the variables the optimizer trains.
     asynchronous=True runs synchronously, with a warning: SYNCHRONOUS_FALLBACK."""
-    arguments = {"pull": pull, "global_pull": global_pull, "period": period, "global_period": global_period,
-                 "groups": groups, "asynchronous": asynchronous, "max_staleness": max_staleness}
-    return _wrap(optimizer, _LeaderState, lambda: LeaderSync(size=hvd.size(), **arguments), arguments,
-                 named_parameters)
+    arguments = LeaderSync.arguments(pull, global_pull, period, global_period, groups, asynchronous, max_staleness)
+    return _wrap(optimizer, LeaderSync, LeaderStep, arguments, named_parameters, LEADER_EVALUATION, "leader")
 
 
 def ElasticAveragingOptimizer(optimizer, named_parameters=None, beta=0.9, period=4, asynchronous=False,
                               max_staleness=None):
     """Synchronous EASGD (Zhang et al. 2015) for a Keras 3 optimizer: see
     horovod_ext.torch.ElasticAveragingOptimizer. asynchronous=True runs synchronously, with a warning."""
-    arguments = {"beta": beta, "period": period, "asynchronous": asynchronous, "max_staleness": max_staleness}
-    return _wrap(optimizer, _ElasticState, lambda: ElasticSync(size=hvd.size(), **arguments), arguments,
-                 named_parameters)
+    arguments = ElasticSync.arguments(beta, period, asynchronous, max_staleness)
+    return _wrap(optimizer, ElasticSync, ElasticStep, arguments, named_parameters, ELASTIC_EVALUATION, "center")
