@@ -92,7 +92,7 @@ def test_join_with_uneven_batches(results, name):
 def test_sparse_embedding_gradients(results, name, as_dense):
     a, b = (r["sparse"][f"{name}.{as_dense}"] for r in results)
     assert a["weights"] == b["weights"]  # every rank applied the same update
-    assert a["sparse_after"] is (not as_dense)
+    assert a["sparse_after"]  # as Horovod: with sparse_as_dense the average is made sparse again for the update
     if not as_dense or name in ("none",):
         assert a["max_error"] < 1e-6  # Horovod's sparse allgather (or dense allreduce): the exact average
     elif name == "fp16":

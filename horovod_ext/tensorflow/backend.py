@@ -36,6 +36,27 @@ def numpy_allgather(process_set=None):
     return allgather
 
 
+class HostStateVariable:
+    """Host state kept in a tf.string variable as JSON, so that a tf.train.Checkpoint holds it: the compressor
+    methods' shared state and the leader optimizers' sync state (the backends' shared_state_read / _written)."""
+
+    def __init__(self, variable):
+        self.variable = variable
+        self.written = None  # the JSON last stored in the variable (or taken on from it)
+
+    def read(self, owner):
+        """owner.load_shared_state() of the variable's value if a checkpoint restored it (it differs from what was
+        stored)."""
+        saved = self.variable.numpy().decode()
+        if saved and saved != self.written:
+            owner.load_shared_state(json.loads(saved))
+            self.written = saved
+
+    def write(self, owner):
+        self.written = json.dumps(owner.shared_state())
+        self.variable.assign(self.written)
+
+
 def as_tuple(outputs):
     """tf.py_function / tf.numpy_function return a bare tensor for one output eagerly (a list in a graph)."""
     return tuple(outputs) if isinstance(outputs, (list, tuple)) else (outputs,)
@@ -59,7 +80,7 @@ class TFBackend(Backend):
         self.decided_total, self.decided_last = {}, {}  # bytes counted at host decisions, as they are taken
         self.runtime_total, self.runtime_last = {}, {}  # bytes of entropy-coded payloads, as the steps run
         self.runtime = []  # in a graph: (field, size tensor) of the step being built
-        self.shared_written = None  # the JSON last stored in module.method_state (or taken on from it)
+        self.method_state = HostStateVariable(module.method_state)
 
     def begin_step(self, step, seed, dense):
         """A new step is being built (eagerly: run); step and seed are the aggregator's variables' values."""
@@ -256,16 +277,12 @@ class TFBackend(Backend):
             self.decided_total[key] = self.decided_total.get(key, 0) + value
 
     def shared_state_read(self, method):
-        """The method takes on module.method_state if a checkpoint restored it (it differs from what was stored)."""
-        saved = self.module.method_state.numpy().decode()
-        if saved and saved != self.shared_written:
-            method.load_shared_state(json.loads(saved))
-            self.shared_written = saved
+        """The method takes on module.method_state if a checkpoint restored it."""
+        self.method_state.read(method)
 
     def shared_state_written(self, method):
         """Keep Method.shared_state() in module.method_state, the variable a tf.train.Checkpoint holds."""
-        self.shared_written = json.dumps(method.shared_state())
-        self.module.method_state.assign(self.shared_written)
+        self.method_state.write(method)
 
     # ------------------------------------------------------------------------------------------------- state
     def residual(self, name, n, item=None):

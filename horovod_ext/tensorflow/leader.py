@@ -23,7 +23,6 @@ a warning (SYNCHRONOUS_FALLBACK says why): Horovod's TensorFlow collectives have
 import contextlib
 import functools
 import itertools
-import json
 import warnings
 
 import horovod.tensorflow as hvd
@@ -40,7 +39,7 @@ from horovod_ext.consensus.backend import ParameterBackend
 from horovod_ext.consensus.leader import ELASTIC_EVALUATION, LEADER_EVALUATION, check_evaluation
 from horovod_ext.consensus.step import ElasticStep, LeaderStep
 from .aggregator import collective_name, variable_names
-from .backend import DTYPES, as_tuple, numpy_allgather
+from .backend import DTYPES, HostStateVariable, as_tuple, numpy_allgather
 
 _ids = itertools.count()
 
@@ -69,7 +68,7 @@ class TFParameterBackend(ParameterBackend):
         self.nranks, self.rank = hvd.size(), hvd.rank()
         self.variables, self.names = [], []
         self.sets = {}
-        self.shared_written = None  # the JSON last stored in module.sync_state (or taken on from it)
+        self.sync_state = HostStateVariable(module.sync_state)
 
     def bind(self, variables):
         self.variables, self.names = list(variables), variable_names(variables)
@@ -105,15 +104,11 @@ class TFParameterBackend(ParameterBackend):
             return tf.group(self.module.center_ready.assign(True))
 
     def shared_state_read(self, owner):
-        """The owner takes on module.sync_state if a checkpoint restored it (it differs from what was stored)."""
-        saved = self.module.sync_state.numpy().decode()
-        if saved and saved != self.shared_written:
-            owner.load_shared_state(json.loads(saved))
-            self.shared_written = saved
+        """The owner takes on module.sync_state if a checkpoint restored it."""
+        self.sync_state.read(owner)
 
     def shared_state_written(self, owner):
-        self.shared_written = json.dumps(owner.shared_state())
-        self.module.sync_state.assign(self.shared_written)
+        self.sync_state.write(owner)
 
     # ----------------------------------------------------------------------------------------------- parameters
     def parameters(self):

@@ -47,6 +47,16 @@ def numpy_allgather(process_set=None):
     return allgather
 
 
+@contextlib.contextmanager
+def timed_into(stats, field):
+    """Add the seconds the block lasts to statistics field `field`."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        stats.add(**{field: time.perf_counter() - start})
+
+
 def drain(futures):
     """Wait for (and discard) every collective still in flight, so that none is left in Horovod's handle map."""
     for future in futures:
@@ -229,13 +239,8 @@ class TorchBackend(Backend):
     def guarded(x):
         return x
 
-    @contextlib.contextmanager
     def timed(self, field):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.stats.add(**{field: time.perf_counter() - start})
+        return timed_into(self.stats, field)
 
     def count(self, **amounts):
         self.stats.add(**amounts)

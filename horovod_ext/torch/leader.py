@@ -19,7 +19,6 @@ With ``asynchronous=True`` the rounds' collectives are started with Horovod's ``
 moves the parameters while this rank keeps stepping. ``state_dict()`` waits for what is in flight and saves it
 with its due step, so a rank that resumes from its own checkpoint continues bit for bit.
 """
-import contextlib
 import itertools
 import time
 
@@ -34,7 +33,7 @@ from horovod_ext.consensus.agreement import build_on_every_rank
 from horovod_ext.consensus.backend import ParameterBackend
 from horovod_ext.consensus.leader import ELASTIC_EVALUATION, LEADER_EVALUATION, check_evaluation
 from horovod_ext.consensus.step import ElasticStep, LeaderStep
-from .backend import numpy_allgather
+from .backend import numpy_allgather, timed_into
 
 STATE_KEY = "horovod_ext"
 _ids = itertools.count()
@@ -173,13 +172,8 @@ class TorchParameterBackend(ParameterBackend):
     def after(first, fn):
         return fn()
 
-    @contextlib.contextmanager
     def timed(self):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.stats.add(comm_seconds=time.perf_counter() - start)
+        return timed_into(self.stats, "comm_seconds")
 
 
 class _ParameterSync:
