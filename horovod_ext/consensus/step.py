@@ -33,7 +33,6 @@ class ConsensusStep:
     """What LSGD's and EASGD's steps share: the schedule, the statistics, and the state every rank holds alike."""
 
     election_lag = 0  # asynchronous: steps between a round's start and its election (rounds.py)
-    evaluation_default = None
 
     def __init__(self, sync, be, stats, tag, numel, param_bytes):
         self.sync, self.be, self.stats, self.tag = sync, be, stats, tag
