@@ -96,9 +96,13 @@ def test_asynchronous_steps_wait_only_at_the_staleness_bound(results):
             seconds, starts = r[case]["seconds"], r[case]["starts"]
             waits = apply_steps(period, 3, lag, len(seconds))
             assert waits == ([8, 12] if lag else [7, 11])
+            first_transfer = period + lag  # the step the first delayed transfer starts
             for k, t in enumerate(seconds, start=1):
                 if k not in waits:
-                    assert t < 0.5 * DELAY, (case, r["rank"], k, t)  # the transfer in flight is not waited for
+                    # while a transfer is in flight, a step does not wait for it (before the first one starts there is
+                    # nothing to wait for: those steps hold only blocking set-up, EASGD's center, and scheduler noise)
+                    if k > first_transfer:
+                        assert t < 0.5 * DELAY, (case, r["rank"], k, t)
                     continue
                 sent = starts[k - 3 - 1]  # the start of step k - 3, where the transfer started
                 left = sent + DELAY - starts[k - 1]
