@@ -40,5 +40,5 @@ def ddp_wrap(model, method, rank, size, port=29533):
 def powersgd_bytes(model, rank, min_compression_rate=2):
     """The bytes PowerSGD's hook allreduces per step for `model` (horovod_ext.perfmodel's plan, the one count)."""
     transfers = plan("powersgd", [tuple(p.shape) for p in model.parameters()], 1, rank=rank,
-                     min_compression_rate=min_compression_rate)
+                     min_compression_rate=min_compression_rate, hook=True)
     return sum(t.payload for t in transfers)

@@ -230,6 +230,40 @@ def _write(c):
     return c.written(item)
 
 
+def _matrices(c):
+    be = c.be
+    x = be.reshape(c.t([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]), (1, 2, 3))
+    return [be.matmul(x, x, transpose_b=True), be.matmul(x, x, transpose_a=True)]
+
+
+def _orthogonalize(c):
+    """Gram-Schmidt as the NumPy reference runs it (a zero column stays zero), and QR up to its columns' signs."""
+    be = c.be
+    x = be.reshape(c.t([3.0, 1.0, 0.0, 4.0, 2.0, 0.0]), (1, 3, 2))
+    zero = be.reshape(c.t([0.0, 1.0, 0.0, 1.0]), (1, 2, 2))  # a zero first column
+    return [be.orthogonalize(x), be.orthogonalize(zero), be.orthogonalize(x, "qr")]
+
+
+def _expect_orthogonal(rank, n, value, c):
+    from hvdext_reference.powersgd import orthogonalize
+    x = np.array([[3.0, 1.0], [0.0, 4.0], [2.0, 0.0]], np.float32)
+    gram, zero, qr = (np.asarray(v, np.float64) for v in value)
+    want = orthogonalize(x)
+    s = np.sqrt(0.5)
+    return close(gram[0], want) or close(zero[0], [[0, s], [0, s]]) or close(np.abs(qr[0]), np.abs(want))
+
+
+def _normal(c):
+    be = c.be
+    like = c.t([0.0])
+    return [be.normal(5, 9, 3, 77, like), be.normal(5, 9, 4, 77, like)]
+
+
+def _expect_normal(rank, n, value, c):
+    from hvdext_reference.philox import normal
+    return close(value[0], normal(5, 9, 3, 77)) or close(value[1], normal(5, 9, 4, 77))
+
+
 def _expect_require(rank, n, value, c):
     if c.graph:
         return "the failed requirement did not fail the graph"  # the worker expects the run to raise
@@ -261,6 +295,19 @@ CASES = {
                                                                                      [False, True])),
     "no_flag": (lambda c: c.be.no_flag(), lambda r, n, v, c: close(v, -1)),
     "k_of": (_k_of, lambda r, n, v, c: close(v, [100, 50, 1])),
+    "shape": (lambda c: list(c.be.shape(c.t([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]))),
+              lambda r, n, v, c: equal(list(v), [2, 3])),
+    "reshape": (lambda c: c.be.reshape(c.t([1.0, 2.0, 3.0, 4.0]), (2, -1)),
+                lambda r, n, v, c: close(v, [[1, 2], [3, 4]])),
+    "split": (lambda c: c.be.split(c.t([1.0, 2.0, 3.0]), [1, 2]),
+              lambda r, n, v, c: close(v[0], [1]) or close(v[1], [2, 3])),
+    "cast": (lambda c: c.be.cast(c.be.cast(c.t([1.0 / 3.0, 70000.0]), "float16"), "float32"),
+             lambda r, n, v, c: close(v, [np.float16(1.0 / 3.0), np.inf])),
+    "scale": (lambda c: c.be.scale(c.t([1.0, -2.0]), 0.5), lambda r, n, v, c: close(v, [0.5, -1])),
+    "matmul": (_matrices, lambda r, n, v, c: close(v[0], [[[14, 32], [32, 77]]])
+               or close(v[1], [[[17, 22, 27], [22, 29, 36], [27, 36, 45]]])),
+    "orthogonalize": (_orthogonalize, _expect_orthogonal),
+    "normal": (_normal, _expect_normal),
     "allreduce": (_allreduce, lambda r, n, v, c: close(v, [[n * (n + 1) / 2], [(n + 1) / 2], [n]])),
     "allreduce_grad": (_allreduce_grad, lambda r, n, v, c: close(v[0], [(n + 1) / 2] * 3) or close(v[1], 12)),
     "allgather": (_allgather, lambda r, n, v, c: close(v, [float(j) for j in range(n) for _ in range(2)])),

@@ -89,6 +89,44 @@ class Backend(abc.ABC):
     def k_of(self, numel, cf, upper=None):
         """Top-k's k at compression factor cf (plan.k_of), at most `upper`; cf may be a tensor."""
 
+    # ------------------------------------------------------------------------------------ matrices (PowerSGD)
+    @abc.abstractmethod
+    def shape(self, x):
+        """x's shape as a tuple of Python ints (static: the gradient of a variable)."""
+
+    @abc.abstractmethod
+    def reshape(self, x, shape):
+        """x in `shape` (a tuple of ints; -1 once for the rest), the same elements in row-major order."""
+
+    @abc.abstractmethod
+    def split(self, x, sizes):
+        """The consecutive parts of a 1-D tensor of `sizes` (Python ints summing to its size), as a list."""
+
+    @abc.abstractmethod
+    def cast(self, x, dtype):
+        """x as "float16" or "float32" (round to nearest)."""
+
+    @abc.abstractmethod
+    def scale(self, x, factor):
+        """x * factor, elementwise (factor a Python float)."""
+
+    @abc.abstractmethod
+    def matmul(self, a, b, transpose_a=False, transpose_b=False):
+        """The batched product of float32 (B, n, k) and (B, k, m) tensors (each transposed in its last two axes
+        first where asked), float32 (B, n, m)."""
+
+    @abc.abstractmethod
+    def orthogonalize(self, x, method="gram_schmidt"):
+        """The columns of each float32 matrix of a (B, n, r) batch, r <= n, made orthonormal (a new tensor).
+        "gram_schmidt": for j = 1 .. r, v_j -= sum_{i<j} (q_i . v_j) q_i, updated one column at a time, then
+        q_j = v_j / max(|v_j|, FLT_MIN) (a zero column stays zero; python/hvdext_reference/powersgd.py);
+        "qr": the Q of the framework's reduced QR factorization."""
+
+    @abc.abstractmethod
+    def normal(self, n, seed, step, key, like):
+        """n float32 standard normals keyed on (seed, step, key), the same on every rank and in every framework
+        (hvdext_reference.philox.normal), on like's device."""
+
     # -------------------------------------------------------------------------------------------- collectives
     @abc.abstractmethod
     def allreduce(self, x, name, op):

@@ -7,6 +7,7 @@ CompressorSpec and names a Method (plan.Allgather for a codec by allgather) and 
 run (native kernels from the backend's table, or NumPy functions through ``backend.numpy``).
 """
 from .plan import Linear
+from .powersgd import PowerSGD
 from .specs import CompressorSpec
 from .ternary import Ternary
 from .topk import AdaptiveTopK, TopK
@@ -45,5 +46,5 @@ def method_for(compression):
     return compression.method if isinstance(compression, CompressorSpec) else Linear
 
 
-for _spec in (Ternary(), TopK(), AdaptiveTopK()):
+for _spec in (Ternary(), TopK(), AdaptiveTopK(), PowerSGD()):
     register(_spec)

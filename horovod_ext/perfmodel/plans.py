@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from horovod_ext.compression import sizes as sizes_
 from horovod_ext.compression.join import JOIN_CHECK_BYTES
 from horovod_ext.compression.plan import k_of
+from horovod_ext.compression.powersgd import VALUE_DTYPES, PowerSGD, matrix_layout
 from horovod_ext.compression.sparse_reduce import planned_bytes as sparse_planned_bytes
 from horovod_ext.compression.ternary import Ternary
 from horovod_ext.compression.topk import TopK
@@ -21,6 +22,7 @@ from horovod_ext.consensus import LeaderSync
 
 TERNARY_MIN_SIZE = Ternary().min_size  # Compression.ternary's default: smaller tensors travel dense
 TOPK_RATIO = TopK().ratio  # Compression.topk's default
+POWERSGD = PowerSGD()  # Compression.powersgd's defaults
 
 
 @dataclass(frozen=True)
@@ -126,18 +128,24 @@ def easgd(sizes, n, period=4, **_):
     return [_allreduce(p, n, every=period)]
 
 
-def powersgd(shapes, n, rank=4, min_compression_rate=2, **_):
-    """PyTorch's PowerSGD hook: P (m x r) and Q (k x r) allreduced for every tensor viewed as m = shape[0] rows by
-    k = numel / m columns, where that saves min_compression_rate (the hook's default 2: (m + k) r 2 < m k); other
-    tensors (1-D, and matrices too small to compress) allreduced dense. benchmarks/baselines.py counts with this."""
-    total = 0
+def powersgd(shapes, n, rank=POWERSGD.rank, min_compression_rate=POWERSGD.min_compression_rate,
+             value_dtype=POWERSGD.value_dtype, hook=False, **_):
+    """Compression.powersgd once compressing (from start_iter): P (n x r) and Q (m x r) of every matrix
+    (powersgd.matrix_layout, the hook's _should_compress) in one allreduce each, the tensors that go dense by
+    allreduce, and the join check. hook=True: PyTorch's DDP hook (benchmarks/baselines.py counts with it): the same
+    factors, fp32, in one allreduce with the dense tensors, no join check."""
+    itemsize = VALUE_DTYPES[value_dtype][1]
+    p = q = dense = 0
     for shape in shapes:
-        numel = math.prod(shape)
-        m = shape[0] if len(shape) >= 2 else 0
-        k = numel // m if m else 0
-        compressed = m and (m + k) * rank * min_compression_rate < m * k
-        total += 4 * (m + k) * rank if compressed else 4 * numel
-    return [_allreduce(total, n)]
+        layout = matrix_layout(shape, rank, min_compression_rate)
+        if layout is None:
+            dense += 4 * math.prod(shape)
+        else:
+            rows, cols, r = layout
+            p, q = p + itemsize * rows * r, q + itemsize * cols * r
+    if hook:
+        return [_allreduce(p + q + dense, n)]
+    return [_allreduce(p, n), _allreduce(q, n), _allreduce(dense, n), _join_check(n)]
 
 
 # name -> (plan of (shapes or sizes, ranks, **arguments), whether it needs shapes)

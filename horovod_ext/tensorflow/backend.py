@@ -11,10 +11,12 @@ import numpy as np
 import tensorflow as tf
 
 from horovod_ext.compression.backend import Backend
+from hvdext_reference import philox
 from .ops import TFKernels
 
 OPS = {"sum": hvd.Sum, "average": hvd.Average, "max": hvd.Max}
-DTYPES = {"float32": tf.float32, "float64": tf.float64, "int32": tf.int32, "int64": tf.int64, "uint8": tf.uint8}
+DTYPES = {"float16": tf.float16, "float32": tf.float32, "float64": tf.float64, "int32": tf.int32,
+          "int64": tf.int64, "uint8": tf.uint8}
 ERROR_PREFIXES = {"nonfinite": "NaN or Inf in the gradient of ", "payload": "corrupted payload of "}
 
 
@@ -146,6 +148,53 @@ class TFBackend(Backend):
     @staticmethod
     def k_of(numel, cf, upper=None):
         return tf.clip_by_value(tf.cast(tf.math.ceil(numel / cf), tf.int32), 1, numel if upper is None else upper)
+
+    # ------------------------------------------------------------------------------------ matrices (PowerSGD)
+    @staticmethod
+    def shape(x):
+        return tuple(int(d) for d in x.shape)
+
+    @staticmethod
+    def reshape(x, shape):
+        return tf.reshape(x, shape)
+
+    @staticmethod
+    def split(x, sizes):
+        return list(tf.split(x, list(sizes))) if len(sizes) > 1 else [x]
+
+    @staticmethod
+    def cast(x, dtype):
+        return tf.cast(x, DTYPES[dtype])
+
+    @staticmethod
+    def scale(x, factor):
+        return x * factor
+
+    @staticmethod
+    def matmul(a, b, transpose_a=False, transpose_b=False):
+        return tf.linalg.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+
+    @staticmethod
+    def orthogonalize(x, method="gram_schmidt"):
+        if method == "qr":
+            return tf.linalg.qr(x, full_matrices=False)[0]
+        tiny = np.finfo(np.float32).tiny
+        cols = tf.unstack(x, axis=2)
+        for j in range(len(cols)):
+            col = cols[j] / tf.maximum(tf.norm(cols[j], axis=1, keepdims=True), tiny)
+            cols[j] = col
+            for i in range(j + 1, len(cols)):
+                cols[i] = cols[i] - tf.reduce_sum(col * cols[i], axis=1, keepdims=True) * col
+        return tf.stack(cols, axis=2)
+
+    @staticmethod
+    def normal(n, seed, step, key, like):
+        def draw(seed_value, step_value):
+            return philox.normal(int(n), int(seed_value) % 2 ** 64, int(step_value), int(key))
+
+        seed = seed if tf.is_tensor(seed) else tf.constant(seed - 2 ** 64 if seed >= 2 ** 63 else seed, tf.int64)
+        values = tf.numpy_function(draw, [seed, tf.cast(step, tf.int64)], tf.float32)
+        return tf.ensure_shape(values, [n])
 
     # -------------------------------------------------------------------------------------------- collectives
     def allreduce(self, x, name, op):

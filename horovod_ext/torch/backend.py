@@ -11,12 +11,13 @@ import torch
 from horovod.common.exceptions import HorovodInternalError
 
 from horovod_ext.compression.backend import Backend
+from hvdext_reference import philox
 from horovod_ext.compression.plan import k_of
 from .kernels import TorchKernels, as_float32
 
 OPS = {"sum": hvd.Sum, "average": hvd.Average, "max": hvd.Max}
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int32, "int64": torch.int64,
-          "uint8": torch.uint8}
+DTYPES = {"float16": torch.float16, "float32": torch.float32, "float64": torch.float64, "int32": torch.int32,
+          "int64": torch.int64, "uint8": torch.uint8}
 
 
 class Future:
@@ -160,6 +161,50 @@ class TorchBackend(Backend):
     def k_of(numel, cf, upper=None):
         k = k_of(numel, cf)
         return k if upper is None else min(k, upper)
+
+    # ------------------------------------------------------------------------------------ matrices (PowerSGD)
+    @staticmethod
+    def shape(x):
+        return tuple(x.shape)
+
+    @staticmethod
+    def reshape(x, shape):
+        return x.reshape(shape)
+
+    @staticmethod
+    def split(x, sizes):
+        return list(torch.split(x, list(sizes)))
+
+    @staticmethod
+    def cast(x, dtype):
+        return x.to(DTYPES[dtype])
+
+    @staticmethod
+    def scale(x, factor):
+        return x * factor
+
+    @staticmethod
+    def matmul(a, b, transpose_a=False, transpose_b=False):
+        return torch.bmm(a.transpose(1, 2) if transpose_a else a, b.transpose(1, 2) if transpose_b else b)
+
+    @staticmethod
+    def orthogonalize(x, method="gram_schmidt"):
+        if method == "qr":
+            return torch.linalg.qr(x, mode="reduced").Q
+        out = x.clone()
+        tiny = torch.finfo(torch.float32).tiny
+        for j in range(out.shape[2]):
+            col = out[:, :, j:j + 1]
+            col /= torch.clamp(torch.linalg.vector_norm(col, dim=1, keepdim=True), min=tiny)
+            if j + 1 < out.shape[2]:
+                rest = out[:, :, j + 1:]
+                rest -= torch.sum(col * rest, dim=1, keepdim=True) * col
+        return out
+
+    @staticmethod
+    def normal(n, seed, step, key, like):
+        values = torch.from_numpy(philox.normal(int(n), int(seed) % 2 ** 64, int(step), int(key)))
+        return values.to(like.device) if like.is_cuda else values
 
     # -------------------------------------------------------------------------------------------- collectives
     def allreduce(self, x, name, op):

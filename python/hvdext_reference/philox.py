@@ -60,3 +60,13 @@ def uniform01(n, seed, step, tensor, rank):
     """n float32 uniforms in [0, 1): u = (word >> 8) * 2**-24."""
     words = random_words(n, seed, step, tensor, rank)
     return (words >> np.uint32(8)).astype(np.float32) * np.float32(2.0 ** -24)
+
+
+def normal(n, seed, step, tensor, rank=0):
+    """n float32 standard normals by Box-Muller on pairs of words: element i takes words 2i and 2i+1 under the key
+    (seed, step, tensor, rank), u1 = ((w_2i >> 8) + 1) * 2**-24 in (0, 1], u2 = (w_2i+1 >> 8) * 2**-24, and
+    z_i = sqrt(-2 ln u1) cos(2 pi u2), computed in float64 and rounded once to float32."""
+    words = random_words(2 * n, seed, step, tensor, rank).astype(np.float64)
+    u1 = (np.floor(words[0::2] / 256.0) + 1.0) * 2.0 ** -24
+    u2 = np.floor(words[1::2] / 256.0) * 2.0 ** -24
+    return (np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)).astype(np.float32)
