@@ -142,7 +142,7 @@ def test_tf_topk_ops_match_reference(value_type, value_dtype):
 
 def test_tf_resume_from_checkpoint_is_bit_identical(worker_results):
     for r in worker_results:
-        for key in ("resume_topk", "resume_adaptive"):
+        for key in ("resume_topk", "resume_adaptive", "resume_powersgd"):
             assert r[key]["identical"], (r["rank"], key)
             assert r[key]["moved"]
         assert set(r["resume_adaptive"]["paths"]) - {"dense"}  # the controller compressed

@@ -6,8 +6,8 @@ import pytest
 from hvdrun import horovodrun
 
 WORKER = "tests/workers/idioms_worker.py"
-COMPRESSIONS = ["none", "fp16", "ternary", "ternary_two_phase", "topk", "adaptive_topk"]
-RESIDUALS = {"topk", "adaptive_topk"}
+COMPRESSIONS = ["none", "fp16", "ternary", "ternary_two_phase", "topk", "adaptive_topk", "powersgd"]
+RESIDUALS = {"topk", "adaptive_topk", "powersgd"}
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import horovod.torch as horovod_torch  # noqa: E402
 import horovod_ext.torch as hvd  # noqa: E402
 from hvdrun import write_result  # noqa: E402
+from horovod_ext.compression.powersgd import Q_SUFFIX  # noqa: E402
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -29,6 +30,7 @@ COMPRESSIONS = {
     "topk": lambda: hvd.Compression.topk(ratio=0.05),
     # omega=0: the controller's decisions depend on the gains alone, not on measured step times (reproducible)
     "adaptive_topk": lambda: hvd.Compression.adaptive_topk(window=2, epsilon=0.3, omega=0.0),
+    "powersgd": lambda: hvd.Compression.powersgd(rank=2, start_iter=2),
 }
 CKPT_STEPS, MORE_STEPS = 5, 4
 
@@ -88,7 +90,7 @@ def check_resume(name, folder):
     hvd.barrier()
     record["at_checkpoint"] = ours(opt)
     reference_zeroed = None
-    if name in ("topk", "adaptive_topk"):
+    if name in ("topk", "adaptive_topk", "powersgd"):
         # What the rank-0 pattern can restore: rank 0's residuals; every other rank's start from zero.
         model_z, opt_z = make(name, seed=0)
         opt_z.load_state_dict(torch.load(os.path.join(folder, f"{name}.rank{RANK}.pt"))["opt"])
@@ -210,7 +212,8 @@ def check_join(name):
     last = hvd.join()
     return {"last_joined": last, "steps": steps, "at_common": at_common, "final": snapshot(model, opt)["params"],
             "errors": errors, "dense_steps": opt.compression_stats().get("join_dense_steps", 0),
-            "residual_left": max([float(r.abs().max()) for r in opt.state_dict()["horovod_ext"]["residuals"].values()]
+            "residual_left": max([float(r.abs().max()) for key, r in opt.state_dict()["horovod_ext"]["residuals"].items()
+                                  if not key.endswith(Q_SUFFIX)]
                                  or [0.0])}
 
 

@@ -194,5 +194,6 @@ if __name__ == "__main__":
     result["resume_topk"] = check_resume(hvd.Compression.topk(ratio=0.05), tmp)
     result["resume_adaptive"] = check_resume(hvd.Compression.adaptive_topk(min_cf=2, max_cf=50, epsilon=0.3, window=2,
                                                                            omega=0.0), tmp)
+    result["resume_powersgd"] = check_resume(hvd.Compression.powersgd(rank=2, start_iter=1), tmp)
     result["bad_inputs"] = bad_inputs()
     write_result(RANK, result)
