@@ -33,7 +33,9 @@ COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compre
                 "topk-1%": lambda: hvd.Compression.topk(ratio=0.01),
                 "topk-1%-allgather": lambda: hvd.Compression.topk(ratio=0.01, transport="allgather"),
                 "topk-1000x": lambda: hvd.Compression.topk(ratio=0.001),
-                "adaptive_topk": lambda: hvd.Compression.adaptive_topk(**ADAPTIVE)}
+                "adaptive_topk": lambda: hvd.Compression.adaptive_topk(**ADAPTIVE),
+                "powersgd": lambda: hvd.Compression.powersgd,
+                "powersgd-rank1": lambda: hvd.Compression.powersgd(rank=1)}
 ADAPTIVE = {}  # GraVAC at its defaults unless --adaptive says otherwise
 # Parameter-space optimizers: each rank steps on its own gradient and is pulled every `period` steps.
 OPTIMIZERS = {"dp": None,

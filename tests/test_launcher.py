@@ -15,7 +15,8 @@ LAUNCH = ["-m", "horovod_ext.run"]
 # compression -> (extra launcher arguments, the least dense/sent ratio the summary must show)
 CASES = {"none": ([], 1.0), "fp16": ([], 2.0), "ternary": ([], 16.0),
          "topk": (["--compression-arg", "ratio=0.01"], 50.0),
-         "adaptive_topk": (["--compression-arg", "epsilon=0.3", "--compression-arg", "window=5"], 5.0)}
+         "adaptive_topk": (["--compression-arg", "epsilon=0.3", "--compression-arg", "window=5"], 5.0),
+         "powersgd": (["--compression-arg", "rank=2", "--compression-arg", "start_iter=2"], 6.0)}
 SUMMARY = re.compile(r"horovod_ext\.run: compression=(\w+) sent ([\d.]+) MB, dense-equivalent ([\d.]+) MB, "
                      r"ratio ([\d.]+)x, communication (?:([\d.]+) s|not timed \(TensorFlow[^)]*\)) "
                      r"\((\d+) steps, rank 0\)")

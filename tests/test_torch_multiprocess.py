@@ -56,16 +56,20 @@ def test_bad_inputs_raise_on_every_rank_without_hang(results):
         assert r["bad_inputs"]["after"]["identical"]
 
 
-def test_ternary_accuracy_on_digits_within_two_points_of_dense(tmp_path):
-    """The main job's example: same model, data order and epochs; ternary must land within 2 points of dense."""
+def test_ternary_and_powersgd_accuracy_on_digits(tmp_path):
+    """The main job's example: same model, data order and epochs; ternary must land within 2 points of dense,
+    PowerSGD at its defaults within 1 point, compressing (its defaults start at step 10)."""
     out = tmp_path / "digits.json"
-    horovodrun(2, "examples/pytorch_digits.py", "--compression", "none,ternary", "--epochs", "30",
-               "--json", out, timeout=400, collect=False)
+    horovodrun(2, "examples/pytorch_digits.py", "--compression", "none,ternary,powersgd", "--epochs", "30",
+               "--json", out, timeout=500, collect=False)
     results = {r["compression"]: r for r in json.loads(out.read_text())["results"]}
     dense, ternary = results["none"]["test_accuracy"], results["ternary"]["test_accuracy"]
     assert dense > 0.93
     assert ternary >= dense - 0.02, (dense, ternary)  # no more than 2 points below dense
     assert results["ternary"]["dense_bytes_per_step"] / results["ternary"]["bytes_per_step"] > 14
+    powersgd = results["powersgd"]
+    assert powersgd["test_accuracy"] >= dense - 0.01, (dense, powersgd["test_accuracy"])
+    assert powersgd["dense_bytes_per_step"] / powersgd["bytes_per_step"] > 5
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])

@@ -213,8 +213,7 @@ def check_join(name):
     return {"last_joined": last, "steps": steps, "at_common": at_common, "final": snapshot(model, opt)["params"],
             "errors": errors, "dense_steps": opt.compression_stats().get("join_dense_steps", 0),
             "residual_left": max([float(r.abs().max()) for key, r in opt.state_dict()["horovod_ext"]["residuals"].items()
-                                  if not key.endswith(Q_SUFFIX)]
-                                 or [0.0])}
+                                  if not key.endswith(Q_SUFFIX)] or [0.0])}
 
 
 def check_sparse(name, sparse_as_dense):
