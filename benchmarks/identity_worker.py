@@ -29,6 +29,10 @@ def compressors(hvd):
         "adaptive_topk": C.adaptive_topk(window=2, omega=0.0, epsilon=0.3),
         "adaptive_topk-sparse_reduce": C.adaptive_topk(window=2, omega=0.0, epsilon=0.3, transport="sparse_reduce",
                                                        rebalance_every=2),
+        "adaptive_topk-dense": C.adaptive_topk(window=2, omega=0.0, epsilon=1.0),  # every decision: dense
+        "powersgd": C.powersgd(rank=2, start_iter=2, seed=5),
+        "powersgd-fp16-batched-qr-cold": C.powersgd(rank=2, start_iter=2, seed=5, value_dtype="fp16",
+                                                    batch_tensors=True, orthogonalization="qr", warm_start=False),
     }
 
 

@@ -65,6 +65,15 @@ class EncodeRecord(Record):
     __slots__ = ("flat",)
 
 
+def send_dense(be, item, flat, feedback, prefix):
+    """Start the allreduce (Sum, or Average for op Average) of flat, a tensor's g + r as flat float32; with error
+    feedback, r = 0 after (what is sent dense leaves nothing behind). Returns the future."""
+    if feedback is not None:
+        flat = be.copy(flat)  # flat may be r's own storage (torch's ef_accumulate)
+        feedback.clear(be, item)
+    return be.allreduce(flat, be.name(prefix, item), "sum" if be.divisor == 1.0 else "average")
+
+
 def count_dense(be, item):
     """What Horovod's dense allreduce of this gradient would have sent (the baseline of every ratio)."""
     dense = item.numel * item.itemsize
@@ -88,9 +97,7 @@ class Method:
         item.kind = "small"
         count_dense(be, item)
         g_ef, _ = self.feedback.accumulate(be, item, be.flat32(item.grad))
-        send = be.copy(g_ef)
-        self.feedback.clear(be, item)
-        item.future = be.allreduce(send, be.name("dense", item), "sum" if be.divisor == 1.0 else "average")
+        item.future = send_dense(be, item, g_ef, self.feedback, "dense")
         be.count(payload_bytes=4 * item.numel, wire_bytes=allreduce_wire_bytes(4 * item.numel, be.nranks))
         return item
 

@@ -5,7 +5,9 @@ Its factors are linear, so they go by allreduce and the bytes per rank do not gr
 is python/hvdext_reference/powersgd.py; the step over the backend contract is PowerSGDMethod below; the matrix
 products, the orthogonalization and the normal draw are backend primitives (compression/backend.py).
 """
-from .plan import DenseSplit, ErrorFeedback, Method, Record, count_dense
+import math
+
+from .plan import DenseSplit, ErrorFeedback, Method, Record, count_dense, send_dense
 from .specs import CompressorSpec, check_bool, check_choice, check_int, check_real
 from .wire import allreduce_wire_bytes, tensor_key
 
@@ -21,14 +23,17 @@ def matrix_layout(shape, rank, min_compression_rate):
     if len(shape) == 0:
         return None
     n = int(shape[0])
-    numel = 1
-    for d in shape:
-        numel *= int(d)
-    m = numel // n if n else 0
+    m = math.prod(int(d) for d in shape) // n if n else 0
     r = min(n, m, int(rank))
     if r == 0 or not (n + m) * r * min_compression_rate < n * m:
         return None
     return n, m, r
+
+
+def q_elements(item):
+    """The elements of a matrix's Q: m * r."""
+    _, m, r = item.work.layout
+    return m * r
 
 
 class PowerSGDRecord(Record):
@@ -84,8 +89,7 @@ class PowerSGDMethod(Method):
 
     def _q_state(self, be, item):
         if item.name not in self.q:
-            n, m, r = item.work.layout
-            self.q[item.name] = be.residual(item.name + Q_SUFFIX, m * r, item)
+            self.q[item.name] = be.residual(item.name + Q_SUFFIX, q_elements(item), item)
         return self.q[item.name]
 
     # ------------------------------------------------------------------------------------------------ finish
@@ -137,14 +141,7 @@ class PowerSGDMethod(Method):
 
     def _dense(self, be, items):
         """Every matrix's M by allreduce, after which e = 0 (before start_iter e is already 0)."""
-        op = "sum" if be.divisor == 1.0 else "average"
-        futures = []
-        for item in items:
-            send = item.work.flat
-            if self.feedback is not None:
-                send = be.copy(send)
-                self.feedback.clear(be, item)
-            futures.append(be.allreduce(send, be.name("powersgd.dense", item), op))
+        futures = [send_dense(be, item, item.work.flat, self.feedback, "powersgd.dense") for item in items]
         return [be.wait(f) for f in futures]
 
     def _batches(self, items):
@@ -194,8 +191,8 @@ class PowerSGDMethod(Method):
         return [be.reshape(part, shape) for part, shape in zip(parts, shapes)]
 
     def _drawn_q(self, be, batches):
-        return [be.concat([be.normal(m * r, be.seed, be.step, tensor_key(i.name), i.work.flat)
-                           for i in b for (n, m, r) in [i.work.layout]]) for b in batches]
+        return [be.concat([be.normal(q_elements(i), be.seed, be.step, tensor_key(i.name), i.work.flat) for i in b])
+                for b in batches]
 
     def _kept_q(self, be, batches):
         return [be.concat([be.read(self.q[i.name]) for i in b]) for b in batches]
@@ -207,7 +204,7 @@ class PowerSGDMethod(Method):
         if be.rank != 0:
             flat = be.scale(flat, 0.0)
         agreed = be.wait(be.allreduce(flat, be.step_name("powersgd.agree_q"), "sum"))
-        return be.split(agreed, [sum(i.work.layout[1] * i.work.layout[2] for i in b) for b in batches])
+        return be.split(agreed, [sum(q_elements(i) for i in b) for b in batches])
 
     # --------------------------------------------------------------------------------------------------- state
     def state(self, be):
@@ -295,9 +292,5 @@ class PowerSGD(CompressorSpec):
                          value_dtype=check_choice("powersgd value_dtype", value_dtype, tuple(VALUE_DTYPES)),
                          seed=check_int("powersgd seed", seed, low=0, high=2 ** 64, allow_none=True))
 
-    def compress(self, tensor, *args, **kwargs):
-        raise TypeError("Compression.powersgd runs two allreduces per step (P, then Q from the reduced P); "
-                        "Horovod's own DistributedOptimizer would allreduce one compressed tensor. Use "
-                        "horovod_ext's DistributedOptimizer (import horovod_ext.torch as hvd).")
-
-    decompress = compress
+    travels = "runs two allreduces per step (P, then Q from the reduced P); Horovod's own DistributedOptimizer " \
+              "would allreduce one compressed tensor"

@@ -19,6 +19,7 @@ class CompressorSpec:
     method = None  # the plan.Method subclass that moves its gradients
     codec = None  # the plan.Codec subclass of one tensor's payload (for methods built on one)
     max_elements = None  # the largest tensor it takes (None: check_tensor's limit)
+    travels = "sends a packed payload by allgather; Horovod's own DistributedOptimizer would allreduce it"
 
     def __init__(self, **settings):
         self._settings = dict(settings)
@@ -55,10 +56,8 @@ class CompressorSpec:
 
     # Horovod's stock wrappers call compress()/decompress() and allreduce the result: a payload cannot survive that.
     def compress(self, tensor, *args, **kwargs):
-        raise TypeError(
-            f"Compression.{self.name} sends a packed payload by allgather; Horovod's own DistributedOptimizer would "
-            f"allreduce it. Use horovod_ext's DistributedOptimizer (import horovod_ext.torch as hvd)."
-        )
+        raise TypeError(f"Compression.{self.name} {self.travels}. Use horovod_ext's DistributedOptimizer "
+                        f"(import horovod_ext.torch as hvd).")
 
     decompress = compress
 

@@ -9,7 +9,7 @@ cpp/include/hvdext/topk.h, its definition in python/hvdext_reference/topk.py, th
 from . import sizes
 from .gravac import GravacController
 from .plan import Allgather, Codec, DenseSplit, EncodeRecord, ErrorFeedback, Method, Record, count_dense, k_of, \
-    require_decoded
+    require_decoded, send_dense
 from .sparse_reduce import TRANSPORTS, SparseReduce, choose_transport
 from .specs import CompressorSpec, check_bool, check_choice, check_int, check_real
 from .wire import allreduce_wire_bytes
@@ -286,11 +286,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
 
     def _dense(self, be, items):
         """GraVAC's dense path: g_ef by allreduce, after which r = 0."""
-        sent = []
-        for item in items:
-            send = be.copy(item.work.flat)
-            self.feedback.clear(be, item)
-            sent.append(be.allreduce(send, be.name("topk.dense", item), "sum" if be.divisor == 1.0 else "average"))
+        sent = [send_dense(be, item, item.work.flat, self.feedback, "topk.dense") for item in items]
         nbytes = 4 * sum(self.step_sizes)
         return [be.wait(f) for f in sent] + [be.no_flag() for _ in items] + \
             [be.stack([nbytes, allreduce_wire_bytes(nbytes, be.nranks)], "float64")]

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from horovod_ext.compression.backend import Backend
 from hvdext_reference import philox
-from .ops import TFKernels
+from .ops import TFKernels, seed_tensor
 
 OPS = {"sum": hvd.Sum, "average": hvd.Average, "max": hvd.Max}
 DTYPES = {"float16": tf.float16, "float32": tf.float32, "float64": tf.float64, "int32": tf.int32,
@@ -160,7 +160,7 @@ class TFBackend(Backend):
 
     @staticmethod
     def split(x, sizes):
-        return list(tf.split(x, list(sizes))) if len(sizes) > 1 else [x]
+        return list(tf.split(x, list(sizes)))
 
     @staticmethod
     def cast(x, dtype):
@@ -192,7 +192,7 @@ class TFBackend(Backend):
         def draw(seed_value, step_value):
             return philox.normal(int(n), int(seed_value) % 2 ** 64, int(step_value), int(key))
 
-        seed = seed if tf.is_tensor(seed) else tf.constant(seed - 2 ** 64 if seed >= 2 ** 63 else seed, tf.int64)
+        seed = seed if tf.is_tensor(seed) else seed_tensor(seed)
         values = tf.numpy_function(draw, [seed, tf.cast(step, tf.int64)], tf.float32)
         return tf.ensure_shape(values, [n])
 
