@@ -44,7 +44,8 @@ def _begin_step(c):
 
 
 def _ranks_training(c):
-    return c.be.ranks_training("contract.training")
+    future = c.be.ranks_training("contract.training")
+    return None if future is None else c.be.wait(future)
 
 
 def _flat32(c):
@@ -104,6 +105,17 @@ def _name(c):
 
 def _step_name(c):
     return c.be.step_name("a") != c.be.step_name("b")
+
+
+def _stable_name(c):
+    """The same name after another step has begun, and usable by an allreduce in both steps."""
+    be, x = c.be, c.t([float(c.rank + 1)])
+    names, sums = [], []
+    for step in (3, 4):
+        be.begin_step(step, 7, False)
+        names.append(be.stable_name("contract.stable"))
+        sums.append(be.wait(be.allreduce(x, names[-1], "sum")))
+    return [names[0] == names[1] != be.stable_name("contract.other")] + sums
 
 
 def _host(c):
@@ -283,7 +295,8 @@ CASES = {
     "ranks_training": (_ranks_training, lambda r, n, v, c: equal(v, None if c.graph else n)),
     "flat32": (_flat32, lambda r, n, v, c: close(v[0], [1, 2, 3, 4]) or equal(v[1], True)),
     "copy": (_copy, lambda r, n, v, c: close(v, [1, 2])),
-    "sub": (lambda c: c.be.sub(c.t([5.0, 7.0]), c.t([1.0, 2.0])), lambda r, n, v, c: close(v, [4, 5])),
+    "sub": (lambda c: [c.be.sub(c.t([5.0, 7.0]), c.t([1.0, 2.0])), c.be.sub(c.t([5.0, 7.0]), c.t([1.0, 3.0]), True)],
+            lambda r, n, v, c: close(v[0], [4, 5]) or close(v[1], [4, 4])),
     "stack": (lambda c: c.be.stack([1, 2.5], "float64"), lambda r, n, v, c: close(v, [1, 2.5])),
     "unstack": (_unstack, lambda r, n, v, c: close(v, [1, 2, 3])),
     "concat": (lambda c: [c.be.concat([c.t([1.0]), c.t([2.0, 3.0])]), c.be.concat([c.t([4.0])])],
@@ -315,6 +328,7 @@ CASES = {
     "wait": (_wait, lambda r, n, v, c: close(v, [n])),
     "name": (_name, lambda r, n, v, c: equal(v, True)),
     "step_name": (_step_name, lambda r, n, v, c: equal(v, True)),
+    "stable_name": (_stable_name, lambda r, n, v, c: equal(v[0], True) or close(v[1:], [[n * (n + 1) / 2]] * 2)),
     "host": (_host, lambda r, n, v, c: close(v, [5, 6])),
     "numpy": (_numpy, lambda r, n, v, c: close(v, [2, 4])),
     "switch": (_switch, lambda r, n, v, c: close(v, [20])),

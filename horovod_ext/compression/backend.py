@@ -37,8 +37,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def ranks_training(self, name):
-        """How many ranks of the process set are still training (the others called hvd.join()): an allreduce of 1
-        (see join.py); None where it cannot be asked (a graph being built)."""
+        """Starts asking how many ranks of the process set are still training (the others called hvd.join()): an
+        allreduce of 1 (see join.py). A future whose wait() is that number as an int; None where it cannot be asked
+        (a graph being built)."""
 
     # ------------------------------------------------------------------------------------------------ tensors
     @abc.abstractmethod
@@ -50,8 +51,9 @@ class Backend(abc.ABC):
         """A copy of x that later writes to x do not change."""
 
     @abc.abstractmethod
-    def sub(self, a, b):
-        """a - b, elementwise."""
+    def sub(self, a, b, in_place=False):
+        """a - b, elementwise; in_place: into a's storage where the framework can (PyTorch; TensorFlow makes a new
+        tensor), for a caller that no longer needs a."""
 
     @abc.abstractmethod
     def stack(self, values, dtype):
@@ -157,6 +159,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def step_name(self, prefix):
         """A collective's name, unique per prefix within a step (a step-level collective)."""
+
+    @abc.abstractmethod
+    def stable_name(self, prefix):
+        """A step-level allreduce's name that is the same at every step: a rank that has called hvd.join() answers
+        it with zeros, whatever step the others are at, and Horovod's response cache serves it."""
 
     # ------------------------------------------------------------------------------------------ host, control
     @abc.abstractmethod

@@ -27,21 +27,30 @@ class StepDriver:
         self.method = method_for(compression)(compression, backend, sizes)
         self.tag = tag  # makes the join check's collective name unique per optimizer
         self.dense = False  # this step goes dense: some rank has called hvd.join()
+        self.check = None  # the join check in flight, for a method that decides at finish()
         self.name = getattr(compression, "name", getattr(compression, "__name__", type(compression).__name__))
 
     def begin(self, step, seed):
         """A step begins (before its first launch): the join check, then the backend's step. Payload compressors
-        cannot run while a rank is joined (join.py): one allreduce of 1 per step asks (eagerly)."""
-        training = None
+        cannot run while a rank is joined (join.py): one allreduce of 1 per step asks (eagerly). A method whose
+        launch() is the same in a joined step (Method.join_decided_at_finish) reads the answer in finish(), so that
+        the check overlaps backward instead of stopping it."""
+        check = None
         if self.method.needs_join_check:
-            training = self.be.ranks_training(f"horovod_ext.training.{self.tag}")
-        self.dense = training is not None and a_rank_joined(training, self.be.nranks)
+            check = self.be.ranks_training(f"horovod_ext.training.{self.tag}")
+        self.check = check if check is not None and self.method.join_decided_at_finish else None
+        self.dense = bool(check is not None and self.check is None and self.joined(check))
         self.be.begin_step(step, seed, self.dense)
-        if training is not None:
+        if check is not None:
             self.be.count(payload_bytes=JOIN_CHECK_BYTES, wire_bytes=join_check_wire_bytes(self.be.nranks))
-        if self.dense:
+
+    def joined(self, check):
+        """Whether some rank has joined, from the check's answer; a joined step is counted."""
+        joined = a_rank_joined(self.be.wait(check), self.be.nranks)
+        if joined:
             extra = self.be.stats.extra
             extra["join_dense_steps"] = extra.get("join_dense_steps", 0) + 1
+        return joined
 
     def item(self, index, name, grad, numel, itemsize, param=None):
         """One gradient of the step, with the method's record of it."""
@@ -56,6 +65,8 @@ class StepDriver:
 
     def finish(self, items, step):
         """Finish every launched gradient; raise the step's recorded errors (see the module docstring)."""
+        if self.check is not None:
+            self.dense, self.check = self.joined(self.check), None
         if self.dense:
             self.method.finish_dense(self.be, items)
         else:

@@ -7,7 +7,9 @@ is in Horovod's response cache crashes the joined rank's background loop ("unord
 travel by allgather/alltoall, so the ranks must know before a step's first payload collective whether some rank has
 joined:
 
-- one allreduce of JOIN_CHECK_BYTES per step (Sum of 1 per rank still training) at the step's first launch;
+- one allreduce of JOIN_CHECK_BYTES per step (Sum of 1 per rank still training), started at the step's first
+  launch; it is waited for there, or, for a method whose launch() starts nothing but allreduces
+  (Method.join_decided_at_finish: PowerSGD), at finish(), so that it overlaps backward;
 - a step in which fewer ranks train than the process set holds sends every gradient by allreduce (with error
   feedback g + r, after which r = 0), so the ranks still training apply exactly Horovod's own allreduce.
 

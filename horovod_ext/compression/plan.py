@@ -85,6 +85,9 @@ class Method:
     dense path (a join step) sends each gradient (with error feedback, g + r, after which r = 0) by allreduce."""
 
     needs_join_check = True  # payload compressors cannot run while a rank is joined (join.py)
+    # launch() starts only allreduces and local work, so it serves a joined step too, which finish_dense() then
+    # completes from what launch() made: the join check is read in finish() (driver.py)
+    join_decided_at_finish = False
     Record = Record  # the per-step record of one tensor (item.work)
 
     def __init__(self, spec, be, sizes):

@@ -54,6 +54,9 @@ class PowerSGDMethod(Method):
        the same bits on every rank; e = M - A; Q kept for the next step.
     Matrices of one shape are multiplied as one batch with batch_tensors=True (the hook's
     batch_tensors_with_same_shape): the same values, fewer kernel launches.
+    A step in which some rank has called hvd.join() sends every M dense (finish_dense); the join check is read
+    only there, since launch() is the same either way (join.py). P, Q and Q's agreement go by stable names
+    (backend.stable_name): a joined rank answers them with zeros whatever step the others are at.
 
     State: e per tensor and rank (error feedback, as every residual: resume.py), and Q per tensor, the same on every
     rank, kept as a per-rank state beside the residuals (a tensor in state_dict(), a tf.Variable). Whether Q holds
@@ -63,6 +66,7 @@ class PowerSGDMethod(Method):
     with the checkpoint's Q on every rank."""
 
     Record = PowerSGDRecord
+    join_decided_at_finish = True  # launch(): DenseSplit's allreduce, or M = g + e locally
 
     def __init__(self, spec, be, sizes):
         super().__init__(spec, be, sizes)
@@ -100,12 +104,12 @@ class PowerSGDMethod(Method):
             return
         self.step_items = [(i.numel,) + tuple(i.work.layout) for i in matrices]
         compressed, q_source = be.host(self._decide, [be.step], ("int32", "int32"))
-        averages = be.switch(compressed, [lambda: self._dense(be, matrices),
-                                          lambda: self._compressed(be, matrices, q_source)])
-        for item, avg in zip(matrices, averages):
+        outputs = be.switch(compressed, [lambda: self._dense(be, matrices),
+                                         lambda: self._compressed(be, matrices, q_source)])
+        for item, avg, finite in zip(matrices, outputs[:len(matrices)], outputs[len(matrices):]):
             be.write(item, avg)
-            be.require(be.all_finite(avg), f"{item.name!r} (NaN/Inf on some rank, or a factor beyond the fp16 range: "
-                                           f"try value_dtype='fp32')")
+            be.require(finite, f"{item.name!r} (NaN/Inf on some rank, or a factor beyond the fp16 range: "
+                               f"try value_dtype='fp32')")
 
     def _decide(self, step):
         """On the host, the same on every rank: (0, 0) before start_iter, else (1, where Q comes from: 0 drawn,
@@ -139,10 +143,24 @@ class PowerSGDMethod(Method):
                 "wire_bytes": allreduce_wire_bytes(p, nranks) + allreduce_wire_bytes(q, nranks)
                 + allreduce_wire_bytes(agreed, nranks)}
 
+    def finish_dense(self, be, items):
+        """A step in which some rank has called hvd.join(): every matrix's M by allreduce, after which e = 0, as
+        Method.launch_dense sends g + r (the ranks still training apply Horovod's own average)."""
+        DenseSplit.finish(be, [i for i in items if i.kind == "small"])
+        matrices = [i for i in items if i.kind == "matrix"]
+        for item in matrices:
+            be.count(payload_bytes=4 * item.numel, wire_bytes=allreduce_wire_bytes(4 * item.numel, be.nranks))
+        averages = self._dense(be, matrices)
+        for item, avg, finite in zip(matrices, averages[:len(matrices)], averages[len(matrices):]):
+            be.write(item, avg)
+            be.require(finite, f"{item.name!r} (after averaging)")
+
     def _dense(self, be, items):
-        """Every matrix's M by allreduce, after which e = 0 (before start_iter e is already 0)."""
+        """Every matrix's M by allreduce, after which e = 0 (before start_iter e is already 0); then whether each
+        average is finite."""
         futures = [send_dense(be, item, item.work.flat, self.feedback, "powersgd.dense") for item in items]
-        return [be.wait(f) for f in futures]
+        averages = [be.wait(f) for f in futures]
+        return averages + [be.all_finite(avg) for avg in averages]
 
     def _batches(self, items):
         """Groups of matrices multiplied as one batch: one shape each with batch_tensors, else one matrix each."""
@@ -169,24 +187,28 @@ class PowerSGDMethod(Method):
             qs = [be.matmul(mat, p, transpose_a=True) for mat, p in zip(ms, ps)]
         qs = self._allreduce_factors(be, qs, [(b, m, r) for b, n, m, r in shapes],
                                      "sum" if be.divisor == 1.0 else "average", "powersgd.q")
-        averages = {}
+        averages, finite = {}, {}
         with be.timed("decompress_seconds"):
             for batch, s, p, q in zip(batches, shapes, ps, qs):
                 approx = be.split(be.reshape(be.matmul(p, q, transpose_b=True), (-1,)), [i.numel for i in batch])
                 q_parts = be.split(be.reshape(q, (-1,)), [s[2] * s[3]] * s[0])
                 for item, a, q_item in zip(batch, approx, q_parts):
-                    if self.feedback is not None:
-                        self.feedback.keep(be, item, be.sub(item.work.flat, a))
+                    if self.feedback is not None:  # M (r's own storage where the framework allows) is done with
+                        self.feedback.keep(be, item, be.sub(item.work.flat, a, in_place=True))
                     if self.spec.warm_start:
                         be.assign(self.q[item.name], q_item)
                     averages[item.index] = a
-        return [averages[item.index] for item in items]
+                    # A = P Q^T is finite where Q is (P: orthonormal columns, or NaN with Q, since Q = M^T P; |A| <=
+                    # r max|Q|): Q, m x r, is checked instead of A, n x m
+                    finite[item.index] = be.all_finite(q_item)
+        return [averages[item.index] for item in items] + [finite[item.index] for item in items]
 
     def _allreduce_factors(self, be, factors, shapes, op, prefix):
         """The factors of every batch (of `shapes`) as one buffer in the wire dtype, allreduced; back as float32,
         each in its shape."""
         flat = be.concat([be.reshape(f, (-1,)) for f in factors])
-        reduced = be.cast(be.wait(be.allreduce(be.cast(flat, self.wire_dtype), be.step_name(prefix), op)), "float32")
+        sent = be.cast(flat, self.wire_dtype)
+        reduced = be.cast(be.wait(be.allreduce(sent, be.stable_name(prefix), op)), "float32")
         parts = be.split(reduced, [b * rows * r for b, rows, r in shapes])
         return [be.reshape(part, shape) for part, shape in zip(parts, shapes)]
 
@@ -203,7 +225,7 @@ class PowerSGDMethod(Method):
         flat = be.concat(kept)
         if be.rank != 0:
             flat = be.scale(flat, 0.0)
-        agreed = be.wait(be.allreduce(flat, be.step_name("powersgd.agree_q"), "sum"))
+        agreed = be.wait(be.allreduce(flat, be.stable_name("powersgd.agree_q"), "sum"))
         return be.split(agreed, [sum(q_elements(i) for i in b) for b in batches])
 
     # --------------------------------------------------------------------------------------------------- state

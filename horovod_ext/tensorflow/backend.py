@@ -98,7 +98,7 @@ class TFBackend(Backend):
             return None
         count = hvd.allreduce(tf.constant([1], tf.int32), op=hvd.Sum, name=name, ignore_name_scope=True,
                               process_set=self.process_set)
-        return int(count[0])
+        return int(count[0])  # wait() gives back what it is given
 
     # ------------------------------------------------------------------------------------------------ tensors
     @staticmethod
@@ -126,7 +126,7 @@ class TFBackend(Backend):
         return tf.add_n(values) if values else tf.constant(0.0, tf.float64)
 
     @staticmethod
-    def sub(a, b):
+    def sub(a, b, in_place=False):
         return tf.subtract(a, b)
 
     @staticmethod
@@ -230,6 +230,8 @@ class TFBackend(Backend):
     @staticmethod
     def step_name(prefix):
         return f"hvdext.{prefix}"
+
+    stable_name = step_name
 
     # ------------------------------------------------------------------------------------------ host, control
     @staticmethod

@@ -100,8 +100,9 @@ class TorchBackend(Backend):
         self.errors = []
 
     def ranks_training(self, name):
-        count = hvd.allreduce(torch.ones(1, dtype=torch.int32), op=hvd.Sum, name=name, process_set=self.process_set)
-        return int(count.item())
+        handle = hvd.allreduce_async(torch.ones(1, dtype=torch.int32), op=hvd.Sum, name=name,
+                                     process_set=self.process_set)
+        return Future(handle, lambda count: int(count.item()))
 
     # ------------------------------------------------------------------------------------------------ tensors
     @staticmethod
@@ -129,8 +130,8 @@ class TorchBackend(Backend):
         return sum(values, 0.0)
 
     @staticmethod
-    def sub(a, b):
-        return torch.sub(a, b)
+    def sub(a, b, in_place=False):
+        return a.sub_(b) if in_place else torch.sub(a, b)
 
     @staticmethod
     def size(x):
@@ -185,7 +186,13 @@ class TorchBackend(Backend):
 
     @staticmethod
     def matmul(a, b, transpose_a=False, transpose_b=False):
-        return torch.bmm(a.transpose(1, 2) if transpose_a else a, b.transpose(1, 2) if transpose_b else b)
+        # A product with a few columns (M Q, M^T P) as the transpose of its transpose: on the CPU, bmm of a large
+        # operand against a narrow one is 3-8x faster in that layout (the values are the same sums)
+        if transpose_a:
+            return torch.bmm(b if transpose_b else b.transpose(1, 2), a).transpose(1, 2)
+        if not transpose_b:
+            return torch.bmm(b.transpose(1, 2), a.transpose(1, 2)).transpose(1, 2)
+        return torch.bmm(a, b.transpose(1, 2))
 
     @staticmethod
     def orthogonalize(x, method="gram_schmidt"):
@@ -246,6 +253,10 @@ class TorchBackend(Backend):
 
     def step_name(self, prefix):
         return f"{prefix}.{self.round}"
+
+    @staticmethod
+    def stable_name(prefix):
+        return f"hvdext.{prefix}"
 
     # ------------------------------------------------------------------------------------------ host, control
     @staticmethod
