@@ -11,7 +11,7 @@ import torch
 from horovod_ext.compression.wire import allreduce_wire_bytes
 from horovod_ext.perfmodel import plan
 
-DDP_METHODS = ("ddp", "ddp-fp16", "powersgd")
+DDP_METHODS = ("ddp", "ddp-fp16", "powersgd", "powersgd-r1", "powersgd-r2")  # powersgd: the hook at rank 4
 
 
 def ddp_wrap(model, method, rank, size, port=29533):
@@ -28,10 +28,11 @@ def ddp_wrap(model, method, rank, size, port=29533):
     if method == "ddp-fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         payload = dense // 2
-    elif method == "powersgd":
-        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=2)
+    elif method.startswith("powersgd"):
+        rank = int(method.partition("-r")[2] or 4)
+        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2)
         ddp.register_comm_hook(state, powersgd.powerSGD_hook)
-        payload = powersgd_bytes(model, 4)
+        payload = powersgd_bytes(model, rank)
     else:
         payload = dense
     return ddp, payload, allreduce_wire_bytes(payload, size)

@@ -1,9 +1,9 @@
 """GraVAC's headline, time to accuracy against static compression (issue 14): for three models of different shape
 (benchmarks/gravac_models.py: the digits MLP, a small CNN, an LSTM language model), at 2 and 4 ranks on loopback
 shaped to --mbit (a namespace created here and always removed), dense, static top-k 10x / 100x / 1000x, adaptive
-top-k at its defaults and PyTorch DDP's PowerSGD hook (rank 4) train the same epochs. Reports the wall-clock
-seconds until each first reaches dense's final test accuracy (checked after each epoch), GraVAC's mean CF, share
-of dense steps and settled CF; plots accuracy against wall-clock time and GraVAC's CF over training."""
+top-k at its defaults, Compression.powersgd ("hvdext-powersgd") and PyTorch DDP's PowerSGD hook ("powersgd"), both
+at rank 4, train the same epochs. Reports the wall-clock seconds until each first reaches dense's final test
+accuracy (checked after each epoch), GraVAC's mean CF, share of dense steps and settled CF; plots accuracy against wall-clock time and GraVAC's CF over training."""
 import argparse
 import itertools
 import os
@@ -14,7 +14,7 @@ from horovod_ext.shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ["mlp", "cnn", "lstm"]
-METHODS = ["dense", "topk-10x", "topk-100x", "topk-1000x", "adaptive_topk", "powersgd"]
+METHODS = ["dense", "topk-10x", "topk-100x", "topk-1000x", "adaptive_topk", "hvdext-powersgd", "powersgd"]
 HOSTS = {4: "localhost:2,127.0.0.1:2"}
 
 

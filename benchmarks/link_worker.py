@@ -32,7 +32,12 @@ COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compre
                 "topk0.1-sparse": lambda: hvd.Compression.topk(ratio=0.001, transport="sparse_reduce"),
                 "topk-int32": lambda: hvd.Compression.topk(ratio=0.01, packing="int32"),
                 "topk-ternary": lambda: hvd.Compression.topk(ratio=0.01, value_dtype="ternary"),
-                "adaptive_topk": lambda: hvd.Compression.adaptive_topk}  # GraVAC at its defaults
+                "adaptive_topk": lambda: hvd.Compression.adaptive_topk,  # GraVAC at its defaults
+                # Compression.powersgd compressing from the first step (the DDP hook's "powersgd", "powersgd-rN"
+                # rows are timed from its first compressed step too)
+                "hvdext-powersgd": lambda: hvd.Compression.powersgd(start_iter=0),
+                "hvdext-powersgd-r1": lambda: hvd.Compression.powersgd(rank=1, start_iter=0),
+                "hvdext-powersgd-r2": lambda: hvd.Compression.powersgd(rank=2, start_iter=0)}
 
 
 def model_of(params_m):

@@ -11,14 +11,15 @@ gradients, the coders' speed against the fixed packings, step time on 100 Mbit/s
 sparse_reduce (top-k's bytes per rank by allgather and by sparse_reduce, counted at 2-4 ranks and planned to 1024,
 and step time at 4 ranks on 100 Mbit/s beside dense and PowerSGD rank 4), link (step time on loopback shaped to
 100 Mbit/s and 1 Gbit/s, 2 and 4 ranks,
-beside Horovod dense/fp16 and PyTorch DDP with its fp16 and PowerSGD hooks), tta (test accuracy against
+beside Horovod dense/fp16 and PyTorch DDP with its fp16 and PowerSGD hooks), powersgd (Compression.powersgd against
+DDP's powerSGD_hook at ranks 1, 2 and 4 on 100 Mbit/s, 2 and 4 processes), tta (test accuracy against
 wall-clock time on digits for every compressor and optimizer), gravac (GraVAC's time to dense's accuracy against
 static top-k 10/100/1000x and PowerSGD on three models), perfmodel (horovod_ext.perfmodel's predicted step time
 against the measured one at 2 and 4 ranks on 100 Mbit/s and 1 Gbit/s, then its table for ResNet-50, VGG-16 and
 BERT-base at 8-1024 ranks) and soak (10,000 steps at 4 ranks per method: resident
 memory and steps/s at steps 1,000 and 10,000). Each writes JSON, a markdown table and PNG plots to
 benchmarks/out/ (or $HVDEXT_BENCH_OUT); this script adds summary.md with every table. link and tta create a network
-namespace (root), as do gravac, perfmodel, coding's and sparse_reduce's link parts; where that is not allowed they say why and are skipped, not failed; so does gpu_kernels without
+namespace (root), as do powersgd, gravac, perfmodel, coding's and sparse_reduce's link parts; where that is not allowed they say why and are skipped, not failed; so does gpu_kernels without
 a GPU.
 """
 import argparse
@@ -31,8 +32,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import OUT_DIR, progress  # noqa: E402
 
-BENCHMARKS = ["kernels", "tf_kernels", "gpu_kernels", "wire", "coding", "sparse_reduce", "link", "tta", "gravac",
-              "perfmodel", "soak"]
+BENCHMARKS = ["kernels", "tf_kernels", "gpu_kernels", "wire", "coding", "sparse_reduce", "link", "powersgd", "tta",
+              "gravac", "perfmodel", "soak"]
 
 
 def main(argv=None):

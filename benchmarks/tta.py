@@ -2,9 +2,10 @@
 on loopback shaped to --mbit (a namespace created here and always removed). Reports step time, bytes per step and
 the training time until each method first reaches dense's final test accuracy and a fixed --target, as a table, a
 plot of accuracy against training time and a plot of GraVAC's CF over training. Methods are compressors with
-data-parallel SGD, PyTorch DDP's PowerSGD hook, and the parameter-space optimizers lsgd, multi_lsgd (4 ranks run
-as two "nodes" of 2, so that its groups are two process sets) and easgd, their asynchronous forms (async_lsgd,
-async_multi_lsgd, async_easgd: asynchronous=True at the default staleness) and "compute" (each rank trains
+data-parallel SGD (Compression.powersgd is "hvdext-powersgd"), PyTorch DDP's PowerSGD hook ("powersgd"), and the
+parameter-space optimizers lsgd, multi_lsgd (4 ranks run as two "nodes" of 2, so that its groups are two process
+sets) and easgd, their asynchronous forms (async_lsgd, async_multi_lsgd, async_easgd: asynchronous=True at the
+default staleness) and "compute" (each rank trains
 alone, no collective in a step: the step time that communication cannot beat). LSGD's rows also give the
 accuracy of the center variable (the workers' average), which the paper evaluates."""
 import argparse
@@ -19,7 +20,7 @@ from horovod_ext.shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 METHODS = ["dense", "fp16", "ternary", "topk-10x", "topk-1000x", "adaptive_topk", "lsgd", "multi_lsgd", "easgd",
-           "ddp-fp16", "powersgd"]
+           "ddp-fp16", "hvdext-powersgd", "powersgd"]
 HOSTS = {4: "localhost:2,127.0.0.1:2"}  # two "nodes" on one machine
 
 
@@ -76,7 +77,8 @@ def main():
                                                              "results of an earlier run (its tta.json)")
     args = parser.parse_args()
     if args.quick:
-        args.ranks, args.epochs, args.methods, args.hidden = "2", 2, "dense,ternary,adaptive_topk,lsgd,powersgd", 256
+        args.ranks, args.epochs, args.hidden = "2", 2, 256
+        args.methods = "dense,ternary,adaptive_topk,lsgd,hvdext-powersgd,powersgd"
     if "dense" not in args.methods.split(","):
         parser.error("--methods must include dense (the reference every method is compared with)")
     if args.report:

@@ -29,7 +29,11 @@ METHODS = {"dense": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compressio
            # the fixed packing perfmodel plans (benchmarks/perfmodel_validation.py)
            "ternary-base3": lambda: hvd.Compression.ternary(packing="base3"),
            "ternary-2phase": lambda: hvd.Compression.ternary(packing="base3", shared_scale=True,
-                                                             transport="two_phase")}
+                                                             transport="two_phase"),
+           # Compression.powersgd at its defaults (rank 4); "powersgd" is PyTorch DDP's hook (baselines.py)
+           "hvdext-powersgd": lambda: hvd.Compression.powersgd,
+           # compressing from the step baselines.py's hook starts at (its start_powerSGD_iter=2)
+           "hvdext-powersgd-start2": lambda: hvd.Compression.powersgd(start_iter=2)}
 OPTIMIZERS = {"lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups=None),
               "multi_lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups="node"),
               "easgd": lambda opt, named: hvd.ElasticAveragingOptimizer(opt, named),

@@ -9,7 +9,8 @@ from hvdrun import ROOT
 
 EXPECTED = {"kernels": ["kernels_speedup.png"], "tf_kernels": ["tf_kernels_speedup.png"],
             "gpu_kernels": ["gpu_kernels.png"], "wire": ["wire_bytes.png"], "coding": ["coding_bits.png"],
-            "link": ["link_step_seconds.png"], "tta": ["tta_accuracy.png", "tta_cf.png"],
+            "link": ["link_step_seconds.png"], "powersgd": ["powersgd_step_seconds.png"],
+            "tta": ["tta_accuracy.png", "tta_cf.png"],
             "gravac": ["gravac_cf.png", "gravac_cnn_2_accuracy.png"],
             "perfmodel": ["perfmodel_resnet50.png"], "soak": ["soak_rss_growth.png"]}
 
@@ -23,7 +24,8 @@ def test_quick_benchmarks_write_json_tables_and_plots(tmp_path):
     for name, plots in EXPECTED.items():
         line = next(l for l in proc.stdout.splitlines() if l.startswith(f"[run] {name}:"))
         if "skipped" in line:  # no namespace here (not root), or no GPU: a reason, not a crash
-            assert (name in ("link", "tta", "gravac", "perfmodel") and ("namespace" in line or "root" in line)) or \
+            shaped = ("link", "powersgd", "tta", "gravac", "perfmodel")
+            assert (name in shaped and ("namespace" in line or "root" in line)) or \
                 (name == "gpu_kernels" and ("GPU" in line or "without CUDA" in line)), line
             continue
         assert ": ok in" in line, line
@@ -36,4 +38,4 @@ def test_quick_benchmarks_write_json_tables_and_plots(tmp_path):
     tta = json.loads((tmp_path / "tta.json").read_text()) if (tmp_path / "tta.json").exists() else None
     if tta:
         methods = {r["method"] for r in tta["results"]}
-        assert {"dense", "ternary", "adaptive_topk", "lsgd", "powersgd"} <= methods
+        assert {"dense", "ternary", "adaptive_topk", "lsgd", "hvdext-powersgd", "powersgd"} <= methods
