@@ -2,6 +2,7 @@
 averaged update against the NumPy reference (python/hvdext_reference/powersgd.py) for the same gradients, and every
 rank's bits; with "torch" at 2 ranks also against PyTorch's own DDP hook (powerSGD_hook over torch.distributed
 with gloo, in the same processes), with the hook's random Q replaced by ours (the seed handling made equal)."""
+import gc
 import os
 import socket
 import sys
@@ -162,6 +163,10 @@ def against_hook():
         differences.append({names[id(a)]: float((a - b).detach().abs().max() / b.detach().abs().max())
                             for a, b in zip(ours.parameters(), theirs.parameters())})
     moved = float(sum((p - q).detach().abs().sum() for p, q in zip(ours.parameters(), model().parameters())))
+    # DDP, its hook's state and their futures go before the process group: left to the interpreter's exit, their
+    # gloo work thread was destroyed from within itself ("Resource deadlock avoided", an abort after the results)
+    del ddp, their_opt, state, seeded_hook
+    gc.collect()
     dist.destroy_process_group()
     return {"differences": differences, "moved": moved, "compressed": sorted(
         n for n, p in ours.named_parameters() if matrix_layout(tuple(p.shape), r, 2) is not None)}
