@@ -1,7 +1,7 @@
 """horovod-ext: communication-efficient training for Horovod (PyTorch and TensorFlow).
 
-The native op library in cpp/ is framework-free; this file builds its PyTorch binding as the extension
-``horovod_ext._torch_ops`` and, where TensorFlow is installed, its TensorFlow binding as the custom-op library
+The native op library in cpp/ is framework-free; this file builds, where torch is installed, its PyTorch binding as
+the extension ``horovod_ext._torch_ops`` and, where TensorFlow is installed, its TensorFlow binding as the custom-op library
 ``horovod_ext/tensorflow/_tf_ops.so`` (compiled with TensorFlow's own flags, rebuilt only when a source changed).
 
 Where torch is a CUDA build and nvcc is found (CUDA_HOME), the PyTorch extension also holds the GPU kernels of
@@ -87,15 +87,29 @@ def build_tensorflow_ops():
     subprocess.check_call(cmd)
 
 
-def build_ext_class():
-    from torch.utils.cpp_extension import BuildExtension
+def torch_installed():
+    """Whether torch is installed: without it (a TensorFlow-only environment) no PyTorch binding is built."""
+    import importlib.util
 
-    class BuildBothBindings(BuildExtension.with_options(use_ninja=False)):
+    return importlib.util.find_spec("torch") is not None
+
+
+def build_ext_class():
+    """torch's BuildExtension where torch is installed, else setuptools' build_ext; either also builds the
+    TensorFlow op library where TensorFlow is installed."""
+    if torch_installed():
+        from torch.utils.cpp_extension import BuildExtension
+
+        base = BuildExtension.with_options(use_ninja=False)
+    else:
+        from setuptools.command.build_ext import build_ext as base
+
+    class BuildBindings(base):
         def run(self):
             super().run()
             build_tensorflow_ops()
 
-    return BuildBothBindings
+    return BuildBindings
 
 
 packages = find_packages(include=["horovod_ext", "horovod_ext.*"]) + ["hvdext_reference"]
@@ -106,8 +120,9 @@ setup(
     packages=packages,
     package_dir={"hvdext_reference": "python/hvdext_reference"},
     python_requires=">=3.9",
-    install_requires=["numpy", "torch", "horovod"],
-    ext_modules=[torch_extension(), sizes_extension()],
+    # torch and/or TensorFlow: whichever the environment has (scripts/setup.sh), so neither is required here
+    install_requires=["numpy", "horovod"],
+    ext_modules=([torch_extension()] if torch_installed() else []) + [sizes_extension()],
     cmdclass={"build_ext": build_ext_class()},
     package_data={"horovod_ext.tensorflow": ["_tf_ops.so"], "horovod_ext.perfmodel": ["models/*.json"]},
     zip_safe=False,

@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# Builds and installs Horovod 0.28.1 with Gloo for PyTorch and TensorFlow into the active Python.
+# Builds and installs Horovod 0.28.1 into the active Python, for the frameworks and with the collectives that
+# scripts/setup_plan.py chose (HVDEXT_HOROVOD_ENV: Gloo always, MPI where OpenMPI is found, NCCL for GPU operations
+# where torch is a CUDA build and NCCL is found; PyTorch and/or TensorFlow as installed). Run by setup.sh; run alone,
+# it asks setup_plan.py itself (the active environment's frameworks).
 #
 # Horovod's last release does not build against torch >= 2.1 or TensorFlow 2.21 as it is. This script
 # downloads the sdist and makes three edits to it (see ../shared/FACTS.md), then builds a wheel:
 #   - CMakeLists.txt and horovod/torch/CMakeLists.txt ask for C++14; torch >= 2.1 headers need C++17.
 #   - horovod/tensorflow/xla_mpi_ops.cc (the optional XLA lowering of Horovod's ops) includes an XLA header
 #     that tensorflow-cpu 2.21 does not ship; it is left out of TF_SOURCES.
-# The wheel is kept in $HVDEXT_CACHE (default ~/.cache/horovod-ext), keyed by the torch and TF versions,
-# so a later set-up on the same machine installs it without compiling.
+# The wheel is kept in $HVDEXT_CACHE (default ~/.cache/horovod-ext) under HVDEXT_HOROVOD_KEY (framework versions and
+# build choices), so a later set-up on the same machine with the same choices installs it without compiling.
 set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PY=${PY:-python}
 VERSION=0.28.1
 CACHE=${HVDEXT_CACHE:-$HOME/.cache/horovod-ext}
-KEY=$($PY -c "import torch, tensorflow as tf; print(f'torch{torch.__version__}-tf{tf.__version__}'.replace('+', '_'))" 2>/dev/null)
-WHEELS="$CACHE/horovod-$VERSION-$KEY"
+if [ -z "${HVDEXT_HOROVOD_KEY:-}" ]; then
+  eval "$($PY "$HERE/setup_plan.py" plan active)"
+fi
+WHEELS="$CACHE/$HVDEXT_HOROVOD_KEY"
 mkdir -p "$WHEELS"
 
 if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then
@@ -29,14 +35,24 @@ if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then
   ! grep -q "CMAKE_CXX_STANDARD 14" "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
   ! grep -q "xla_mpi_ops.cc" "$SRC/horovod/tensorflow/CMakeLists.txt"
 
-  export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
-         HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO
+  # shellcheck disable=SC2086
+  export $HVDEXT_HOROVOD_ENV
+  if [ -n "${HVDEXT_NCCL_LIBRARY:-}" ]; then
+    # Horovod's FindNCCL looks for libnccl.so; the nvidia-nccl wheel ships libnccl.so.2 only.
+    mkdir -p "$WORK/nccl/lib"
+    ln -s "$HVDEXT_NCCL_HOME/include" "$WORK/nccl/include"
+    ln -s "$HVDEXT_NCCL_LIBRARY" "$WORK/nccl/lib/libnccl.so"
+    export HOROVOD_NCCL_HOME="$WORK/nccl" PATH="$HOROVOD_CUDA_HOME/bin:$PATH"
+  fi
   export MAKEFLAGS="-j$(nproc)"
+  echo "[setup] Horovod $VERSION build: $HVDEXT_HOROVOD_ENV" >&2
   $PY -m pip wheel -q --no-build-isolation --no-deps "$SRC" -w "$WHEELS"
 fi
 $PY -m pip install -q --no-deps --force-reinstall "$WHEELS"/horovod-*.whl
-report=$(TF_CPP_MIN_LOG_LEVEL=3 horovodrun --check-build 2>/dev/null)
+report=$(TF_CPP_MIN_LOG_LEVEL=3 "$($PY -c 'import os, sys; print(os.path.dirname(sys.executable))')/horovodrun" \
+         --check-build 2>/dev/null)
 echo "$report"
-for need in "[X] PyTorch" "[X] TensorFlow" "[X] Gloo"; do
-  [[ "$report" == *"$need"* ]] || { echo "horovodrun --check-build lacks $need" >&2; exit 1; }
-done
+if ! lacks=$(echo "$report" | $PY "$HERE/setup_plan.py" check-build "$HVDEXT_HOROVOD_WANTS"); then
+  echo "horovodrun --check-build lacks $lacks" >&2
+  exit 1
+fi

@@ -1,49 +1,91 @@
 #!/usr/bin/env bash
-# Sets up everything horovod-ext needs on a fresh machine, and does nothing that is already done.
+# Sets up everything horovod-ext needs, keeping what the machine already has, and does nothing that is already done.
+# The decisions are scripts/setup_plan.py's (its docstring has the rules; each is logged with its reason):
 #
-#   1. a virtual environment: the active one, else .venv/ at the repo root;
-#   2. the pinned frameworks (torch 2.13.0 CPU, tensorflow-cpu 2.21.0) and the tools the tests use;
-#   3. Horovod 0.28.1 from its sdist with Gloo, PyTorch and TensorFlow, patched by scripts/build_horovod.sh
-#      (the wheel is cached, so a second machine set-up on the same host skips the compile);
+#   1. the environment: the active one (VIRTUAL_ENV or CONDA_PREFIX), with its own torch and/or TensorFlow (CUDA
+#      builds included; a version outside the supported range stops here with a message, nothing is replaced);
+#      else .venv/ at the repo root, seeing the base python3's frameworks where it has supported ones
+#      (--system-site-packages), else fresh with the pinned CPU builds (torch 2.13.0, tensorflow-cpu 2.21.0);
+#   2. the tools the tests and benchmarks use (requirements-tools.txt), never a framework;
+#   3. Horovod 0.28.1 from its sdist for the frameworks present, with Gloo, MPI where OpenMPI is found and NCCL where
+#      torch is a CUDA build and NCCL is found (scripts/build_horovod.sh; the wheel is cached, keyed by these
+#      choices, so a second set-up on the same host skips the compile); an installed Horovod is kept when
+#      `horovodrun --check-build` shows all of them;
 #   4. horovod_ext itself (editable) with its native ops, rebuilt only when cpp/ changed.
 #
-# Source it (". scripts/setup.sh") to keep the environment active in the calling shell.
+# HVDEXT_FRESH_VENV=1 makes .venv fresh whatever python3 has; HVDEXT_HOROVOD_MPI=0 / HVDEXT_HOROVOD_NCCL=0 build
+# Horovod without MPI / NCCL. Source it (". scripts/setup.sh") to keep the environment active in the calling shell.
 set -euo pipefail
 HVDEXT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$HVDEXT_ROOT"
 
 log() { echo "[setup] $*" >&2; }
 
-if [ -z "${VIRTUAL_ENV:-}" ]; then
+# The user's environment: an active virtual environment other than our .venv, or an active conda one.
+active_environment() {
+  if [ -n "${VIRTUAL_ENV:-}" ]; then
+    [ "$(cd "$VIRTUAL_ENV" 2>/dev/null && pwd -P)" != "$(pwd -P)/.venv" ]
+  else
+    [ -n "${CONDA_PREFIX:-}" ]
+  fi
+}
+
+if active_environment; then
+  HVDEXT_MODE=active
+  log "using the active environment ${VIRTUAL_ENV:-$CONDA_PREFIX}"
+else
   if [ ! -x .venv/bin/python ]; then
-    log "creating .venv"
-    python3 -m venv .venv
+    how=fresh
+    if [ "${HVDEXT_FRESH_VENV:-0}" != 1 ]; then
+      how=$(python3 scripts/setup_plan.py environment) || exit 2
+    fi
+    if [ "$how" = system-site ]; then
+      log "creating .venv over python3's own frameworks (--system-site-packages)"
+      python3 -m venv --system-site-packages .venv
+    else
+      log "creating .venv"
+      python3 -m venv .venv
+    fi
   fi
   # shellcheck disable=SC1091
   . .venv/bin/activate
+  HVDEXT_MODE=fresh
+  if grep -q "include-system-site-packages = true" .venv/pyvenv.cfg; then HVDEXT_MODE=system-site; fi
 fi
 PY=python
+# This environment's own horovodrun (another one may come earlier on PATH)
+HOROVODRUN="$($PY -c 'import os, sys; print(os.path.join(os.path.dirname(sys.executable), "horovodrun"))')"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-3}
+# Decided before anything is installed: a refused environment is left as it was.
+plan=$($PY scripts/setup_plan.py plan "$HVDEXT_MODE") || exit 2
+eval "$plan"
+export HVDEXT_HOROVOD_KEY HVDEXT_HOROVOD_ENV HVDEXT_HOROVOD_WANTS
+
 # pip older than 23.3 installs editable packages through "setup.py develop", which loses --no-build-isolation.
 if ! $PY -c "import sys, pip; sys.exit(int(pip.__version__.split('.')[0]) < 24)" 2>/dev/null; then
   $PY -m pip install -q --upgrade "pip>=24"
 fi
 
-if ! $PY - <<'PY' 2>/dev/null
-import importlib.metadata as md, sys
-want = {"torch": "2.13.0", "tensorflow-cpu": "2.21.0"}
-for name, version in want.items():
-    if not md.version(name).startswith(version):
-        sys.exit(1)
-import numpy, sklearn, pytest, psutil, yaml, cloudpickle, matplotlib, tqdm  # noqa: F401
-PY
+if [ -n "$HVDEXT_INSTALL" ]; then
+  log "installing $HVDEXT_INSTALL"
+  # shellcheck disable=SC2086
+  $PY -m pip install -q $HVDEXT_INSTALL
+fi
+if ! $PY -c "import numpy, sklearn, pytest, psutil, yaml, cloudpickle, matplotlib, tqdm, cmake, wheel" 2>/dev/null
 then
-  log "installing the pinned frameworks and test tools (requirements.txt)"
-  $PY -m pip install -q -r requirements.txt
+  log "installing the tools (requirements-tools.txt), the frameworks held at their installed versions"
+  constraints=$(mktemp)
+  $PY -c "import importlib.metadata as md
+for name in ('torch', 'tensorflow', 'tensorflow-cpu', 'tensorflow-gpu'):
+    try: print(f'{name}=={md.version(name)}')
+    except md.PackageNotFoundError: pass" > "$constraints"
+  $PY -m pip install -q -r requirements-tools.txt -c "$constraints"
+  rm -f "$constraints"
 fi
 
-if ! $PY -c "import horovod.torch as t, horovod.tensorflow as f; assert t.gloo_built() and f.gloo_built()" 2>/dev/null; then
-  log "building Horovod 0.28.1 (first time on this machine: several minutes)"
+report=$("$HOROVODRUN" --check-build 2>/dev/null || true)
+if ! lacks=$(echo "$report" | $PY scripts/setup_plan.py check-build "$HVDEXT_HOROVOD_WANTS"); then
+  log "building Horovod 0.28.1 for ${HVDEXT_FRAMEWORKS} (${HVDEXT_HOROVOD_KEY}; installed build lacks: $lacks)"
   bash scripts/build_horovod.sh
 fi
 
