@@ -10,14 +10,29 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOSTS = {2: "localhost:2", 4: "localhost:2,127.0.0.1:2"}  # 4 ranks as two "nodes" of 2
 
 
-def horovodrun(np_, script, *args, timeout=240, hosts=None, env=None, collect=True):
-    """Run `horovodrun -np N --gloo python script args`, results in a temp dir passed as HVDEXT_TEST_OUT.
+LAUNCHERS = ("gloo", "mpi", "mpirun")
+
+
+def launch_command(launcher, np_, hosts):
+    """The command before `python script args`: horovodrun with Gloo (`--gloo`) or MPI (`--mpi`), or OpenMPI's own
+    mpirun without horovodrun (every rank on this host, oversubscribed: 4 ranks on 2 cores; not bound to a core)."""
+    if launcher == "mpirun":
+        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+        return ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none", *root]
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
+    return ["horovodrun", "-np", str(np_), "-H", hosts or HOSTS[np_], f"--{launcher}"]
+
+
+def horovodrun(np_, script, *args, timeout=240, hosts=None, env=None, collect=True, launcher="gloo"):
+    """Run `horovodrun -np N --gloo python script args` (or another launcher, launch_command), results in a temp dir
+    passed as HVDEXT_TEST_OUT.
 
     Returns (list of per-rank result dicts, combined output); collect=False for scripts that write no results. A hang becomes a failure after `timeout` seconds:
     the whole process group (horovodrun and every rank) is killed.
     """
     out_dir = tempfile.mkdtemp(prefix="hvdext-test-")
-    cmd = ["horovodrun", "-np", str(np_), "-H", hosts or HOSTS[np_], "--gloo", sys.executable, script, *map(str, args)]
+    cmd = [*launch_command(launcher, np_, hosts), sys.executable, script, *map(str, args)]
     run_env = dict(os.environ, HVDEXT_TEST_OUT=out_dir, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1",
                    OMP_NUM_THREADS="1", **(env or {}))
     proc = subprocess.Popen(cmd, cwd=ROOT, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -27,9 +42,9 @@ def horovodrun(np_, script, *args, timeout=240, hosts=None, env=None, collect=Tr
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        raise AssertionError(f"horovodrun timed out after {timeout}s (a rank hung):\n{output[-6000:]}")
+        raise AssertionError(f"{cmd[0]} timed out after {timeout}s (a rank hung):\n{output[-6000:]}")
     if proc.returncode != 0:
-        raise AssertionError(f"horovodrun exited {proc.returncode}:\n{output[-6000:]}")
+        raise AssertionError(f"{cmd[0]} exited {proc.returncode}:\n{output[-6000:]}")
     results = []
     for rank in range(np_ if collect else 0):
         path = os.path.join(out_dir, f"rank{rank}.json")

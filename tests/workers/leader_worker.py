@@ -210,14 +210,15 @@ def bad_inputs():
     return {"cases": cases, "alive": alive}
 
 
-result = {"rank": RANK,
-          "pulls_single": check_pulls(None),
-          "pulls_node": check_pulls("node"),
-          "tie_break": check_tie_break(),
-          "schedule": check_schedule(),
-          "independent": check_independent_when_no_pull(),
-          "state_dict": check_state_dict(),
-          "easgd": check_easgd(),
-          "bad_inputs": bad_inputs()}
-hvd.allreduce(torch.tensor([0.0]), name="end")  # no rank leaves (and shuts Horovod down) before the others finish
-write_result(RANK, result)
+if __name__ == "__main__":
+    result = {"rank": RANK,
+              "pulls_single": check_pulls(None),
+              "pulls_node": check_pulls("node"),
+              "tie_break": check_tie_break(),
+              "schedule": check_schedule(),
+              "independent": check_independent_when_no_pull(),
+              "state_dict": check_state_dict(),
+              "easgd": check_easgd(),
+              "bad_inputs": bad_inputs()}
+    hvd.allreduce(torch.tensor([0.0]), name="end")  # no rank leaves (and shuts Horovod down) before the others finish
+    write_result(RANK, result)
