@@ -126,6 +126,32 @@ def test_gpu_error_feedback_and_topk_bit_identical_to_cpu(n):
 
 
 @pytest.mark.skipif(not GPU, reason=NO_GPU)
+@pytest.mark.parametrize("n", [1, 19, 4097, 1000003])
+@pytest.mark.parametrize("value_type", [0, 1], ids=["fp16", "fp32"])
+def test_gpu_topk_decode_bit_identical_to_cpu(n, value_type):
+    """packing="int32" decoded on the device (no host round trip): 3 ranks' payloads, overlapping indices, odd k
+    (unaligned payloads), the CPU's bits; an index out of range reports its rank and leaves out untouched."""
+    stream = torch.cuda.current_stream().cuda_stream
+    for k in sorted({1, max(1, n // 100) | 1, n}):
+        payloads = []
+        for rank in range(3):
+            r = gradient(n, seed=10 + rank)
+            payloads.append(ops.topk_extract(r, ops.topk_select(r, k), value_type))
+        gathered = torch.cat(payloads)
+        out_cpu = torch.empty(n)
+        out_gpu = torch.full((n,), 7.0, device="cuda")
+        assert ops.topk_decode_average(gathered, 3, k, n, value_type, 3.0, out_cpu) == -1
+        assert ops.topk_decode_average(gathered.cuda(), 3, k, n, value_type, 3.0, out_gpu, stream) == -1
+        assert torch.equal(out_gpu.cpu(), out_cpu), k
+        bad = gathered.clone()
+        stride = k * (6 if value_type == 0 else 8)
+        bad[2 * stride:2 * stride + 4] = torch.tensor([255, 255, 255, 127], dtype=torch.uint8)
+        untouched = torch.full((n,), 7.0, device="cuda")
+        assert ops.topk_decode_average(bad.cuda(), 3, k, n, value_type, 3.0, untouched, stream) == 2
+        assert bool((untouched == 7.0).all())
+
+
+@pytest.mark.skipif(not GPU, reason=NO_GPU)
 def test_gpu_topk_ties_nan_inf_and_conservation():
     stream = torch.cuda.current_stream().cuda_stream
     x = torch.ones(50000)

@@ -9,7 +9,7 @@ from horovod_ext.torch.kernels import check_gradient
 
 def test_bare_and_configured():
     bare = Ternary()
-    assert (bare.clip, bare.shared_scale, bare.packing, bare.min_size, bare.seed) == (2.5, False, "entropy", 1024, None)
+    assert (bare.clip, bare.shared_scale, bare.packing, bare.min_size, bare.seed) == (2.5, False, "auto", 1024, None)
     configured = bare(clip=None, packing="2bit", seed=3)
     assert configured.clip is None and configured.packing == "2bit" and configured.seed == 3
     assert bare == Ternary() and hash(bare) == hash(Ternary()) and bare != configured
@@ -19,7 +19,7 @@ def test_bare_and_configured():
 @pytest.mark.parametrize("kwargs, fragment", [
     (dict(clip=0), "clip must be > 0.0"), (dict(clip=-1), "clip must be > 0.0"),
     (dict(clip=float("nan")), "clip must be a finite number or None"), (dict(clip="2"), "clip"),
-    (dict(packing="3bit"), "one of ('entropy', 'base3', '2bit')"), (dict(min_size=-1), "min_size must be >= 0"),
+    (dict(packing="3bit"), "one of ('auto', 'entropy', 'base3', '2bit')"), (dict(min_size=-1), "min_size must be >= 0"),
     (dict(min_size=1.5), "min_size must be an integer"), (dict(shared_scale=1), "shared_scale must be True or False"),
     (dict(seed=-1), "seed must be in [0, 18446744073709551616)"), (dict(seed=2 ** 64), "seed"),
 ])
@@ -27,6 +27,29 @@ def test_invalid_arguments_name_the_argument(kwargs, fragment):
     with pytest.raises(ValueError) as err:
         Ternary(**kwargs)
     assert fragment in str(err.value)
+
+
+def test_auto_packing_per_device():
+    """packing="auto" (the default): entropy-coded packings for host gradients, the fixed packings that the CUDA
+    kernels encode and decode for CUDA tensors; explicit packings and Horovod's compressors are left as they are."""
+    from horovod_ext.compression import topk
+    from horovod_ext.compression.specs import resolved_for
+    from horovod_ext.torch import Compression
+
+    assert Ternary().for_device("cpu").packing == "entropy" and Ternary().for_device("cuda").packing == "base3"
+    assert Ternary(packing="2bit").for_device("cpu").packing == "2bit"
+    assert Ternary(clip=3.0).for_device("cuda") == Ternary(clip=3.0, packing="base3")
+    assert topk.TopK().for_device("cpu").packing == "delta" and topk.TopK().for_device("cuda").packing == "int32"
+    assert topk.AdaptiveTopK().for_device("cuda").packing == "int32"
+    # settings that need the coded indices keep them on a GPU too
+    assert topk.TopK(value_dtype="ternary").for_device("cuda").packing == "delta"
+    assert topk.TopK(transport="sparse_reduce").for_device("cuda").packing == "delta"
+    assert resolved_for(Compression.none, "cuda") is Compression.none
+    assert resolved_for(Compression.powersgd, "cuda") == Compression.powersgd
+    with pytest.raises(ValueError, match="device must be one of .'cpu', 'cuda'., got 'tpu'"):
+        resolved_for(Ternary(), "tpu")
+    with pytest.raises(ValueError, match="value_dtype='ternary' needs packing='delta'"):
+        topk.TopK(value_dtype="ternary", packing="int32")
 
 
 def test_stock_horovod_wrappers_get_a_clear_error():
@@ -72,7 +95,7 @@ def test_transport_argument():
 @pytest.mark.parametrize("kwargs, fragment", [
     (dict(ratio=0), "ratio must be > 0.0"), (dict(ratio=1.5), "ratio must be in (0, 1]"),
     (dict(value_dtype="bf16"), "value_dtype must be one of ('fp16', 'fp32', 'ternary')"),
-    (dict(packing="bits"), "packing must be one of ('delta', 'int32')"),
+    (dict(packing="bits"), "packing must be one of ('auto', 'delta', 'int32')"),
     (dict(value_dtype="ternary", packing="int32"), "value_dtype='ternary' needs packing='delta'"),
     (dict(error_feedback="yes"), "error_feedback must be True or False"),
     (dict(transport="ring"), "transport must be one of ('auto', 'allgather', 'sparse_reduce')"),

@@ -111,3 +111,42 @@ def test_multi_level_equals_single_shot():
             second = ops.topk_select_among(torch.from_numpy(x), first, k2).numpy()
             np.testing.assert_array_equal(second, ops.topk_select(torch.from_numpy(x), k2).numpy())
             np.testing.assert_array_equal(second, ref.select(x, k2, candidates=ref.select(x, k1)))
+
+
+def test_gravac_candidates_through_their_values_give_the_same_bits():
+    """The CUDA path of GraVAC's second selection and norms (kernels.select_among_candidates,
+    sum_squares_of_candidates: only the candidates' values go to the host) equals the direct kernels, ties
+    included; run here on CPU tensors."""
+    from horovod_ext.torch.kernels import select_among_candidates, sum_squares_of_candidates
+
+    for seed, kind in ((0, "normal"), (1, "ties"), (3, "ties")):
+        x = torch.from_numpy(values(50000, seed, kind))
+        for theta1, theta2 in ((10, 2), (10, 16), (2, 500)):
+            k1, k2 = ref.k_of(x.numel(), theta1), ref.k_of(x.numel(), theta1 * theta2)
+            first = ops.topk_select(x, k1)
+            want = ops.topk_select_among(x, first, k2)
+            got = select_among_candidates(x, first, k2)
+            assert got.dtype == torch.int32 and torch.equal(got, want)
+            assert sum_squares_of_candidates(x, first) == ops.sum_squares_at(x, first)
+            assert sum_squares_of_candidates(x, want) == ops.sum_squares_at(x, want)
+
+
+@pytest.mark.parametrize("value_dtype", ["fp16", "fp32"])
+def test_decode_takes_unaligned_payloads_and_the_stream_argument(value_dtype):
+    """topk_decode_average through its dispatch: odd k (a rank's payload then starts unaligned), 3 ranks, the same
+    bits as the reference; the stream argument is accepted (0 on the host)."""
+    n, k, nranks = 1001, 7, 3
+    rng = np.random.default_rng(5)
+    payloads = []
+    for r in range(nranks):
+        x = torch.from_numpy(rng.standard_normal(n).astype(np.float32))
+        idx = ops.topk_select(x, k)
+        payloads.append(ops.topk_extract(x.clone(), idx, VALUE_TYPES[value_dtype], 0))
+    gathered = torch.cat(payloads)
+    out = torch.empty(n, dtype=torch.float32)
+    assert ops.topk_decode_average(gathered, nranks, k, n, VALUE_TYPES[value_dtype], 3.0, out, 0) == -1
+    want = ref.decode_average([p.numpy() for p in payloads], n, k, value_dtype, 3.0)
+    np.testing.assert_array_equal(out.numpy(), want)
+    bad = gathered.clone()
+    bad[(4 + (2 if value_dtype == "fp16" else 4)) * k:][:4] = torch.tensor([255, 255, 255, 127], dtype=torch.uint8)
+    assert ops.topk_decode_average(bad, nranks, k, n, VALUE_TYPES[value_dtype], 3.0, out, 0) == 1

@@ -117,6 +117,45 @@ __global__ void extract_kernel(float* r, const int32_t* idx, int64_t k, bool fp1
   }
 }
 
+// Payload bytes read one at a time: a rank's payload starts at r * (4 + value bytes) * k, which is not 4-aligned.
+__device__ __forceinline__ int32_t index_at(const uint8_t* p, int64_t j) {
+  const uint8_t* b = p + 4 * j;
+  return static_cast<int32_t>(static_cast<uint32_t>(b[0]) | (static_cast<uint32_t>(b[1]) << 8) |
+                              (static_cast<uint32_t>(b[2]) << 16) | (static_cast<uint32_t>(b[3]) << 24));
+}
+
+__device__ __forceinline__ float value_at(const uint8_t* values, int64_t j, bool fp16) {
+  if (fp16) {
+    const uint8_t* b = values + 2 * j;
+    return half_to_float(static_cast<uint16_t>(b[0] | (b[1] << 8)));
+  }
+  const uint8_t* b = values + 4 * j;
+  return __uint_as_float(static_cast<uint32_t>(b[0]) | (static_cast<uint32_t>(b[1]) << 8) |
+                         (static_cast<uint32_t>(b[2]) << 16) | (static_cast<uint32_t>(b[3]) << 24));
+}
+
+__global__ void first_bad_rank_kernel(const uint8_t* gathered, int nranks, int64_t k, int64_t n, int64_t stride,
+                                      int32_t* bad_rank) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= static_cast<int64_t>(nranks) * k) return;
+  const int r = static_cast<int>(t / k);
+  const int32_t i = index_at(gathered + r * stride, t % k);
+  if (i < 0 || i >= n) atomicMin(bad_rank, r);
+}
+
+// One rank's payload added into out: its k indices are distinct (a top-k selection), so no two threads meet.
+__global__ void add_payload_kernel(const uint8_t* p, int64_t k, bool fp16, float* out) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= k) return;
+  const int32_t i = index_at(p, j);
+  out[i] = __fadd_rn(out[i], value_at(p + 4 * k, j, fp16));
+}
+
+__global__ void divide_kernel(float* out, int64_t n, float divisor) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __fdiv_rn(out[i], divisor);
+}
+
 // Scratch of topk_select, carved out of one workspace: every piece 256-byte aligned.
 struct TopkScratch {
   uint32_t* sample_in;
@@ -265,6 +304,30 @@ void topk_extract(float* r, const int32_t* idx, int64_t k, ValueType type, uint8
   if (k <= 0) return;
   extract_kernel<<<grid_for(k), kThreads, 0, as_stream(stream)>>>(r, idx, k, type == ValueType::kFp16, payload);
   check(cudaGetLastError(), "topk_extract");
+}
+
+int topk_decode_average(const uint8_t* gathered, int nranks, int64_t k, int64_t n, ValueType type, float divisor,
+                        float* out, int32_t* bad_rank, void* stream) {
+  const cudaStream_t s = as_stream(stream);
+  const bool fp16 = type == ValueType::kFp16;
+  const int64_t stride = (4 + (fp16 ? 2 : 4)) * k;
+  const int32_t none = nranks;
+  check(cudaMemcpyAsync(bad_rank, &none, sizeof(none), cudaMemcpyHostToDevice, s), "topk_decode_average");
+  if (k > 0) {
+    first_bad_rank_kernel<<<grid_for(static_cast<int64_t>(nranks) * k), kThreads, 0, s>>>(gathered, nranks, k, n,
+                                                                                          stride, bad_rank);
+  }
+  int32_t bad = none;
+  check(cudaMemcpyAsync(&bad, bad_rank, sizeof(bad), cudaMemcpyDeviceToHost, s), "topk_decode_average");
+  check(cudaStreamSynchronize(s), "topk_decode_average");
+  if (bad < nranks) return bad;
+  check(cudaMemsetAsync(out, 0, sizeof(float) * n, s), "topk_decode_average");
+  for (int r = 0; r < nranks && k > 0; ++r) {
+    add_payload_kernel<<<grid_for(k), kThreads, 0, s>>>(gathered + r * stride, k, fp16, out);
+  }
+  divide_kernel<<<grid_for(n), kThreads, 0, s>>>(out, n, divisor);
+  check(cudaGetLastError(), "topk_decode_average");
+  return -1;
 }
 
 }  // namespace cuda

@@ -299,15 +299,25 @@ torch::Tensor topk_extract(torch::Tensor& r, const torch::Tensor& idx, int64_t v
 }
 
 int64_t topk_decode_average(const torch::Tensor& gathered, int64_t nranks, int64_t k, int64_t n, int64_t value_type,
-                            double divisor, torch::Tensor& out) {
+                            double divisor, torch::Tensor& out, int64_t stream) {
   const hvdext::ValueType t = to_value_type(value_type);
-  const uint8_t* g = cpu_bytes(gathered, "gathered payloads");
+  TORCH_CHECK(gathered.scalar_type() == torch::kUInt8 && gathered.is_contiguous(),
+              "gathered payloads must be a contiguous uint8 tensor");
   TORCH_CHECK(gathered.numel() == nranks * hvdext::topk_payload_bytes(k, t), "gathered payloads hold ",
               gathered.numel(), " bytes, expected ", nranks, " x ", hvdext::topk_payload_bytes(k, t));
   TORCH_CHECK(out.numel() == n, "out holds ", out.numel(), " elements, expected ", n);
-  float* o = const_cast<float*>(cpu_float_data(out, "out"));
-  pybind11::gil_scoped_release release;
-  return hvdext::topk_decode_average(g, static_cast<int>(nranks), k, n, t, static_cast<float>(divisor), o);
+  return dispatch(gathered, "topk_decode_average", [&]() -> int64_t {
+    float* o = const_cast<float*>(cpu_float_data(out, "out"));
+    return hvdext::topk_decode_average(gathered.data_ptr<uint8_t>(), static_cast<int>(nranks), k, n, t,
+                                       static_cast<float>(divisor), o);
+  }, HVDEXT_GPU(-> int64_t {
+    TORCH_CHECK(t != hvdext::ValueType::kTernary, "topk_decode_average on CUDA takes fp16 or fp32 values");
+    auto flag = torch::empty({1}, gathered.options().dtype(torch::kInt32));
+    return hvdext::cuda::topk_decode_average(gathered.data_ptr<uint8_t>(), static_cast<int>(nranks), k, n, t,
+                                             static_cast<float>(divisor),
+                                             const_cast<float*>(cuda_float_data(out, "out", gathered)),
+                                             flag.data_ptr<int32_t>(), as_stream(stream));
+  }));
 }
 
 // ------------------------------------------------------------------ entropy-coded payloads (CPU: coding is serial)
@@ -485,7 +495,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sum_squares_at", &sum_squares_at, "sum of x[idx]^2 in float64");
   m.def("topk_extract", &topk_extract, "payload of the selected residual elements; leaves r = g_ef - sent there",
         py::arg("r"), py::arg("idx"), py::arg("value_type"), py::arg("stream") = 0);
-  m.def("topk_decode_average", &topk_decode_average, "scatter-add N payloads / divisor; -1 or a rank with bad indices");
+  m.def("topk_decode_average", &topk_decode_average, "scatter-add N payloads / divisor; -1 or a rank with bad indices",
+        py::arg("gathered"), py::arg("nranks"), py::arg("k"), py::arg("n"), py::arg("value_type"), py::arg("divisor"),
+        py::arg("out"), py::arg("stream") = 0);
   m.def("ternary_encode_entropy", &ternary_encode_entropy, "clip + ternarize + entropy-code (variable size)");
   m.def("ternary_codes_encode_entropy", &ternary_codes_encode_entropy, "entropy-code given codes under a scale");
   m.def("ternary_decode_average_entropy", &ternary_decode_average_entropy,

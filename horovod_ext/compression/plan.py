@@ -264,6 +264,12 @@ class Codec:
 
     def __init__(self, spec, be):
         self.spec = spec
+        packing = spec.settings.get("packing")
+        if packing is not None:  # compression_stats() says which packing ran ("auto" is resolved by then)
+            if packing == "auto":
+                raise ValueError(f"Compression.{spec.name}: packing='auto' reached the codec unresolved; the "
+                                 f"adapter resolves it for the gradients' device (CompressorSpec.for_device)")
+            be.stats.extra["packing"] = packing
 
     def sent(self, be, item, payload):
         raise NotImplementedError(f"{type(self).__name__} returns no remainder from encode() and has no sent(): "

@@ -37,6 +37,23 @@ class CompressorSpec:
     def __call__(self, *args, **kwargs):
         return type(self)(*args, **kwargs)
 
+    # packing="auto": what it becomes for gradients on each device (None: the spec has no packing argument)
+    packing_by_device = None
+
+    def auto_packing(self, device):
+        """The packing "auto" stands for on `device` ("cpu" or "cuda")."""
+        return self.packing_by_device[device]
+
+    def for_device(self, device):
+        """This spec with packing="auto" made concrete for gradients on `device` ("cpu" or "cuda"; the adapters
+        call it before the settings are compared, so ranks whose gradients live on different devices get a
+        SettingsMismatchError instead of payloads they cannot decode). The rule: entropy-coded packings where the
+        gradient is on the host (coding is serial, and the fewest bytes), fixed ones that the CUDA kernels encode
+        and decode where it is a CUDA tensor (no copy to the host and back)."""
+        if self._settings.get("packing") != "auto":
+            return self
+        return type(self)(**dict(self._settings, packing=self.auto_packing(device)))
+
     def describe(self, include_seed=True):
         """A canonical string of the spec, compared across ranks (the seed excluded when it is left to rank 0)."""
         settings = dict(self._settings)
@@ -125,6 +142,16 @@ def describe_compression(compression):
     if isinstance(compression, CompressorSpec):
         return compression.describe(include_seed=compression.settings.get("seed") is not None)
     return getattr(compression, "__name__", type(compression).__name__)
+
+
+DEVICES = ("cpu", "cuda")
+
+
+def resolved_for(compression, device):
+    """compression with packing="auto" made concrete for `device` (CompressorSpec.for_device); other compressors
+    (Horovod's own) as they are."""
+    check_choice("device", device, DEVICES)
+    return compression.for_device(device) if isinstance(compression, CompressorSpec) else compression
 
 
 def is_payload_compressor(compression):

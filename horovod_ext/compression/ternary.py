@@ -10,7 +10,7 @@ from .specs import CompressorSpec, SEED_LIMIT, check_bool, check_choice, check_i
 from .two_phase import TwoPhasePlan, choose_transport, scale_sharing_bytes
 from .wire import tensor_key
 
-PACKINGS = ("entropy", "base3", "2bit")
+PACKINGS = ("auto", "entropy", "base3", "2bit")
 TRANSPORTS = ("auto", "allgather", "two_phase")
 PACKING_IDS = {"2bit": 0, "base3": 1, "entropy": 2}  # the ids the C++ core takes (hvdext::Packing)
 ENTROPY = PACKING_IDS["entropy"]
@@ -196,7 +196,7 @@ class Ternary(CompressorSpec):
 
     Each gradient g is clipped to +-clip*sigma(g), scaled by s = max|clipped g| (with ``shared_scale=True`` the max
     over ranks, one batched allreduce(Max) per step), and every element becomes s*sign(g_k) with probability
-    |g_k|/s, else 0: unbiased, E[g~] = g. Codes travel entropy coded ("entropy", the default: the positions of the
+    |g_k|/s, else 0: unbiased, E[g~] = g. Codes travel entropy coded ("entropy", "auto"'s choice on the host: the positions of the
     non-zero codes as Rice-coded gaps and a sign bit each, within about 2% of the codes' entropy; 0.6-1.1 bits per
     element on typical gradients with clipping), or packed 5 per byte ("base3", 1.6 bits) or 4 per byte ("2bit"),
     plus the 4-byte scale, by allgather; every rank decodes and averages all payloads (the same bits for every
@@ -206,7 +206,9 @@ class Ternary(CompressorSpec):
         clip: clip gradients to clip * std(g) before ternarizing (paper: 2.5); None disables clipping.
         shared_scale: use the max of every rank's scale (TernGrad's "scaler sharing").
         packing: "entropy" (variable size, about n H(codes) bits; coded on the CPU), "base3" (1.6 bits per element)
-            or "2bit" (2 bits, simpler to decode).
+            or "2bit" (2 bits, simpler to decode), each encoded and decoded by the CUDA kernels on CUDA tensors;
+            "auto" (the default): "entropy" for gradients on the host, "base3" for CUDA tensors, so that a GPU
+            gradient never goes to the host and back (TensorFlow's ops run on the host: "entropy" there).
         min_size: tensors with fewer elements travel dense by allreduce (biases, norms); 0 compresses all.
         seed: key of the counter-based generator (with step, tensor, rank, element); None lets rank 0 draw one.
         transport: "allgather" (every rank receives every payload: bytes per rank grow with N), "two_phase" (needs
@@ -222,8 +224,9 @@ class Ternary(CompressorSpec):
     payload = True
     method = TernaryMethod
     codec = TernaryCodec
+    packing_by_device = {"cpu": "entropy", "cuda": "base3"}
 
-    def __init__(self, clip=2.5, shared_scale=False, packing="entropy", min_size=1024, seed=None, transport="auto",
+    def __init__(self, clip=2.5, shared_scale=False, packing="auto", min_size=1024, seed=None, transport="auto",
                  error_feedback=False):
         check_choice("ternary transport", transport, TRANSPORTS)
         if transport == "two_phase" and shared_scale is not True:

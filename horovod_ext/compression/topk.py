@@ -16,7 +16,7 @@ from .wire import allreduce_wire_bytes
 
 VALUE_DTYPES = ("fp16", "fp32", "ternary")
 VALUE_DTYPE_IDS = {"fp16": 0, "fp32": 1, "ternary": 2}  # hvdext::ValueType
-PACKINGS = ("delta", "int32")
+PACKINGS = ("auto", "delta", "int32")
 POLICIES = ("exponential", "geometric")
 TOPK_MAX_ELEMENTS = 2 ** 31  # int32 indices on the wire
 NORM_BYTES = 32  # GraVAC's allreduce: |g_ef|^2, |C_min|^2, |C_c|^2 and the step time, float64
@@ -34,15 +34,26 @@ def check_values(name, value_dtype, packing, transport, rebalance_every):
     value_dtype = check_choice(f"{name} value_dtype", value_dtype, VALUE_DTYPES)
     packing = check_choice(f"{name} packing", packing, PACKINGS)
     transport = check_choice(f"{name} transport", transport, TRANSPORTS)
-    if value_dtype == "ternary" and packing != "delta":
+    if value_dtype == "ternary" and packing not in ("delta", "auto"):
         raise ValueError(f"{name} value_dtype='ternary' needs packing='delta' (its signs travel in the coded "
                          f"indices), got packing={packing!r}")
-    if transport == "sparse_reduce" and (packing != "delta" or value_dtype == "ternary"):
+    if transport == "sparse_reduce" and (packing not in ("delta", "auto") or value_dtype == "ternary"):
         raise ValueError(f"{name} transport='sparse_reduce' needs packing='delta' and value_dtype 'fp16' or 'fp32' "
                          f"(its owners sum the values and send the sums), got packing={packing!r}, "
                          f"value_dtype={value_dtype!r}")
     return {"value_dtype": value_dtype, "packing": packing, "transport": transport,
             "rebalance_every": check_int(f"{name} rebalance_every", rebalance_every, low=1)}
+
+
+class AutoPacking:
+    """What packing="auto" stands for in top-k and GraVAC: "delta" on the host; on a CUDA tensor "int32", whose
+    select, extract and decode kernels run on the device, unless the settings need "delta" (value_dtype="ternary"
+    or transport="sparse_reduce", coded on the host)."""
+
+    def auto_packing(self, device):
+        if device == "cpu" or self.value_dtype == "ternary" or self.transport == "sparse_reduce":
+            return "delta"
+        return "int32"
 
 
 class SparseTransport:
@@ -292,7 +303,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
             [be.stack([nbytes, allreduce_wire_bytes(nbytes, be.nranks)], "float64")]
 
 
-class TopK(CompressorSpec):
+class TopK(AutoPacking, CompressorSpec):
     """Layer-wise top-k by magnitude with error feedback (Stich et al. 2018; Lin et al. 2018).
 
     Each tensor keeps the k = max(1, ceil(ratio * n)) elements of largest |g + r| and carries the rest in its
@@ -306,7 +317,10 @@ class TopK(CompressorSpec):
         value_dtype: "fp16", "fp32", or "ternary" (a sign bit per kept element and one magnitude per tensor, the
             mean |value|, Sattler et al. 2019; what that leaves out stays in the residual; needs packing="delta").
         packing: "delta" (indices as Rice-coded gaps, about log2(1/ratio) + 1.5 bits each: at ratio 0.01 about 0.25
-            bits per element with fp16 values, 0.1 with ternary ones; coded on the CPU) or "int32" (32 bits each).
+            bits per element with fp16 values, 0.1 with ternary ones; coded on the CPU), "int32" (32 bits each;
+            selected, extracted and decoded by the CUDA kernels on CUDA tensors), or "auto" (the default: "delta"
+            for gradients on the host, "int32" for CUDA tensors unless value_dtype="ternary" or
+            transport="sparse_reduce" need "delta"; AutoPacking).
         transport: "allgather" (every rank receives every rank's payload: each rank sends (N-1) payloads, linear in
             N), "sparse_reduce" (Ok-Topk's sparse allreduce, sparse_reduce.py: one alltoall to the owners of N
             index regions, which sum the entries exactly and keep the ceil(K/N) largest sums, then one allgather of
@@ -324,14 +338,14 @@ class TopK(CompressorSpec):
     codec = TopKCodec
     max_elements = TOPK_MAX_ELEMENTS
 
-    def __init__(self, ratio=0.01, error_feedback=True, value_dtype="fp16", packing="delta", transport="auto",
+    def __init__(self, ratio=0.01, error_feedback=True, value_dtype="fp16", packing="auto", transport="auto",
                  rebalance_every=32):
         super().__init__(ratio=check_fraction("topk ratio", ratio),
                          error_feedback=check_bool("topk error_feedback", error_feedback),
                          **check_values("topk", value_dtype, packing, transport, rebalance_every))
 
 
-class AdaptiveTopK(CompressorSpec):
+class AdaptiveTopK(AutoPacking, CompressorSpec):
     """GraVAC (Tyagi & Swany, "GraVAC: Adaptive Compression for Communication-Efficient Distributed DL Training",
     IEEE CLOUD 2023), Algorithm 1: top-k with error feedback whose compression factor CF (dense size / sent size)
     moves during training, driven by the measured compression gain. See horovod_ext.compression.gravac for the
@@ -362,7 +376,7 @@ class AdaptiveTopK(CompressorSpec):
     max_elements = TOPK_MAX_ELEMENTS
 
     def __init__(self, min_cf=10, max_cf=1000, epsilon=0.7, window=500, omega=0.05, policy="exponential",
-                 value_dtype="fp16", packing="delta", transport="auto", rebalance_every=32):
+                 value_dtype="fp16", packing="auto", transport="auto", rebalance_every=32):
         min_cf = check_real("adaptive_topk min_cf", min_cf, low=1.0, low_open=False)
         max_cf = check_real("adaptive_topk max_cf", max_cf, low=1.0, low_open=False)
         if min_cf > max_cf:

@@ -14,7 +14,7 @@ from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_
 from horovod_ext.compression.consistency import agree, allgather_blobs, optimizer_settings
 from horovod_ext.compression.driver import StepDriver
 from horovod_ext.compression.horovod_args import check_predivide
-from horovod_ext.compression.specs import check_tensor, describe_compression, element_limit
+from horovod_ext.compression.specs import check_tensor, describe_compression, element_limit, resolved_for
 from .backend import TFBackend, collective_name, numpy_allgather
 from .ops import seed_tensor
 
@@ -86,6 +86,8 @@ class GradientAggregator(tf.Module):
             return
         if isinstance(self._agreed, Exception):
             raise self._agreed
+        # packing="auto": the TensorFlow ops run on the host whatever the gradients' device
+        self.compression = resolved_for(self.compression, "cpu")
         tensors = [(n, tuple(g.shape.as_list()), g.dtype.name) for n, g in zip(names, grads)]
         settings = optimizer_settings(describe_compression(self.compression), OP_NAMES.get(self.op, str(self.op)),
                                       tensors, self.process_set.size(), __version__)

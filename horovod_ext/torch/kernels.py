@@ -4,7 +4,8 @@ outputs are allocated, CUDA tensors run on torch's current stream, results that 
 straight into it when it is contiguous float32 (``into``).
 
 Entropy-coded payloads ("entropy", "delta") are coded on the CPU (the coding is serial): a CUDA tensor is copied
-to the host for them, and the decoded average back to its device.
+to the host for them, and the decoded average back to its device (packing="auto" picks the fixed packings for CUDA
+tensors). GraVAC's second selection and its norms read the n / min_cf candidates' values on the host.
 
 In-place contract: ``ef_accumulate(flat, r)`` adds flat into r and returns r; ``topk_extract(x, idx, ...)`` leaves the
 remainder in x and returns x as the remainder. The plan passes them only tensors it owns (a residual, or a copy).
@@ -50,6 +51,27 @@ def _decoded_into(into, numel, like, decode):
         into.copy_(host)
         return into, result
     return (host.to(like.device) if like.is_cuda else host), result
+
+
+def _candidates_on_host(x, idx):
+    """x[idx] on the host, and the positions 0..m-1 standing for idx (GraVAC's second selection and norms on a
+    CUDA tensor: the m = n / min_cf candidates' values travel to the host, not the gradient)."""
+    values = x.index_select(0, idx.long()).cpu()
+    return values, torch.arange(values.numel(), dtype=torch.int32)
+
+
+def select_among_candidates(x, among, k):
+    """ops.topk_select_among(x, among, k) through the candidates' values: among is ascending, so positions order
+    ties as the indices do and the result has the same bits; returned on among's device."""
+    values, positions = _candidates_on_host(x, among)
+    chosen = ops.topk_select_among(values, positions, k)
+    return among.index_select(0, chosen.to(among.device).long())
+
+
+def sum_squares_of_candidates(x, idx):
+    """ops.sum_squares_at(x, idx) through the candidates' values (the same additions in the same order)."""
+    values, positions = _candidates_on_host(x, idx)
+    return ops.sum_squares_at(values, positions)
 
 
 def _key(step):
@@ -105,11 +127,11 @@ class TorchKernels:
 
     @staticmethod
     def topk_select_among(x, among, k):
-        return ops.topk_select_among(x, among, k)
+        return select_among_candidates(x, among, k) if x.is_cuda else ops.topk_select_among(x, among, k)
 
     @staticmethod
     def sum_squares_at(x, idx):
-        return ops.sum_squares_at(x, idx)
+        return sum_squares_of_candidates(x, idx) if x.is_cuda else ops.sum_squares_at(x, idx)
 
     @staticmethod
     def topk_extract(x, idx, value_type):
@@ -118,7 +140,7 @@ class TorchKernels:
     @staticmethod
     def topk_decode_average(gathered, k, nranks, numel, value_type, divisor, into=None):
         out = _out(into, numel, gathered)
-        bad = ops.topk_decode_average(gathered, nranks, k, numel, value_type, float(divisor), out)
+        bad = ops.topk_decode_average(gathered, nranks, k, numel, value_type, float(divisor), out, stream_of(gathered))
         return out, bad
 
     # ------------------------------------------------------------------------- entropy-coded payloads (CPU)

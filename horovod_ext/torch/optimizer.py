@@ -26,7 +26,7 @@ from horovod_ext.compression.driver import StepDriver
 from horovod_ext.compression.horovod_args import check_groups, check_named_parameters, check_predivide
 from horovod_ext.compression.plan import Item
 from horovod_ext.compression.resume import adopted_offer, residuals_for, split_checkpoint
-from horovod_ext.compression.specs import describe_compression, element_limit
+from horovod_ext.compression.specs import describe_compression, element_limit, resolved_for
 from .backend import TorchBackend, drain, numpy_allgather
 from .kernels import check_gradient
 
@@ -101,6 +101,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         if isinstance(self._hx_agreement, Exception):
             raise self._hx_agreement
+        if self._hx_driver is None:  # packing="auto": for where the parameters are now (a model moved to the GPU
+            # after the optimizer was made included)
+            on_gpu = bool(self._hx_params) and all(p.is_cuda for p in self._hx_params)
+            self._hx_compression = resolved_for(self._hx_compression, "cuda" if on_gpu else "cpu")
         tensors = [(self._hx_names[p], tuple(p.shape), str(p.dtype)) for p in self._hx_params]
         settings = optimizer_settings(describe_compression(self._hx_compression), _op_name(self._hx_op), tensors,
                                       self._hx_process_set.size(), __version__,

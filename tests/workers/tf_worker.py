@@ -61,9 +61,9 @@ def check_mean(compression, graph):
             scale = None
             if compression.shared_scale:
                 scale = max(ref.local_scale(gathered[r], compression.clip)[1] for r in range(SIZE))
-            payloads = [ref.encode(gathered[r], clip=compression.clip, packing=compression.packing, seed=seed,
+            payloads = [ref.encode(gathered[r], clip=compression.clip, packing=compression.for_device("cpu").packing, seed=seed,
                                    step=agg_step, tensor=tensor_key(name), rank=r, scale=scale) for r in range(SIZE)]
-            want = ref.decode_average(payloads, gathered.shape[1], compression.packing, SIZE)
+            want = ref.decode_average(payloads, gathered.shape[1], compression.for_device("cpu").packing, SIZE)
             if not np.array_equal(a.numpy().reshape(-1), want):
                 mismatches.append(f"step {step} {name}")
     return {"mismatches": mismatches, "transport": tape_probe.compression_stats().get("transport")}

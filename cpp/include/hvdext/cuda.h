@@ -48,5 +48,13 @@ void topk_select(const float* x, int64_t n, int64_t k, int32_t* out, void* works
 // sent on them: the CPU topk_extract.
 void topk_extract(float* r, const int32_t* idx, int64_t k, ValueType type, uint8_t* payload, void* stream);
 
+// Averages nranks int32-indexed payloads (topk_payload_bytes(k, type) bytes each, fp16 or fp32 values) into
+// out[0..n), as the CPU topk_decode_average: out = 0, then rank 0's values added at their indices, then rank 1's,
+// ..., then out /= divisor, so every element sees the CPU's additions in the CPU's order. *bad_rank (a device
+// int32) becomes -1, or the first rank with an index outside [0, n) (out untouched then). Payloads need no
+// alignment. One 4-byte read of *bad_rank synchronizes with the host.
+int topk_decode_average(const uint8_t* gathered, int nranks, int64_t k, int64_t n, ValueType type, float divisor,
+                        float* out, int32_t* bad_rank, void* stream);
+
 }  // namespace cuda
 }  // namespace hvdext
