@@ -53,8 +53,6 @@ else
   if grep -q "include-system-site-packages = true" .venv/pyvenv.cfg; then HVDEXT_MODE=system-site; fi
 fi
 PY=python
-# This environment's own horovodrun (another one may come earlier on PATH)
-HOROVODRUN="$($PY -c 'import os, sys; print(os.path.join(os.path.dirname(sys.executable), "horovodrun"))')"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-3}
 # Decided before anything is installed: a refused environment is left as it was.
 plan=$($PY scripts/setup_plan.py plan "$HVDEXT_MODE") || exit 2
@@ -83,8 +81,7 @@ for name in ('torch', 'tensorflow', 'tensorflow-cpu', 'tensorflow-gpu'):
   rm -f "$constraints"
 fi
 
-report=$("$HOROVODRUN" --check-build 2>/dev/null || true)
-if ! lacks=$(echo "$report" | $PY scripts/setup_plan.py check-build "$HVDEXT_HOROVOD_WANTS"); then
+if ! lacks=$($PY scripts/setup_plan.py check-build "$HVDEXT_HOROVOD_WANTS" installed 2>/dev/null); then
   log "building Horovod 0.28.1 for ${HVDEXT_FRAMEWORKS} (${HVDEXT_HOROVOD_KEY}; installed build lacks: $lacks)"
   bash scripts/build_horovod.sh
 fi
@@ -95,5 +92,19 @@ sys.exit(0 if horovod_ext.__file__.startswith('$HVDEXT_ROOT/') else 1)") 2>/dev/
   log "installing horovod_ext (editable)"
   $PY -m pip install -q --no-build-isolation --no-deps -e .
 fi
-# build_ext compares timestamps: this is a no-op when cpp/ has not changed since the last build.
-$PY setup.py -q build_ext --inplace >/dev/null
+# The native libraries are rebuilt when one is missing or older than a source (setuptools' build_ext compares
+# with its own build/ folder, which the editable install above does not fill, so it is not asked unless needed).
+native_stale() {
+  local libs=(horovod_ext/_sizes*.so)
+  [[ " $HVDEXT_FRAMEWORKS " == *" torch "* ]] && libs+=(horovod_ext/_torch_ops*.so)
+  [[ " $HVDEXT_FRAMEWORKS " == *" tensorflow "* ]] && libs+=(horovod_ext/tensorflow/_tf_ops.so)
+  for lib in "${libs[@]}"; do
+    [ -e "$lib" ] || return 0
+    [ -z "$(find cpp setup.py -newer "$lib" -print -quit)" ] || return 0
+  done
+  return 1
+}
+if native_stale; then
+  log "building horovod_ext's native ops"
+  $PY setup.py -q build_ext --inplace >/dev/null
+fi

@@ -18,10 +18,12 @@ The rules (README "Set-up"):
 
 ``python scripts/setup_plan.py facts`` prints this interpreter's facts as JSON; ``environment`` prints how to make
 ``.venv`` (``fresh`` or ``system-site``) from the base interpreter's facts; ``plan`` prints the plan as shell
-assignments for setup.sh (errors go to stderr with exit status 2). Only the standard library is used: this runs
+assignments for setup.sh (errors go to stderr with exit status 2); ``check-build WANTS`` prints what a
+``--check-build`` report on stdin (or, with ``installed``, the installed Horovod) lacks of the plan. Only the standard library is used: this runs
 before anything is installed.
 """
 import glob
+import importlib
 import importlib.metadata as metadata
 import json
 import os
@@ -254,6 +256,30 @@ def check_build_lacks(horovod, report):
     return [line for key, line in wanted if horovod[key] and line not in report]
 
 
+def installed_build_report():
+    """What `horovodrun --check-build` reports of the installed Horovod, in its words, read in this process (the
+    command checks each framework in a process of its own: about 20 s; this takes the imports' time)."""
+    try:
+        import horovod
+    except ImportError:
+        return ""
+    lines = [f"Horovod v{horovod.__version__}:"]
+    built = {"PyTorch": None, "TensorFlow": None}
+    for framework, module in (("PyTorch", "horovod.torch"), ("TensorFlow", "horovod.tensorflow")):
+        try:
+            built[framework] = importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - absent, or built without it: either way not available
+            pass
+    modules = [m for m in built.values() if m is not None]
+    for framework, module in built.items():
+        lines.append(f"    [{'X' if module is not None else ' '}] {framework}")
+    for name in ("MPI", "Gloo", "NCCL"):
+        check = f"{name.lower()}_built"
+        yes = any(bool(getattr(m, check)()) for m in modules)
+        lines.append(f"    [{'X' if yes else ' '}] {name}")
+    return "\n".join(lines)
+
+
 def main(argv):
     command = argv[1] if len(argv) > 1 else "plan"
     try:
@@ -277,12 +303,14 @@ def main(argv):
                                                           sorted(build_environment(result["horovod"], env).items()))}
             for key, value in assignments.items():
                 print(f"{key}={shlex.quote(value)}")
-        elif command == "check-build":  # stdin: the report; argv[2]: HVDEXT_HOROVOD_WANTS
-            lacks = check_build_lacks(json.loads(argv[2]), sys.stdin.read())
+        elif command == "check-build":  # argv[2]: HVDEXT_HOROVOD_WANTS; the report on stdin, or "installed"
+            report = installed_build_report() if argv[3:] == ["installed"] else sys.stdin.read()
+            lacks = check_build_lacks(json.loads(argv[2]), report)
             print(", ".join(lacks))
             return 1 if lacks else 0
         else:
-            raise SystemExit(f"usage: {argv[0]} facts|environment|plan fresh|system-site|active|check-build WANTS")
+            raise SystemExit(f"usage: {argv[0]} facts|environment|plan fresh|system-site|active|"
+                             f"check-build WANTS [installed]")
     except SetupError as exc:
         print(f"[setup] stopped: {exc}", file=sys.stderr)
         return 2

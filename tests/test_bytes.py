@@ -110,8 +110,11 @@ def coded_bounds(key, log):
         high = sum(k * value_bits / 8 + k * (math.log2(n / k) + 4) / 8 + 24 for n, k in k_per_tensor)
         return low, high
 
-    if key == "ternary_entropy":  # Gaussian gradients clipped at 2.5 sigma: about 1.05 bits per element
-        return [small] * 3, [(0.8 * sum(big) / 8, 1.3 * sum(big) / 8)] * 3, NRANKS - 1
+    if key == "ternary_entropy":  # Gaussian gradients clipped at 2.5 sigma: P(t != 0) = E|g| / 2.5 sigma = 0.32,
+        # so H(0.32) + 0.32 sign bits = 1.22 bits per element and about 1.26 Rice coded, plus each tensor's frame
+        # (length, CRC-32), scale, counts and Rice parameters (24 bytes). The seed is rank 0's draw: the count of
+        # non-zero codes varies by about 40 (18 bytes) from run to run (1,146 bytes, 1.30 bits, was seen)
+        return [small] * 3, [(0.8 * sum(big) / 8, 1.4 * sum(big) / 8 + 24 * len(big))] * 3, NRANKS - 1
     if key == "ternary_two_phase_entropy":
         small.payload += 4 * len(big)
         small.wire += scale_sharing_bytes(len(big), NRANKS)

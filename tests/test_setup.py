@@ -234,3 +234,16 @@ def test_real_setup_of_a_torch_only_environment(tmp_path):
                          cwd=repo, env=dict(env_vars, OMP_NUM_THREADS="1"), capture_output=True, text=True)
     assert job.returncode == 0, job.stdout[-4000:] + job.stderr[-4000:]
     assert "horovod_ext.run: compression=ternary sent" in job.stdout + job.stderr
+
+
+def test_the_installed_build_is_read_as_check_build_reports_it():
+    """set-up's quick reading of the installed Horovod (one process) says what horovodrun --check-build says."""
+    import horovod.torch as hvd_torch
+
+    report = sp.installed_build_report()
+    assert report.startswith("Horovod v0.28.1:") and "[X] PyTorch" in report and "[X] Gloo" in report
+    assert ("[X] MPI" in report) == bool(hvd_torch.mpi_built())
+    assert ("[X] NCCL" in report) == bool(hvd_torch.nccl_built())
+    checked = subprocess.run(["horovodrun", "--check-build"], capture_output=True, text=True, timeout=300).stdout
+    for line in report.splitlines()[1:]:
+        assert line.strip() in checked, (line, checked)
