@@ -229,6 +229,14 @@ def cache_key(env, frameworks, horovod, install):
     return f"horovod-{HOROVOD_VERSION}-" + "-".join(parts).replace("+", "_")
 
 
+def cuda_cc_list(arch_list=None):
+    """Horovod's HOROVOD_BUILD_CUDA_CC_LIST from TORCH_CUDA_ARCH_LIST ("8.0;9.0+PTX" -> "80,90"), else "80,90" (the
+    architectures horovod_ext's own kernels are built for; Horovod's default list starts below what CUDA 13 takes)."""
+    arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST", "8.0;9.0") if arch_list is None else arch_list
+    archs = [a.strip().split("+")[0].replace(".", "") for a in re.split(r"[;, ]+", arch_list) if a.strip()]
+    return ",".join(a for a in archs if a.isdigit()) or "80,90"
+
+
 def build_environment(horovod, env):
     """The HOROVOD_* variables of the build (Horovod's setup.py reads them)."""
     variables = {
@@ -241,7 +249,8 @@ def build_environment(horovod, env):
     if not horovod["mpi"]:
         variables["HOROVOD_CPU_OPERATIONS"] = "GLOO"
     if horovod["nccl"]:
-        variables.update(HOROVOD_GPU_OPERATIONS="NCCL", HOROVOD_NCCL_LINK="SHARED",
+        variables.update(HOROVOD_GPU="CUDA", HOROVOD_BUILD_CUDA_CC_LIST=cuda_cc_list(),
+                         HOROVOD_GPU_OPERATIONS="NCCL", HOROVOD_NCCL_LINK="SHARED",
                          HOROVOD_CUDA_HOME=env["cuda_home"], HVDEXT_NCCL_LIBRARY=env["nccl"]["library"],
                          HVDEXT_NCCL_HOME=env["nccl"]["home"])
     return variables

@@ -90,6 +90,9 @@ def test_cuda_torch_with_nccl_chooses_nccl():
     assert plan["cache_key"] == "horovod-0.28.1-torch2.11.0_cu130-notf-gloo-mpi-nccl"
     variables = sp.build_environment(plan["horovod"], machine)
     assert variables["HOROVOD_GPU_OPERATIONS"] == "NCCL" and variables["HOROVOD_WITH_MPI"] == "1"
+    assert variables["HOROVOD_GPU"] == "CUDA" and variables["HOROVOD_BUILD_CUDA_CC_LIST"]
+    assert sp.cuda_cc_list("8.0;9.0+PTX") == "80,90" and sp.cuda_cc_list("7.5 8.6") == "75,86"
+    assert sp.cuda_cc_list("") == "80,90"
     assert variables["HVDEXT_NCCL_LIBRARY"] == NCCL["library"] and "HOROVOD_CPU_OPERATIONS" not in variables
     assert any("HOROVOD_GPU_OPERATIONS=NCCL" in r for r in plan["reasons"])
 
