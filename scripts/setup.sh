@@ -73,10 +73,7 @@ if ! $PY -c "import numpy, sklearn, pytest, psutil, yaml, cloudpickle, matplotli
 then
   log "installing the tools (requirements-tools.txt), the frameworks held at their installed versions"
   constraints=$(mktemp)
-  $PY -c "import importlib.metadata as md
-for name in ('torch', 'tensorflow', 'tensorflow-cpu', 'tensorflow-gpu'):
-    try: print(f'{name}=={md.version(name)}')
-    except md.PackageNotFoundError: pass" > "$constraints"
+  $PY scripts/setup_plan.py constraints > "$constraints"
   $PY -m pip install -q -r requirements-tools.txt -c "$constraints"
   rm -f "$constraints"
 fi

@@ -18,7 +18,7 @@ The rules (README "Set-up"):
 
 ``python scripts/setup_plan.py facts`` prints this interpreter's facts as JSON; ``environment`` prints how to make
 ``.venv`` (``fresh`` or ``system-site``) from the base interpreter's facts; ``plan`` prints the plan as shell
-assignments for setup.sh (errors go to stderr with exit status 2); ``check-build WANTS`` prints what a
+assignments for setup.sh (errors go to stderr with exit status 2); ``constraints`` prints pip constraints holding the installed frameworks; ``check-build WANTS`` prints what a
 ``--check-build`` report on stdin (or, with ``installed``, the installed Horovod) lacks of the plan. Only the standard library is used: this runs
 before anything is installed.
 """
@@ -44,6 +44,7 @@ WHY_RANGE = {
 PINNED = {"torch": "torch==2.13.0", "tensorflow": "tensorflow-cpu==2.21.0"}
 TESTED = {"torch": "2.13.0 (CPU)", "tensorflow": "2.21.0 (tensorflow-cpu)"}
 HOROVOD_VERSION = "0.28.1"
+TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tensorflow-intel")
 
 
 class SetupError(Exception):
@@ -80,8 +81,7 @@ def _torch_facts():
 
 
 def _tensorflow_facts():
-    names = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tensorflow-intel")
-    for name in names:
+    for name in TENSORFLOW_DISTRIBUTIONS:
         try:
             return {"version": metadata.version(name), "distribution": name}
         except metadata.PackageNotFoundError:
@@ -289,11 +289,24 @@ def installed_build_report():
     return "\n".join(lines)
 
 
+def framework_constraints():
+    """pip constraint lines holding every installed framework distribution at its version."""
+    lines = []
+    for name in ("torch",) + TENSORFLOW_DISTRIBUTIONS:
+        try:
+            lines.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return "\n".join(lines)
+
+
 def main(argv):
     command = argv[1] if len(argv) > 1 else "plan"
     try:
         if command == "facts":
             print(json.dumps(facts(), indent=1))
+        elif command == "constraints":
+            print(framework_constraints())
         elif command == "environment":
             print(choose_environment(facts()))
         elif command == "plan":
@@ -318,7 +331,7 @@ def main(argv):
             print(", ".join(lacks))
             return 1 if lacks else 0
         else:
-            raise SystemExit(f"usage: {argv[0]} facts|environment|plan fresh|system-site|active|"
+            raise SystemExit(f"usage: {argv[0]} facts|environment|constraints|plan fresh|system-site|active|"
                              f"check-build WANTS [installed]")
     except SetupError as exc:
         print(f"[setup] stopped: {exc}", file=sys.stderr)

@@ -159,6 +159,13 @@ def test_facts_of_this_environment():
     assert facts["mpicxx"] == shutil.which("mpicxx")
 
 
+def test_constraints_hold_the_installed_frameworks():
+    import torch
+
+    lines = sp.framework_constraints().splitlines()
+    assert f"torch=={torch.__version__}" in lines and all("==" in line for line in lines)
+
+
 def test_nccl_is_found_where_a_wheel_or_home_holds_it(tmp_path, monkeypatch):
     (tmp_path / "include").mkdir()
     (tmp_path / "include" / "nccl.h").write_text("")
