@@ -61,11 +61,16 @@ def main():
     parser.add_argument("--model", choices=MODELS, default="mlp")
     parser.add_argument("--hidden", type=int, default=1024, help="the MLP's width")
     parser.add_argument("--lr", type=float, default=None, help="default: the model's own (gravac_models.py)")
+    parser.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: --epochs whole)")
+    parser.add_argument("--eval-every", type=int, default=0, help="evaluate every this many steps (0: each epoch)")
+    parser.add_argument("--seed", type=int, default=42, help="the model's initialization and data order")
+    parser.add_argument("--adaptive", default="", help="adaptive_topk's arguments, e.g. epsilon=0.5,window=50")
     parser.add_argument("--json", required=True)
     args = parser.parse_args()
     hvd.init()
     torch.set_num_threads(1)
-    model, (x_train, y_train, x_test, y_test), loss_fn, accuracy_of, lr = build(args.model, hidden=args.hidden)
+    model, (x_train, y_train, x_test, y_test), loss_fn, accuracy_of, lr = build(args.model, seed=args.seed,
+                                                                                hidden=args.hidden)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr or lr, momentum=0.9)
     if args.method in DDP_METHODS:
         model, payload, wire = ddp_wrap(model, args.method, hvd.rank(), hvd.size())
@@ -75,13 +80,27 @@ def main():
     elif args.method == COMPUTE:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     else:
+        compression = METHODS[args.method]()
+        if args.adaptive:
+            compression = compression(**{k: type(getattr(compression, k))(v) if not isinstance(
+                getattr(compression, k), str) else v for k, v in (a.split("=") for a in args.adaptive.split(","))})
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                             compression=METHODS[args.method]())
+                                             compression=compression)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     parameter_space = args.method in OPTIMIZERS
     shard = torch.arange(hvd.rank(), len(x_train), hvd.size())[:len(x_train) // hvd.size()]
-    gen = torch.Generator().manual_seed(hvd.rank())
-    train_seconds, curve, step_times, cf_log = 0.0, [], [], []
+    gen = torch.Generator().manual_seed(1000 * args.seed + hvd.rank())
+    train_seconds, curve, step_times, cf_log, step = 0.0, [], [], [], 0
+
+    def evaluate(epoch):
+        evaluated = optimizer.evaluation_parameters() if parameter_space else contextlib.nullcontext()
+        with torch.no_grad(), evaluated:  # LSGD: the best worker; EASGD: the center
+            accuracy = accuracy_of(model, x_test, y_test)
+        curve.append({"epoch": epoch, "step": step, "seconds": train_seconds, "accuracy": accuracy})
+        if args.method in LEADERS:  # the paper's figures evaluate the center variable (the workers' average)
+            with torch.no_grad(), optimizer.evaluation_parameters(which="center"):
+                curve[-1]["center_accuracy"] = accuracy_of(model, x_test, y_test)
+
     for epoch in range(args.epochs):
         hvd.barrier()
         start = time.perf_counter()
@@ -99,18 +118,24 @@ def main():
                 optimizer.report_loss(loss)
             optimizer.step()
             step_times.append(time.perf_counter() - t0)
-            if args.method == "adaptive_topk":  # the controller's log keeps the last window: read each step
+            step += 1
+            if args.method.startswith("adaptive_topk"):  # the controller's log keeps the last window: read each step
                 cf_log.append(optimizer.compression_stats()["cf"])
+            if (args.eval_every and step % args.eval_every == 0) or step == args.steps:
+                hvd.barrier()
+                train_seconds += time.perf_counter() - start
+                evaluate(epoch + i / len(order))
+                if step == args.steps:
+                    break
+                hvd.barrier()
+                start = time.perf_counter()
+        if step == args.steps:
+            break
         hvd.barrier()
         train_seconds += time.perf_counter() - start
-        evaluated = optimizer.evaluation_parameters() if parameter_space else contextlib.nullcontext()
-        with torch.no_grad(), evaluated:  # LSGD: the best worker; EASGD: the center
-            accuracy = accuracy_of(model, x_test, y_test)
-        curve.append({"epoch": epoch + 1, "seconds": train_seconds, "accuracy": accuracy})
-        if args.method in LEADERS:  # the paper's figures evaluate the center variable (the workers' average)
-            with torch.no_grad(), optimizer.evaluation_parameters(which="center"):
-                curve[-1]["center_accuracy"] = accuracy_of(model, x_test, y_test)
-    result = {"method": args.method, "model": args.model, "ranks": hvd.size(), "hidden": args.hidden,
+        if not args.eval_every:
+            evaluate(epoch + 1)
+    result = {"method": args.method, "model": args.model, "seed": args.seed, "adaptive": args.adaptive, "ranks": hvd.size(), "hidden": args.hidden,
               "parameters": sum(p.numel() for p in model.parameters()), "curve": curve,
               # the mean: periodic methods (LSGD, EASGD) communicate on some steps only, which a median would hide
               "step_seconds": statistics.fmean(step_times[5:] or step_times),

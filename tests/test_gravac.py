@@ -28,16 +28,20 @@ class Workload:
     def __init__(self, gain, seconds):
         self.gain, self.seconds = gain, seconds
         self.sent = []  # (cf, gain of what was sent, seconds that step took)
+        self.steps = 0
 
     def run(self, ctl, steps):
         last = 0.0
         for _ in range(steps):
             theta_min, theta_c = ctl.cfs()
+            planned = ctl.planned
             path, cf, gain_min, gain_c = ctl.decide(1.0, squared(self.gain(theta_min)), squared(self.gain(theta_c)),
                                                     last)
+            assert (path, cf) == planned  # decide() describes the step the previous decision planned
             sent_gain = {"candidate": gain_c, "min": gain_min, "dense": 1.0}[path]
             last = self.seconds(cf)
             self.sent.append((cf, sent_gain, last))
+            self.steps += 1
         return ctl
 
 
@@ -49,10 +53,13 @@ class Workload:
     (0.85, 0.50, "dense"),      # neither: dense, and the residual is reset
 ])
 def test_decision_truth_table(gain_min, gain_c, path):
+    """The readings of a step decide the next step's path; the first step sends theta_min (no reading yet)."""
     c = controller(epsilon=0.9, window=100)
+    assert c.planned == ("min", 10.0)
     got, cf, g_min, g_c = c.decide(1.0, squared(gain_min), squared(gain_c), 0.1)
-    assert got == path and (g_min, g_c) == (pytest.approx(gain_min), pytest.approx(gain_c))
-    assert cf == {"candidate": 20.0, "min": 10.0, "dense": 1.0}[path]
+    assert (got, cf) == ("min", 10.0) and (g_min, g_c) == (pytest.approx(gain_min), pytest.approx(gain_c))
+    assert c.planned == (path, {"candidate": 20.0, "min": 10.0, "dense": 1.0}[path])
+    assert c.plan() == (10.0, 20.0, ("candidate", "min", "dense").index(path), c.planned[1])
 
 
 def candidates_over_windows(policy, windows, min_cf=10, max_cf=1000):
@@ -104,10 +111,11 @@ def test_compressing_at_10x_every_step_never_settles_on_dense():
 
 
 def test_always_dense_never_settles_on_a_compressed_cf():
+    """No CF keeps epsilon: after the first step (theta_min, not yet measured) every step goes dense."""
     work = Workload(gain=lambda cf: 0.3, seconds=lambda cf: 0.1 if cf == 1 else 0.01)
     ctl = work.run(controller(window=10, omega=0.5), 400)
-    assert {cf for cf, _, _ in work.sent} == {1.0} and set(ctl.throughput_table()) == {1.0}
-    assert ctl.theta_ideal is None and not ctl.settled
+    assert [cf for cf, _, _ in work.sent] == [10.0] + [1.0] * 399
+    assert ctl.throughput_table()[1.0][1] == 398 and ctl.theta_ideal is None and not ctl.settled
 
 
 def test_throughput_is_the_mean_over_the_steps_that_sent_each_cf():
@@ -162,6 +170,23 @@ def test_forgotten_step_time_records_nothing():
     assert c.throughput_table() == {10.0: (pytest.approx(0.95 / 0.2), 1)}
 
 
+def test_factor_climbs_when_the_gain_rises_during_training():
+    """At its defaults, on a workload whose gains at high CFs rise as training goes on (as gradients concentrate)
+    and whose step time falls with the bytes sent, the CF climbs to at least 100 and then 1000 is sent."""
+    spec = AdaptiveTopK()
+
+    def gain(cf):  # early: only CF 10 keeps epsilon; later every CF up to 1000 keeps 0.9
+        progress = min(1.0, work.steps / (6 * spec.window))
+        return 0.9 - (1 - progress) * math.log10(cf / 10) if cf > 1 else 1.0
+
+    work = Workload(gain=gain, seconds=lambda cf: 0.02 + 1.0 / cf)
+    work.run(GravacController(spec, 2), 12 * spec.window)
+    sent = [cf for cf, _, _ in work.sent]
+    assert sent[:spec.window] == [10.0] * spec.window  # nothing above CF 10 keeps epsilon at first
+    assert max(sent) >= 100 and sent[-1] >= 100
+    assert sent.index(max(sent)) > 3 * spec.window  # it climbed as the gain rose, not at once
+
+
 def test_nonfinite_norms_raise():
     with pytest.raises(FloatingPointError, match="NaN or Inf"):
         controller().decide(float("nan"), 1.0, 1.0, 0.1)
@@ -192,10 +217,25 @@ def test_invalid_arguments(kwargs, fragment):
 @pytest.mark.parametrize("framework", ["torch", "tf"])
 def test_step_time_includes_communication(framework):
     """A 0.25 s delay injected into every payload collective shows in every step time the controller is fed
-    (the first step has none), in both frameworks."""
+    (from the third step: a step's time is fed to the decision after the next), in both frameworks."""
     results, _ = horovodrun(2, "tests/workers/gravac_worker.py", framework, "0.25", timeout=300)
     for r in results:
         times = r["step_seconds"]
-        assert times[0] is None and len(times) == r["steps"] >= 6
-        assert all(t >= 0.25 for t in times[1:]), times
+        # a step's time is known when it ends and reaches the controller with the next step's norms: the first
+        # step has none, the second is fed the first's (which has no start)
+        assert times[:2] == [None, None] and len(times) == r["steps"] >= 6
+        assert all(t >= 0.25 for t in times[2:]), times
     assert results[0]["step_seconds"] == results[1]["step_seconds"]  # averaged over ranks: the same decision input
+
+
+def test_decision_lag_keeps_ranks_identical_and_resumes_bit_for_bit():
+    """Each step sends what the previous step's decision planned; every rank's CF sequence is the same; a run saved
+    after 12 steps and resumed continues the sequence and ends on the same bits (omega 0: no decision reads a
+    measured time)."""
+    results, _ = horovodrun(2, "tests/workers/gravac_worker.py", "lag", timeout=300)
+    steps = results[0]["uninterrupted"]
+    assert all(r["uninterrupted"] == steps and r["resumed"] == steps and r["same_bits"] for r in results)
+    for (_, _, planned), (cf, _, _) in zip(steps, steps[1:]):
+        assert cf == planned
+    assert steps[0][:2] == [2.0, "min"]  # the first step has no reading: theta_min
+    assert len({cf for cf, _, _ in steps}) >= 3 and {path for _, path, _ in steps} >= {"candidate", "min"}

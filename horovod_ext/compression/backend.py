@@ -88,6 +88,11 @@ class Backend(abc.ABC):
         """The "no bad rank" flag a decoder returns: -1."""
 
     @abc.abstractmethod
+    def nothing(self, dtype):
+        """A collective that carries nothing, already complete: wait() gives an empty 1-D tensor of `dtype`. What a
+        branch of switch() returns in place of a collective another branch starts."""
+
+    @abc.abstractmethod
     def k_of(self, numel, cf, upper=None):
         """Top-k's k at compression factor cf (plan.k_of), at most `upper`; cf may be a tensor."""
 

@@ -174,17 +174,19 @@ class TopKMethod(SparseTransport, Allgather):
 
 
 class AdaptiveTopKMethod(SparseTransport, Method):
-    """GraVAC's step.
+    """GraVAC's step, one decision behind its readings (gravac.py: the decision lag).
      1. launch(), per tensor as soon as its gradient is ready (in PyTorch's backward hook, overlapping the rest of
         backward): g_ef = g + r; top-k at theta_min and, among those, at the candidate theta_c (multi-level
-        compression); the three squared norms. theta_min and theta_c are the controller's for this step, read once
-        at the step's first launch (they only change at a decision).
+        compression: the candidate's selection reuses theta_min's); the three squared norms; then the path the
+        previous step's decision planned: the candidate's or theta_min's payload starts its allgather at once (r
+        keeps the rest), or g_ef its allreduce (r = 0), as static top-k's payloads do. The plan (theta_min,
+        theta_c, path) is read once, at the step's first launch.
     finish(), for all tensors at once:
      2. one allreduce(Average) of |g_ef|^2, |C_min(g_ef)|^2, |C_c(g_ef)|^2 (summed in parameter order) and this
-        rank's step time;
-     3. the controller's decision (on the host: every rank has the same averages, so takes the same one);
-     4. the chosen path: the candidate's or theta_min's payloads by allgather (r keeps the rest), or g_ef dense by
-        allreduce (r = 0). Its bytes are counted when the decision is taken (count_decided)."""
+        rank's time of the previous step, started before the payloads are waited for, so it rides beside them;
+     3. the payloads decoded and written (sparse_reduce: the step's alltoall and allgather on the planned path);
+     4. the controller takes in the averages and plans the next step (on the host: every rank has the same
+        averages, so takes the same decision)."""
 
     Record = GravacRecord
 
@@ -194,16 +196,14 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         self.feedback = ErrorFeedback(self.codec)
         self.controller = GravacController(spec, be.nranks)
         self.be, self.nranks = be, be.nranks
-        self.step_cfs = None  # (theta_min, theta_c) of the step being launched
+        self.step_plan = None  # (theta_min, theta_c, path index, cf) of the step being launched
         self.step_sizes = list(self.sizes)  # the sizes of the tensors this step compresses
         self.choose(spec, be, self.sizes, spec.min_cf, self.feedback)
 
     def launch(self, be, item):
         item.kind = "payload"
         count_dense(be, item)
-        if self.step_cfs is None:
-            self.step_cfs = be.host(self._cfs, [], ("float64", "float64"))
-        theta_min, theta_c = self.step_cfs
+        theta_min, theta_c, path, _ = self._step(be)
         k = be.kernels
         with be.timed("compress_seconds"):
             item.work.flat, sumsq = self.feedback.accumulate(be, item, be.flat32(item.grad))
@@ -212,10 +212,29 @@ class AdaptiveTopKMethod(SparseTransport, Method):
             second = k.topk_select_among(item.work.flat, first, be.k_of(item.numel, theta_c, upper=k_min))
             item.work.candidates = (second, first)
             item.work.energy = (sumsq, k.sum_squares_at(item.work.flat, first), k.sum_squares_at(item.work.flat, second))
+        if self.sparse is None:  # sparse_reduce sends every tensor at finish(), in one alltoall
+            item.future = be.switch(path, [lambda: self._gather(be, item, 0, "candidate"),
+                                           lambda: self._gather(be, item, 1, "min"), lambda: self._send_dense(be, item)])
         return item
 
+    def _gather(self, be, item, which, tag):
+        """Start the allgather of the tensor's selection `which`; r keeps the rest. Returns (gathered, dense,
+        (payload, wire) bytes) in flight, dense being nothing (switch's branches return alike)."""
+        with be.timed("compress_seconds"):
+            payload, remainder = self.codec.extract(be, item.work.flat, item.work.candidates[which])
+            self.feedback.keep(be, item, remainder)
+        size = be.size(payload)
+        return be.allgather(payload, be.name(f"topk.{tag}", item)), be.nothing("float32"), \
+            be.stack([size, size * (be.nranks - 1)], "float64")
+
+    def _send_dense(self, be, item):
+        """GraVAC's dense path: g_ef by allreduce, after which r = 0."""
+        nbytes = 4 * item.numel
+        return be.nothing("uint8"), send_dense(be, item, item.work.flat, self.feedback, "topk.dense"), \
+            be.stack([nbytes, allreduce_wire_bytes(nbytes, be.nranks)], "float64")
+
     def abandon_step(self):
-        self.step_cfs = None
+        self.step_plan = None
 
     def observations(self):
         return self.controller.observations()
@@ -229,12 +248,18 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         super().load_shared_state(state)
 
     def launch_dense(self, be, item):
-        self.controller.forget_step_time()  # no decision this step: the next step's time is not the last CF's
+        self.controller.forget_step_time()  # no decision this step: its time is no CF's
         return super().launch_dense(be, item)
 
-    def _cfs(self):
+    def _step(self, be):
+        """(theta_min, theta_c, path index, cf) of this step, read from the controller at its first use."""
+        if self.step_plan is None:
+            self.step_plan = be.host(self._plan, [], ("float64", "float64", "int32", "float64"))
+        return self.step_plan
+
+    def _plan(self):
         self.be.shared_state_read(self)  # TensorFlow: a checkpoint may have restored it
-        return self.controller.cfs()
+        return self.controller.plan()
 
     def _decide(self, agreed):
         path, cf, gain_min, gain_c = self.controller.decide(*agreed)
@@ -242,58 +267,77 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         self.be.count_decided(**self.decision_bytes(path, cf))
         theta_min, theta_c = self.controller.log[-1]["theta_min"], self.controller.log[-1]["candidate_cf"]
         self.be.stats.extra.update(cf=cf, path=path, gain_min=gain_min, gain_c=gain_c, theta_min=theta_min,
-                                   candidate_cf=theta_c, settled=self.controller.settled)
-        return ("candidate", "min", "dense").index(path)
+                                   candidate_cf=theta_c, settled=self.controller.settled,
+                                   planned_cf=self.controller.planned[1])
+        return 0
+
+    def _step_ended(self):
+        self.controller.step_ended()
+        return 0
 
     def decision_bytes(self, path, cf):
-        """The elements one step on `path` compresses (its bytes are counted as the path runs: _sparse, _dense)."""
+        """The elements one step on `path` compresses (its bytes are counted as the path runs)."""
         return {} if path == "dense" else {"compressed_elements": sum(self.step_sizes)}
 
     def finish(self, be, items):
-        self.step_cfs, self.step_sizes = None, [item.numel for item in items]
-        elapsed, = be.host(self.controller.seconds_since_decision, [], ("float64",))
-        norms = be.stack([be.sum([item.work.energy[j] for item in items]) for j in range(3)] + [elapsed], "float64")
-        agreed = be.wait(be.allreduce(norms, be.step_name("adaptive_topk.norms"), "average"))
+        _, _, path, _ = self._step(be)  # a step may launch nothing (every gradient sparse)
+        self.step_plan, self.step_sizes = None, [item.numel for item in items]
+        previous, = be.host(self.controller.previous_step_seconds, [], ("float64",))
+        norms = be.stack([be.sum([item.work.energy[j] for item in items]) for j in range(3)] + [previous], "float64")
+        agreement = be.allreduce(norms, be.step_name("adaptive_topk.norms"), "average")  # beside the payloads
         be.count(payload_bytes=NORM_BYTES, wire_bytes=allreduce_wire_bytes(NORM_BYTES, be.nranks))
+        if self.sparse is not None:
+            results = be.switch(path, [lambda: self._sparse(be, items, 0, "candidate"),
+                                       lambda: self._sparse(be, items, 1, "min"), lambda: self._dense(be, items)])
+            n = len(items)
+            averages, flags = results[:n], results[n:2 * n]
+            payload_bytes, wire_bytes = be.unstack(results[2 * n], 2)
+            be.count_runtime(payload_bytes=payload_bytes, wire_bytes=wire_bytes)
+        else:
+            averages, flags = self._received(be, items, path)
+        for item, avg, bad in zip(items, averages, flags):
+            require_decoded(be, self.codec, item, bad)
+            be.write(item, avg)
+            be.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
+        agreed = be.wait(agreement)
         be.require(be.all_finite(agreed), "every tensor (the squared norms of the gradients are not finite on "
                                           "some rank)")
         if be.failed():
             return
-        path, = be.host(self._decide, [be.guarded(agreed)], ("int32",))
-        results = be.switch(path, [lambda: self._sparse(be, items, 0, "candidate"),
-                                   lambda: self._sparse(be, items, 1, "min"), lambda: self._dense(be, items)])
-        n = len(items)
-        payload_bytes, wire_bytes = be.unstack(results[2 * n], 2)
-        be.count_runtime(payload_bytes=payload_bytes, wire_bytes=wire_bytes)
-        for item, avg, bad in zip(items, results[:n], results[n:2 * n]):
-            require_decoded(be, self.codec, item, bad)
-            be.write(item, avg)
-            be.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
+        be.host(self._decide, [be.guarded(agreed)], ("int32",))
+        be.host(self._step_ended, [], ("int32",))
 
-    def _sparse(self, be, items, which, tag):
-        """Send each tensor's selection `which` by allgather or sparse_reduce; returns the averages, the bad-rank
-        flags, and the (payload, wire) bytes sent."""
-        if self.sparse is not None:
-            averages, payload_bytes, wire_bytes = self.sparse.reduce(
-                be, items, [item.work.candidates[which] for item in items], tag)
-            return averages + [be.no_flag() for _ in items] + [be.stack([payload_bytes, wire_bytes], "float64")]
-        sent, nbytes = [], []
+    def _received(self, be, items, path):
+        """Wait for each tensor's collective started in launch() and decode it: the averages and the bad-rank
+        flags; its bytes are counted as sent."""
+        averages, flags, sent = [], [], []
         for item in items:
-            idx = item.work.candidates[which]
-            with be.timed("compress_seconds"):
-                payload, remainder = self.codec.extract(be, item.work.flat, idx)
-                self.feedback.keep(be, item, remainder)
-            nbytes.append(be.size(payload))
-            sent.append((item, be.size(idx), be.allgather(payload, be.name(f"topk.{tag}", item))))
-        averages, flags = [], []
-        for item, count, future in sent:
-            gathered = be.wait(future)
+            gathered_future, dense_future, nbytes = item.future
+            gathered, dense = be.wait(gathered_future), be.wait(dense_future)
+            sent.append(nbytes)
             with be.timed("decompress_seconds"):
-                avg, bad = self.codec.decode_k(be, item.numel, count, gathered, be.output_buffer(item))
+                avg, bad = be.switch(path, [
+                    lambda: self._decode(be, item, 0, gathered), lambda: self._decode(be, item, 1, gathered),
+                    lambda: [dense, be.no_flag()]])
             averages.append(avg)
             flags.append(bad)
-        total = be.sum(nbytes)
-        return averages + flags + [be.stack([total, total * (be.nranks - 1)], "float64")]
+        if sent:
+            payload_bytes, wire_bytes = be.unstack(be.sum(sent), 2)
+            be.count_runtime(payload_bytes=payload_bytes, wire_bytes=wire_bytes)
+        return averages, flags
+
+    def _decode(self, be, item, which, gathered):
+        """[average, bad-rank flag] of the payloads gathered for the tensor's selection `which`."""
+        avg, bad = self.codec.decode_k(be, item.numel, be.size(item.work.candidates[which]), gathered,
+                                       be.output_buffer(item))
+        return [avg, bad]
+
+    def _sparse(self, be, items, which, tag):
+        """Send each tensor's selection `which` by sparse_reduce; returns the averages, the bad-rank flags, and the
+        (payload, wire) bytes sent."""
+        averages, payload_bytes, wire_bytes = self.sparse.reduce(
+            be, items, [item.work.candidates[which] for item in items], tag)
+        return averages + [be.no_flag() for _ in items] + [be.stack([payload_bytes, wire_bytes], "float64")]
 
     def _dense(self, be, items):
         """GraVAC's dense path: g_ef by allreduce, after which r = 0."""
@@ -375,7 +419,7 @@ class AdaptiveTopK(AutoPacking, CompressorSpec):
     method = AdaptiveTopKMethod
     max_elements = TOPK_MAX_ELEMENTS
 
-    def __init__(self, min_cf=10, max_cf=1000, epsilon=0.7, window=500, omega=0.05, policy="exponential",
+    def __init__(self, min_cf=10, max_cf=1000, epsilon=0.7, window=100, omega=0.05, policy="exponential",
                  value_dtype="fp16", packing="auto", transport="auto", rebalance_every=32):
         min_cf = check_real("adaptive_topk min_cf", min_cf, low=1.0, low_open=False)
         max_cf = check_real("adaptive_topk max_cf", max_cf, low=1.0, low_open=False)

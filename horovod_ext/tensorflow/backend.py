@@ -142,6 +142,10 @@ class TFBackend(Backend):
         return tf.constant(-1, tf.int32)
 
     @staticmethod
+    def nothing(dtype):
+        return tf.zeros([0], DTYPES[dtype])
+
+    @staticmethod
     def all_finite(x):
         return tf.reduce_all(tf.math.is_finite(x))
 

@@ -25,14 +25,14 @@ CONFIGS = {
     "topk_fp16": ("topk", {"ratio": 0.05, "packing": "int32"}),
     "topk_fp32": ("topk", {"ratio": 0.05, "value_dtype": "fp32", "packing": "int32"}),
     "topk_no_ef": ("topk", {"ratio": 0.3, "error_feedback": False, "packing": "int32"}),
-    "adaptive": ("adaptive_topk", {"min_cf": 2, "max_cf": 40, "epsilon": 0.3, "window": 1, "omega": 0.0,
+    "adaptive": ("adaptive_topk", {"min_cf": 2, "max_cf": 40, "epsilon": 0.3, "window": 2, "omega": 0.0,
                                    "packing": "int32"}),
     # entropy-coded payloads (the defaults): sizes depend on the values; test_bytes.py bounds them
     "ternary_entropy": ("ternary", {}),
     "ternary_two_phase_entropy": ("ternary", {"shared_scale": True, "transport": "two_phase"}),
     "topk_delta_fp16": ("topk", {"ratio": 0.05}),
     "topk_delta_ternary": ("topk", {"ratio": 0.05, "value_dtype": "ternary"}),
-    "adaptive_delta": ("adaptive_topk", {"min_cf": 2, "max_cf": 40, "epsilon": 0.3, "window": 1, "omega": 0.0}),
+    "adaptive_delta": ("adaptive_topk", {"min_cf": 2, "max_cf": 40, "epsilon": 0.3, "window": 2, "omega": 0.0}),
 }
 
 

@@ -29,9 +29,9 @@ PAIRS = {  # name: (compressor, coded settings, fixed settings)
                   {"ratio": 0.02, "packing": "int32"}),
     "topk_fp32": ("topk", {"ratio": 0.02, "value_dtype": "fp32", "packing": "delta", "transport": "allgather"},
                   {"ratio": 0.02, "value_dtype": "fp32", "packing": "int32"}),
-    "adaptive": ("adaptive_topk", {"min_cf": 2, "max_cf": 40, "epsilon": 0.3, "window": 1, "packing": "delta",
+    "adaptive": ("adaptive_topk", {"min_cf": 2, "max_cf": 40, "epsilon": 0.3, "window": 2, "packing": "delta",
                                    "transport": "allgather"},
-                 {"min_cf": 2, "max_cf": 40, "epsilon": 0.3, "window": 1, "packing": "int32"}),
+                 {"min_cf": 2, "max_cf": 40, "epsilon": 0.3, "window": 2, "packing": "int32"}),
 }
 if FRAMEWORK == "tf":  # TensorFlow runs each config eagerly and in a tf.function: a smaller set
     PAIRS = {k: PAIRS[k] for k in ("ternary", "ternary_two_phase", "topk_fp16", "adaptive")}

@@ -32,7 +32,7 @@ CONFIGS = {  # name: (compressor, settings)
     "topk_fp16": ("topk", {"ratio": 0.02, "transport": "sparse_reduce", "rebalance_every": 2}),
     "topk_fp32": ("topk", {"ratio": 0.02, "transport": "sparse_reduce", "rebalance_every": 3,
                            "value_dtype": "fp32"}),
-    "adaptive": ("adaptive_topk", {"min_cf": 2, "max_cf": 40, "epsilon": 0.3, "window": 1,
+    "adaptive": ("adaptive_topk", {"min_cf": 2, "max_cf": 40, "epsilon": 0.3, "window": 2,
                                    "transport": "sparse_reduce", "rebalance_every": 2}),
 }
 
