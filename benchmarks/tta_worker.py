@@ -22,7 +22,8 @@ import horovod_ext.torch as hvd  # noqa: E402
 from baselines import DDP_METHODS, ddp_wrap  # noqa: E402
 
 METHODS = {"dense": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compression.fp16,
-           "topk-10x": lambda: hvd.Compression.topk(ratio=0.1), "topk-100x": lambda: hvd.Compression.topk(ratio=0.01),
+           "topk-10x": lambda: hvd.Compression.topk(ratio=0.1), "topk-20x": lambda: hvd.Compression.topk(ratio=0.05),
+           "topk-100x": lambda: hvd.Compression.topk(ratio=0.01),
            "topk-1000x": lambda: hvd.Compression.topk(ratio=0.001),
            "adaptive_topk": lambda: hvd.Compression.adaptive_topk,  # GraVAC at its defaults
            "ternary": lambda: hvd.Compression.ternary,

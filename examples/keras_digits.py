@@ -49,6 +49,7 @@ def parse_args():
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--hidden", type=int, default=256, help="the digits MLP's width (its second layer: half)")
     parser.add_argument("--data", choices=["digits", "synthetic"], default="digits",
                         help="digits, or synthetic (Gaussian inputs labelled by a random linear teacher)")
     parser.add_argument("--model-size", type=float, default=1e6, help="parameters of the synthetic run's MLP")
@@ -181,6 +182,7 @@ def main():
     args = parse_args()
     hvd.init()
     data = load_data(args.seed, args.data)
+    HIDDEN[0] = args.hidden
     if args.data == "synthetic":  # width h of 64*h + h*h/2 + ... weights, about --model-size parameters
         HIDDEN[0] = max(16, int(-64 + (64 ** 2 + 2 * args.model_size) ** 0.5))
     results = []

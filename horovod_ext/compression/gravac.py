@@ -60,7 +60,8 @@ Choices where the paper and the authors' code differ, and why:
   rank sent dense because a rank joined) record no throughput.
 
 Tuning guide: epsilon is the gain a CF must keep (lower it to compress harder); window is how many steps each
-candidate is tried (the EWMA needs about 100 / N steps to forget); omega is the tolerance of both comparisons.
+candidate is tried (the EWMA needs about 100 / N steps to forget; the exponential policy reaches max_cf 1000 from
+min_cf 10 after four windows); omega is the tolerance of both comparisons.
 The state (theta_min, theta_s, theta_ideal, EWMAs, the throughput table, running totals) is a plain dict whose size
 does not grow with the steps taken. The per-step log keeps the last `window` decisions in memory (what
 compression_stats() shows; a run that plots CF over training reads it after each step) and is not checkpointed:

@@ -407,11 +407,14 @@ class AdaptiveTopK(AutoPacking, CompressorSpec):
             payloads travel, as Compression.topk's ("auto" plans its bytes at min_cf).
 
     Defaults. epsilon 0.7 is the lower of the two values the paper reports (0.7, 0.9; the authors' code: 0.75):
-    with error feedback, top-k at CF 10 keeps a gain of 0.74-0.86 on the digits MLP and CNN and about 0.7 on a
+    with error feedback, top-k at CF 10 keeps a gain of 0.74-0.89 on the digits MLP and CNN and about 0.7 on a
     small LSTM, and every one of them trains at CF 10 as well as dense, so a higher epsilon sends dense what
-    compresses without loss (at 0.9 every step of the digits MLP went dense). omega 0.05 is the authors' code's.
-    window 500 steps is ten EWMA time constants (1 / a) at 2 ranks (a = N / 100), so each candidate is judged on settled
-    gains and throughputs. The choice and its measurements: benchmarks/gravac.py.
+    compresses without loss (at 0.9 every step of the digits MLP went dense; 0.85 kept no more accuracy than 0.7
+    over three seeds). omega 0.05 is the authors' code's. window 100 steps lets the candidate climb through 20, 40,
+    160 and 1000 within the first 400 steps (the paper's 500 was chosen for runs of tens of thousands of steps: on
+    runs of a few hundred it never left CF 20, and a candidate whose gain sat at epsilon was tried, and sent every
+    other step, for the whole run); it is two EWMA time constants (1 / a = 100 / N steps) at 2 ranks and eight at
+    8, so a candidate is judged on readings that have mostly forgotten its predecessor's. The measurements behind them: benchmarks/RESULTS.md (GraVAC).
     """
 
     name = "adaptive_topk"

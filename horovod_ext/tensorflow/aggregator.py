@@ -178,7 +178,7 @@ class GradientAggregator(tf.Module):
         """Bytes per step as counted when the step was built (the same every step) times the steps taken, plus the
         bytes counted at each host decision (adaptive_topk's path and CF), as taken, plus the bytes of entropy-coded
         payloads, as sent. With adaptive_topk also the
-        controller's observations ("log", "throughput", "theta_ideal"). Seconds are not measured in TensorFlow (a
+        controller's observations ("log", "throughput", "theta_ideal", "planned") and "planned_cf". Seconds are not measured in TensorFlow (a
         tf.function runs as one graph) and read 0."""
         be = self.backend
         steps = int(self.step.numpy())
