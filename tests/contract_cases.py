@@ -307,6 +307,8 @@ CASES = {
     "equal": (lambda c: c.be.equal(c.t([1.0, -1.0]), -1), lambda r, n, v, c: equal([bool(x) for x in v],
                                                                                      [False, True])),
     "no_flag": (lambda c: c.be.no_flag(), lambda r, n, v, c: close(v, -1)),
+    "nothing": (lambda c: [c.be.size(c.be.wait(c.be.nothing(d))) for d in ("float32", "uint8")],
+                lambda r, n, v, c: close(v, [0, 0])),
     "k_of": (_k_of, lambda r, n, v, c: close(v, [100, 50, 1])),
     "shape": (lambda c: list(c.be.shape(c.t([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]))),
               lambda r, n, v, c: equal(list(v), [2, 3])),

@@ -170,6 +170,10 @@ void topk_select(const float* x, int64_t n, int64_t k, int32_t* out) {
 
 void topk_select_among(const float* x, const int32_t* candidates, int64_t m, int64_t k, int32_t* out) {
   if (k < 1 || k > m) throw std::invalid_argument("top-k among candidates needs 1 <= k <= m");
+  if (k == m) {  // every candidate is kept (GraVAC's candidate CF equals theta_min)
+    std::memcpy(out, candidates, static_cast<size_t>(m) * sizeof(int32_t));
+    return;
+  }
   std::vector<uint64_t> keys(static_cast<size_t>(m));
   for (int64_t j = 0; j < m; ++j) keys[j] = order_key(magnitude_bits(x, candidates[j]), candidates[j]);
   const uint64_t kth = kth_largest(keys, k);

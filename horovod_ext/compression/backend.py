@@ -14,7 +14,9 @@ cannot time its ops, so ``timed`` is a null context and its statistics say ``tim
 Attributes every backend has: ``nranks``, ``rank`` (of the process set), ``divisor`` (N for op Average, 1 for Sum),
 ``step`` and ``seed`` (this step's counter and the random seed, as the kernels take them), ``kernels`` (the kernel
 table: uniform, functional signatures; see the codecs), ``stats`` (the CompressionStats the step adds to) and
-``errors`` (the (error, detail) pairs of the requirements that failed since begin_step, eagerly).
+``errors`` (the (error, detail) pairs of the requirements that failed since begin_step, eagerly) and
+``carries_futures`` (whether a collective may stay in flight from one step into the next: PyTorch's eager handles
+may, a TensorFlow graph's tensors may not, so there a method waits in the step that started it).
 """
 import abc
 
@@ -28,6 +30,7 @@ class Backend(abc.ABC):
     kernels = None
     stats = None
     errors = ()
+    carries_futures = False
 
     # ------------------------------------------------------------------------------------------------ a step
     @abc.abstractmethod

@@ -186,7 +186,9 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         rank's time of the previous step, started before the payloads are waited for, so it rides beside them;
      3. the payloads decoded and written (sparse_reduce: the step's alltoall and allgather on the planned path);
      4. the controller takes in the averages and plans the next step (on the host: every rank has the same
-        averages, so takes the same decision)."""
+        averages, so takes the same decision). Where the backend carries futures across steps (PyTorch), the
+        averages are waited for at the next step's first launch, after its forward pass, so no step waits for
+        them; reading the state or the statistics takes them in first. A TensorFlow graph waits in the step."""
 
     Record = GravacRecord
 
@@ -197,6 +199,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         self.controller = GravacController(spec, be.nranks)
         self.be, self.nranks = be, be.nranks
         self.step_plan = None  # (theta_min, theta_c, path index, cf) of the step being launched
+        self.readings = None  # the last step's averaged readings in flight (backends that carry futures)
         self.step_sizes = list(self.sizes)  # the sizes of the tensors this step compresses
         self.choose(spec, be, self.sizes, spec.min_cf, self.feedback)
 
@@ -211,7 +214,9 @@ class AdaptiveTopKMethod(SparseTransport, Method):
             first = k.topk_select(item.work.flat, k_min)
             second = k.topk_select_among(item.work.flat, first, be.k_of(item.numel, theta_c, upper=k_min))
             item.work.candidates = (second, first)
-            item.work.energy = (sumsq, k.sum_squares_at(item.work.flat, first), k.sum_squares_at(item.work.flat, second))
+            kept_min = k.sum_squares_at(item.work.flat, first)
+            kept_c = kept_min if second is first else k.sum_squares_at(item.work.flat, second)
+            item.work.energy = (sumsq, kept_min, kept_c)
         if self.sparse is None:  # sparse_reduce sends every tensor at finish(), in one alltoall
             item.future = be.switch(path, [lambda: self._gather(be, item, 0, "candidate"),
                                            lambda: self._gather(be, item, 1, "min"), lambda: self._send_dense(be, item)])
@@ -237,12 +242,15 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         self.step_plan = None
 
     def observations(self):
+        self._take_readings()
         return self.controller.observations()
 
     def shared_state(self):
+        self._take_readings()
         return {"controller": self.controller.state(), **(super().shared_state() or {})}
 
     def load_shared_state(self, state):
+        self._take_readings()  # every rank started them: each waits, then the checkpoint replaces their effect
         if state is not None and state.get("controller") is not None:
             self.controller.load_state(state["controller"])
         super().load_shared_state(state)
@@ -258,8 +266,15 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         return self.step_plan
 
     def _plan(self):
+        self._take_readings()
         self.be.shared_state_read(self)  # TensorFlow: a checkpoint may have restored it
         return self.controller.plan()
+
+    def _take_readings(self):
+        """The previous step's averaged readings, left in flight by finish(), into the controller."""
+        if self.readings is not None:
+            readings, self.readings = self.readings, None
+            self._agree(self.be, self.be.wait(readings), " at the previous step")
 
     def _decide(self, agreed):
         path, cf, gain_min, gain_c = self.controller.decide(*agreed)
@@ -299,13 +314,20 @@ class AdaptiveTopKMethod(SparseTransport, Method):
             require_decoded(be, self.codec, item, bad)
             be.write(item, avg)
             be.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
-        agreed = be.wait(agreement)
-        be.require(be.all_finite(agreed), "every tensor (the squared norms of the gradients are not finite on "
-                                          "some rank)")
+        be.host(self._step_ended, [], ("int32",))
+        if be.carries_futures:
+            self.readings = agreement
+        else:
+            self._agree(be, be.wait(agreement), "")  # a graph's tensors end with the step
+
+    def _agree(self, be, agreed, when):
+        """The controller takes in the rank-averaged readings and plans the next step, unless they are not finite
+        (a NaN/Inf gradient: the step's error, raised on every rank)."""
+        be.require(be.all_finite(agreed), f"every tensor (the squared norms of the gradients{when} are not finite on "
+                                          f"some rank)")
         if be.failed():
             return
         be.host(self._decide, [be.guarded(agreed)], ("int32",))
-        be.host(self._step_ended, [], ("int32",))
 
     def _received(self, be, items, path):
         """Wait for each tensor's collective started in launch() and decode it: the averages and the bad-rank

@@ -75,6 +75,7 @@ class TorchBackend(Backend):
     driver once the step is finished."""
 
     kernels = TorchKernels
+    carries_futures = True  # a Horovod handle may be waited for in a later step
 
     def __init__(self, process_set, op, predivide, stats):
         self.process_set, self.stats = process_set, stats

@@ -127,6 +127,8 @@ class TorchKernels:
 
     @staticmethod
     def topk_select_among(x, among, k):
+        if k == among.numel():  # every candidate is kept: the same indices (the plan then reuses their norm)
+            return among
         return select_among_candidates(x, among, k) if x.is_cuda else ops.topk_select_among(x, among, k)
 
     @staticmethod

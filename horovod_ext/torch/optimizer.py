@@ -276,10 +276,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         step, "planned_cf" (what the next step sends), "log": one entry per step (step, cf, path, gain_min, gain_c, theta_min, candidate_cf, step_seconds)
         to plot, and "throughput": the table the controller settles from ({cf sent: (mean gain x steps/s, steps)}),
         with "theta_ideal", the CF it settled on (None while exploring)."""
-        stats = self._hx_stats.as_dict()
+        observations = self._hx_driver.method.observations() if self._hx_driver is not None else {}
+        stats = self._hx_stats.as_dict()  # after the observations: GraVAC takes in its last readings there
         stats["ranks"] = self._hx_process_set.size()
-        if self._hx_driver is not None:
-            stats.update(self._hx_driver.method.observations())
+        stats.update(observations)
         return stats
 
     # --------------------------------------------------------------------------------------------- checkpoints
