@@ -13,6 +13,7 @@ unshaped and shaped: GraVAC held at CF 10 (min_cf = max_cf = 10) against top-k 1
 max_cf 20, epsilon 0.01, one window: the candidate every step) against top-k 20x.
 """
 import argparse
+import contextlib
 import itertools
 import os
 import statistics
@@ -103,7 +104,7 @@ def step_cost(args):
     rows, raw = [], []
     training = ["--steps", args.cost_steps, "--eval-every", args.cost_steps, "--epochs", 100]
     for mbit in (0, args.mbit):
-        with shaped_namespace(mbit) if mbit else _unshaped() as prefix:
+        with shaped_namespace(mbit) if mbit else contextlib.nullcontext([]) as prefix:
             for repeat in range(args.repeats):
                 for (static, _), (adaptive, settings) in zip(STEP_COST[::2], STEP_COST[1::2]):
                     a = run(prefix, 2, "nplm", static, args, training=training)
@@ -127,14 +128,6 @@ def step_cost(args):
                             "static KB/step", "GraVAC KB/step"], rows))
     path = write_outputs("gravac_step_cost", {"machine": machine(), "args": vars(args), "runs": raw}, md)
     return md, path
-
-
-class _unshaped:
-    def __enter__(self):
-        return []
-
-    def __exit__(self, *exc):
-        return False
 
 
 def main():

@@ -136,7 +136,8 @@ def main():
         train_seconds += time.perf_counter() - start
         if not args.eval_every:
             evaluate(epoch + 1)
-    result = {"method": args.method, "model": args.model, "seed": args.seed, "adaptive": args.adaptive, "ranks": hvd.size(), "hidden": args.hidden,
+    result = {"method": args.method, "model": args.model, "seed": args.seed, "adaptive": args.adaptive,
+              "ranks": hvd.size(), "hidden": args.hidden,
               "parameters": sum(p.numel() for p in model.parameters()), "curve": curve,
               # the mean: periodic methods (LSGD, EASGD) communicate on some steps only, which a median would hide
               "step_seconds": statistics.fmean(step_times[5:] or step_times),

@@ -436,7 +436,8 @@ class AdaptiveTopK(AutoPacking, CompressorSpec):
     160 and 1000 within the first 400 steps (the paper's 500 was chosen for runs of tens of thousands of steps: on
     runs of a few hundred it never left CF 20, and a candidate whose gain sat at epsilon was tried, and sent every
     other step, for the whole run); it is two EWMA time constants (1 / a = 100 / N steps) at 2 ranks and eight at
-    8, so a candidate is judged on readings that have mostly forgotten its predecessor's. The measurements behind them: benchmarks/RESULTS.md (GraVAC).
+    8, so a candidate is judged on readings that have mostly forgotten its predecessor's. The measurements behind
+    them: benchmarks/RESULTS.md (GraVAC).
     """
 
     name = "adaptive_topk"
