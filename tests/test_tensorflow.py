@@ -132,8 +132,9 @@ def test_tf_topk_ops_match_reference(value_type, value_dtype):
     payload, residual = tf_ops.hvdext_topk_extract(g_ef, sel, value_type=value_type)
     np.testing.assert_array_equal(payload.numpy(), ref_topk.encode(idx, sent))
     np.testing.assert_array_equal(residual.numpy(), r_want)
-    among = tf_ops.hvdext_topk_select_among(g_ef, sel, 70).numpy()
-    np.testing.assert_array_equal(among, ref_topk.select(g + r, 70))
+    first, second = tf_ops.hvdext_topk_select_nested(g_ef, k, 70)
+    np.testing.assert_array_equal(first.numpy(), idx)
+    np.testing.assert_array_equal(second.numpy(), ref_topk.select(g + r, 70))
     out, bad = tf_ops.hvdext_topk_decode_average(tf.concat([payload, payload], 0), k, nranks=2, count=n,
                                                  value_type=value_type, divisor=2.0)
     assert int(bad) == -1

@@ -103,14 +103,26 @@ def test_error_feedback_conserves_exactly(value_dtype):
 
 
 def test_multi_level_equals_single_shot():
+    """Top k2 among the top k1 (topk_select_among, and topk_select_nested's one selection) is the top k2, bit for
+    bit; the CFs cover nested's sorted and one-pass emissions, k2 == k1 and k1 == n."""
     for seed, kind in ((0, "normal"), (1, "ties"), (2, "normal")):
         x = values(100000, seed, kind)
-        for theta1, theta2 in ((10, 2), (10, 16), (20, 50)):
+        for theta1, theta2 in ((10, 2), (10, 16), (20, 50), (100, 2), (10, 1), (1, 10), (2, 500)):
             k1, k2 = ref.k_of(x.size, theta1), ref.k_of(x.size, theta1 * theta2)
             first = ops.topk_select(torch.from_numpy(x), k1)
             second = ops.topk_select_among(torch.from_numpy(x), first, k2).numpy()
             np.testing.assert_array_equal(second, ops.topk_select(torch.from_numpy(x), k2).numpy())
             np.testing.assert_array_equal(second, ref.select(x, k2, candidates=ref.select(x, k1)))
+            nested = ops.topk_select_nested(torch.from_numpy(x), k1, k2)
+            np.testing.assert_array_equal(nested[0].numpy(), first.numpy())
+            np.testing.assert_array_equal(nested[1].numpy(), second)
+
+
+def test_nested_selection_names_its_bounds():
+    x = torch.ones(10)
+    for k1, k2 in ((0, 1), (11, 1), (5, 6), (5, 0)):
+        with pytest.raises((ValueError, RuntimeError), match="k2 <= k1"):
+            ops.topk_select_nested(x, k1, k2)
 
 
 def test_gravac_candidates_through_their_values_give_the_same_bits():

@@ -34,6 +34,12 @@ uint64_t kth_largest(std::vector<uint64_t>& keys, int64_t k) {
   return keys[k - 1];
 }
 
+// The same among keys[0..m) alone.
+uint64_t kth_largest_of_first(std::vector<uint64_t>& keys, int64_t m, int64_t k) {
+  std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.begin() + m, std::greater<uint64_t>());
+  return keys[k - 1];
+}
+
 // Value j of a payload's fp16 or fp32 values.
 float value_at(const uint8_t* values, int64_t j, ValueType type) {
   if (type == ValueType::kFp16) {
@@ -95,12 +101,12 @@ double ef_accumulate(const float* g, float* r, int64_t n) {
   return pairwise_tree(squares.data(), reduce_blocks(n));
 }
 
-void topk_select(const float* x, int64_t n, int64_t k, int32_t* out) {
-  check_k(n, k);
-  if (k == n) {
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(i);
-    return;
-  }
+namespace {
+
+// Keys of candidates that hold the top k of |x| (1 <= k < n), the top k first (nth_element): a sampled threshold
+// keeps about 1.5 k + margin candidates in one pass; a sample that kept too many or too few falls back to every
+// element. Returns the k-th largest key.
+uint64_t top_keys(const float* x, int64_t n, int64_t k, std::vector<uint64_t>& keys) {
   uint32_t threshold = 0;
   int64_t expected = n;  // candidates the threshold is expected to keep
   constexpr int64_t kSample = 16384;
@@ -116,9 +122,7 @@ void topk_select(const float* x, int64_t n, int64_t k, int32_t* out) {
   }
   // Candidates by compaction. Where few pass (< 2%), a branch is predicted well and cheapest; where many pass, a
   // branch would mispredict every few elements, so the store is branch-free (store always, advance when kept).
-  // A sample that kept too many or too few falls back to all elements.
   const bool sparse = expected * 50 < n;
-  std::vector<uint64_t> keys;
   int64_t count = 0;
   if (threshold > 0) {
     const int64_t capacity = std::min<int64_t>(n, 2 * expected + 4096) + 1;
@@ -143,14 +147,35 @@ void topk_select(const float* x, int64_t n, int64_t k, int32_t* out) {
     count = n;
   }
   keys.resize(static_cast<size_t>(count));
-  const uint64_t kth = kth_largest(keys, k);
-  if (k * 16 < n) {  // few kept: sorting their k indices costs less than another pass over n
-    for (int64_t j = 0; j < k; ++j) out[j] = index_of(keys[j]);
-    std::sort(out, out + k);
+  return kth_largest(keys, k);
+}
+
+// Sorting k indices costs about k log2 k, a pass over x about n / 8 (measured on one core): below n / 64 the
+// sort is cheaper.
+inline bool sort_cheaper(int64_t n, int64_t k) { return k * 64 < n; }
+
+// The indices of keys[0..k) (the top k), ascending.
+void sorted_indices(const std::vector<uint64_t>& keys, int64_t k, int32_t* out) {
+  for (int64_t j = 0; j < k; ++j) out[j] = index_of(keys[j]);
+  std::sort(out, out + k);
+}
+
+}  // namespace
+
+void topk_select(const float* x, int64_t n, int64_t k, int32_t* out) {
+  check_k(n, k);
+  if (k == n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(i);
     return;
   }
-  // Many kept: a second pass emits them already in ascending order; exactly k keys are >= the k-th largest, and
-  // the buffer has one slot of slack for the branch-free store.
+  std::vector<uint64_t> keys;
+  const uint64_t kth = top_keys(x, n, k, keys);
+  if (sort_cheaper(n, k)) {
+    sorted_indices(keys, k, out);
+    return;
+  }
+  // Many kept: one pass emits them already in ascending order; exactly k keys are >= the k-th largest, and the
+  // buffer has one slot of slack for the branch-free store.
   std::vector<int32_t> kept(static_cast<size_t>(k) + 1);
   int64_t c = 0;
   if (k * 50 < n) {
@@ -166,6 +191,38 @@ void topk_select(const float* x, int64_t n, int64_t k, int32_t* out) {
     }
   }
   std::memcpy(out, kept.data(), static_cast<size_t>(k) * sizeof(int32_t));
+}
+
+void topk_select_nested(const float* x, int64_t n, int64_t k1, int64_t k2, int32_t* out1, int32_t* out2) {
+  check_k(n, k1);
+  if (k2 < 1 || k2 > k1) throw std::invalid_argument("nested top-k needs 1 <= k2 <= k1");
+  if (k1 == n || k2 == k1) {
+    topk_select(x, n, k1, out1);
+    if (k2 == k1) std::memcpy(out2, out1, static_cast<size_t>(k1) * sizeof(int32_t));
+    else topk_select(x, n, k2, out2);
+    return;
+  }
+  std::vector<uint64_t> keys;
+  const uint64_t kth1 = top_keys(x, n, k1, keys);
+  // keys[0..k1) hold the top k1; the top k2 of those are the top k2 of x (the keys are distinct).
+  const uint64_t kth2 = kth_largest_of_first(keys, k1, k2);
+  if (sort_cheaper(n, k1)) {
+    sorted_indices(keys, k2, out2);
+    sorted_indices(keys, k1, out1);
+    return;
+  }
+  // One pass emits both, ascending; one slot of slack each for the branch-free stores.
+  std::vector<int32_t> kept1(static_cast<size_t>(k1) + 1), kept2(static_cast<size_t>(k2) + 1);
+  int64_t c1 = 0, c2 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t key = order_key(magnitude_bits(x, i), i);
+    kept1[c1] = static_cast<int32_t>(i);
+    kept2[c2] = static_cast<int32_t>(i);
+    c1 += key >= kth1;
+    c2 += key >= kth2;
+  }
+  std::memcpy(out1, kept1.data(), static_cast<size_t>(k1) * sizeof(int32_t));
+  std::memcpy(out2, kept2.data(), static_cast<size_t>(k2) * sizeof(int32_t));
 }
 
 void topk_select_among(const float* x, const int32_t* candidates, int64_t m, int64_t k, int32_t* out) {

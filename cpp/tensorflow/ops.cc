@@ -398,29 +398,37 @@ class TopkSelectOp : public tf::OpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("HvdextTopkSelect").Device(tf::DEVICE_CPU).HostMemory("k"), TopkSelectOp);
 
-REGISTER_OP("HvdextTopkSelectAmong")
+REGISTER_OP("HvdextTopkSelectNested")
     .Input("x: float")
-    .Input("candidates: int32")
-    .Input("k: int32")
-    .Output("indices: int32")
-    .SetShapeFn(UnknownVector)
-    .Doc("the top k among candidate indices of x (the multi-level recompression).");
+    .Input("k1: int32")
+    .Input("k2: int32")
+    .Output("first: int32")
+    .Output("second: int32")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Vector(InferenceContext::kUnknownDim));
+      return tf::OkStatus();
+    })
+    .Doc("(top k1, top k2) of |x|, both ascending (k2 <= k1): the multi-level recompression.");
 
-class TopkSelectAmongOp : public tf::OpKernel {
+class TopkSelectNestedOp : public tf::OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* c) override {
     const tf::Tensor& x = c->input(0);
-    const tf::Tensor& cand = c->input(1);
-    const tf::int64 k = c->input(2).scalar<tf::int32>()();
-    OP_REQUIRES(c, k >= 1 && k <= cand.NumElements(), tf::errors::InvalidArgument("top-k needs 1 <= k <= m"));
-    tf::Tensor* out;
-    OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({k}), &out));
-    hvdext::topk_select_among(x.flat<float>().data(), cand.flat<tf::int32>().data(), cand.NumElements(), k,
-                              out->flat<tf::int32>().data());
+    const tf::int64 k1 = c->input(1).scalar<tf::int32>()();
+    const tf::int64 k2 = c->input(2).scalar<tf::int32>()();
+    OP_REQUIRES(c, k1 >= 1 && k1 <= x.NumElements() && k2 >= 1 && k2 <= k1,
+                tf::errors::InvalidArgument("nested top-k needs 1 <= k2 <= k1 <= n"));
+    tf::Tensor *first, *second;
+    OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({k1}), &first));
+    OP_REQUIRES_OK(c, c->allocate_output(1, tf::TensorShape({k2}), &second));
+    hvdext::topk_select_nested(x.flat<float>().data(), x.NumElements(), k1, k2, first->flat<tf::int32>().data(),
+                               second->flat<tf::int32>().data());
   }
 };
-REGISTER_KERNEL_BUILDER(Name("HvdextTopkSelectAmong").Device(tf::DEVICE_CPU).HostMemory("k"), TopkSelectAmongOp);
+REGISTER_KERNEL_BUILDER(Name("HvdextTopkSelectNested").Device(tf::DEVICE_CPU).HostMemory("k1").HostMemory("k2"),
+                        TopkSelectNestedOp);
 
 REGISTER_OP("HvdextSumSquaresAt")
     .Input("x: float")

@@ -264,6 +264,18 @@ torch::Tensor topk_select(const torch::Tensor& x, int64_t k, int64_t stream) {
   }));
 }
 
+std::tuple<torch::Tensor, torch::Tensor> topk_select_nested(const torch::Tensor& x, int64_t k1, int64_t k2) {
+  const float* xd = cpu_float_data(x, "tensor");
+  if (k1 < 1 || k1 > x.numel() || k2 < 1 || k2 > k1) throw std::invalid_argument("nested top-k needs 1 <= k2 <= k1 <= n");
+  auto out1 = torch::empty({k1}, torch::kInt32);
+  auto out2 = torch::empty({k2}, torch::kInt32);
+  {
+    pybind11::gil_scoped_release release;
+    hvdext::topk_select_nested(xd, x.numel(), k1, k2, out1.data_ptr<int32_t>(), out2.data_ptr<int32_t>());
+  }
+  return {out1, out2};
+}
+
 torch::Tensor topk_select_among(const torch::Tensor& x, const torch::Tensor& candidates, int64_t k) {
   const float* xd = cpu_float_data(x, "tensor");
   const int32_t* c = cpu_int32_data(candidates, "candidates");
@@ -491,6 +503,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("stream") = 0);
   m.def("topk_select", &topk_select, "indices (ascending) of the k largest |x|, ties to the lower index",
         py::arg("x"), py::arg("k"), py::arg("stream") = 0);
+  m.def("topk_select_nested", &topk_select_nested, "(top k1, top k2) of |x|, both ascending (k2 <= k1)");
   m.def("topk_select_among", &topk_select_among, "the top k among candidate indices");
   m.def("sum_squares_at", &sum_squares_at, "sum of x[idx]^2 in float64");
   m.def("topk_extract", &topk_extract, "payload of the selected residual elements; leaves r = g_ef - sent there",

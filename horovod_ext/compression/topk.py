@@ -211,8 +211,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         with be.timed("compress_seconds"):
             item.work.flat, sumsq = self.feedback.accumulate(be, item, be.flat32(item.grad))
             k_min = be.k_of(item.numel, theta_min)
-            first = k.topk_select(item.work.flat, k_min)
-            second = k.topk_select_among(item.work.flat, first, be.k_of(item.numel, theta_c, upper=k_min))
+            first, second = k.topk_select_nested(item.work.flat, k_min, be.k_of(item.numel, theta_c, upper=k_min))
             item.work.candidates = (second, first)
             kept_min = k.sum_squares_at(item.work.flat, first)
             kept_c = kept_min if second is first else k.sum_squares_at(item.work.flat, second)

@@ -60,8 +60,8 @@ class TFKernels:
         return lib.hvdext_topk_select(x, k)
 
     @staticmethod
-    def topk_select_among(x, among, k):
-        return lib.hvdext_topk_select_among(x, among, k)
+    def topk_select_nested(x, k1, k2):
+        return tuple(lib.hvdext_topk_select_nested(x, k1, k2))
 
     @staticmethod
     def sum_squares_at(x, idx):

@@ -126,10 +126,12 @@ class TorchKernels:
         return ops.topk_select(x, k, stream_of(x))
 
     @staticmethod
-    def topk_select_among(x, among, k):
-        if k == among.numel():  # every candidate is kept: the same indices (the plan then reuses their norm)
-            return among
-        return select_among_candidates(x, among, k) if x.is_cuda else ops.topk_select_among(x, among, k)
+    def topk_select_nested(x, k1, k2):
+        """(top k1, top k2) of |x|; the same tensor twice when k2 == k1 (the plan then reuses its norm)."""
+        if x.is_cuda or k2 == k1:
+            first = ops.topk_select(x, k1, stream_of(x))
+            return first, first if k2 == k1 else select_among_candidates(x, first, k2)
+        return ops.topk_select_nested(x, k1, k2)
 
     @staticmethod
     def sum_squares_at(x, idx):

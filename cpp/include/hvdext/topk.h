@@ -33,6 +33,10 @@ double ef_accumulate(const float* g, float* r, int64_t n);
 // pass; an exact selection among them (or among all, if too few passed) makes the result exactly the top k.
 void topk_select(const float* x, int64_t n, int64_t k, int32_t* out);
 
+// The top k1 (1 <= k1 <= n) and the top k2 (1 <= k2 <= k1) of x, both ascending, from one selection: GraVAC's
+// multi-level compression (the top k2 among the top k1 is the top k2 of x), as topk_select twice, bit for bit.
+void topk_select_nested(const float* x, int64_t n, int64_t k1, int64_t k2, int32_t* out1, int32_t* out2);
+
 // The top k among `m` candidate indices (ascending) of x, ascending: the multi-level recompression.
 void topk_select_among(const float* x, const int32_t* candidates, int64_t m, int64_t k, int32_t* out);
 
