@@ -29,15 +29,35 @@ inline uint64_t order_key(uint32_t bits, int64_t i) {
 inline int32_t index_of(uint64_t key) { return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key)); }
 
 // The k-th largest key: every element whose key is at least this one is kept (keys are distinct).
-uint64_t kth_largest(std::vector<uint64_t>& keys, int64_t k) {
+uint64_t nth_largest(std::vector<uint64_t>& keys, int64_t k) {
   std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.end(), std::greater<uint64_t>());
   return keys[k - 1];
 }
 
-// The same among keys[0..m) alone.
-uint64_t kth_largest_of_first(std::vector<uint64_t>& keys, int64_t m, int64_t k) {
-  std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.begin() + m, std::greater<uint64_t>());
-  return keys[k - 1];
+// kth[j] = the ks[j]-th largest of the keys (1 <= ks[j] <= keys.size()); the keys may be reordered. Many keys: a
+// histogram of each key's top 16 bits (|x|'s exponent and 8 mantissa bits) finds the bin that holds the k-th, whose
+// keys alone are then selected among (radix selection: two passes over the keys, where nth_element over them all
+// costs several); few keys: nth_element.
+void kth_largest(std::vector<uint64_t>& keys, const int64_t* ks, int count, uint64_t* kth) {
+  constexpr int kShift = 47;  // keys are below 2^63 (|x| has 31 bits): key >> 47 is 16 bits
+  constexpr int64_t kBins = int64_t{1} << 16;
+  const int64_t m = static_cast<int64_t>(keys.size());
+  if (m < kBins / 4) {
+    for (int j = 0; j < count; ++j) kth[j] = nth_largest(keys, ks[j]);
+    return;
+  }
+  std::vector<uint32_t> hist(kBins, 0);
+  for (const uint64_t key : keys) ++hist[key >> kShift];
+  std::vector<uint64_t> bin_keys;
+  for (int j = 0; j < count; ++j) {
+    int64_t above = 0, bin = kBins - 1;
+    while (above + hist[bin] < ks[j]) above += hist[bin--];
+    bin_keys.clear();
+    for (const uint64_t key : keys) {
+      if (static_cast<int64_t>(key >> kShift) == bin) bin_keys.push_back(key);
+    }
+    kth[j] = nth_largest(bin_keys, ks[j] - above);
+  }
 }
 
 // Value j of a payload's fp16 or fp32 values.
@@ -103,10 +123,9 @@ double ef_accumulate(const float* g, float* r, int64_t n) {
 
 namespace {
 
-// Keys of candidates that hold the top k of |x| (1 <= k < n), the top k first (nth_element): a sampled threshold
-// keeps about 1.5 k + margin candidates in one pass; a sample that kept too many or too few falls back to every
-// element. Returns the k-th largest key.
-uint64_t top_keys(const float* x, int64_t n, int64_t k, std::vector<uint64_t>& keys) {
+// Keys of candidates that hold the top k of |x| (1 <= k < n): a sampled threshold keeps about 1.5 k + margin
+// candidates in one pass; a sample that kept too many or too few falls back to every element.
+void top_keys(const float* x, int64_t n, int64_t k, std::vector<uint64_t>& keys) {
   uint32_t threshold = 0;
   int64_t expected = n;  // candidates the threshold is expected to keep
   constexpr int64_t kSample = 16384;
@@ -147,16 +166,18 @@ uint64_t top_keys(const float* x, int64_t n, int64_t k, std::vector<uint64_t>& k
     count = n;
   }
   keys.resize(static_cast<size_t>(count));
-  return kth_largest(keys, k);
 }
 
 // Sorting k indices costs about k log2 k, a pass over x about n / 8 (measured on one core): below n / 64 the
 // sort is cheaper.
 inline bool sort_cheaper(int64_t n, int64_t k) { return k * 64 < n; }
 
-// The indices of keys[0..k) (the top k), ascending.
-void sorted_indices(const std::vector<uint64_t>& keys, int64_t k, int32_t* out) {
-  for (int64_t j = 0; j < k; ++j) out[j] = index_of(keys[j]);
+// The indices of the k keys at least kth, ascending.
+void sorted_indices(const std::vector<uint64_t>& keys, uint64_t kth, int64_t k, int32_t* out) {
+  int64_t c = 0;
+  for (const uint64_t key : keys) {
+    if (key >= kth) out[c++] = index_of(key);
+  }
   std::sort(out, out + k);
 }
 
@@ -169,9 +190,11 @@ void topk_select(const float* x, int64_t n, int64_t k, int32_t* out) {
     return;
   }
   std::vector<uint64_t> keys;
-  const uint64_t kth = top_keys(x, n, k, keys);
+  top_keys(x, n, k, keys);
+  uint64_t kth;
+  kth_largest(keys, &k, 1, &kth);
   if (sort_cheaper(n, k)) {
-    sorted_indices(keys, k, out);
+    sorted_indices(keys, kth, k, out);
     return;
   }
   // Many kept: one pass emits them already in ascending order; exactly k keys are >= the k-th largest, and the
@@ -203,12 +226,14 @@ void topk_select_nested(const float* x, int64_t n, int64_t k1, int64_t k2, int32
     return;
   }
   std::vector<uint64_t> keys;
-  const uint64_t kth1 = top_keys(x, n, k1, keys);
-  // keys[0..k1) hold the top k1; the top k2 of those are the top k2 of x (the keys are distinct).
-  const uint64_t kth2 = kth_largest_of_first(keys, k1, k2);
+  top_keys(x, n, k1, keys);  // the candidates of the top k1 hold the top k2
+  const int64_t ks[2] = {k1, k2};
+  uint64_t kth[2];
+  kth_largest(keys, ks, 2, kth);
+  const uint64_t kth1 = kth[0], kth2 = kth[1];
   if (sort_cheaper(n, k1)) {
-    sorted_indices(keys, k2, out2);
-    sorted_indices(keys, k1, out1);
+    sorted_indices(keys, kth1, k1, out1);
+    sorted_indices(keys, kth2, k2, out2);
     return;
   }
   // One pass emits both, ascending; one slot of slack each for the branch-free stores.
@@ -233,7 +258,8 @@ void topk_select_among(const float* x, const int32_t* candidates, int64_t m, int
   }
   std::vector<uint64_t> keys(static_cast<size_t>(m));
   for (int64_t j = 0; j < m; ++j) keys[j] = order_key(magnitude_bits(x, candidates[j]), candidates[j]);
-  const uint64_t kth = kth_largest(keys, k);
+  uint64_t kth;
+  kth_largest(keys, &k, 1, &kth);
   int64_t c = 0;
   for (int64_t j = 0; j < m; ++j) {  // candidates are ascending, so the output is too
     if (order_key(magnitude_bits(x, candidates[j]), candidates[j]) >= kth) out[c++] = candidates[j];
