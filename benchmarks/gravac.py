@@ -9,8 +9,9 @@ the digits CNN, 30 epochs, evaluated after each. Reports the seconds until each 
 accuracy against training time and GraVAC's CF over training.
 
 Step cost (--step-cost): the mean step of adaptive top-k against static top-k at the same CF, on the nplm model,
-unshaped and shaped: GraVAC held at CF 10 (min_cf = max_cf = 10) against top-k 10x, and at CF 20 (min_cf 10,
-max_cf 20, epsilon 0.01, one window: the candidate every step) against top-k 20x.
+unshaped and shaped: GraVAC exploring, sending CF 10 and measuring 20 beside it (min_cf 10, max_cf 20, epsilon
+0.01, one window that never ends), against top-k 10x; and sending CF 20 while measuring 40 (min_cf 20, max_cf 40)
+against top-k 20x.
 """
 import argparse
 import contextlib
@@ -27,8 +28,8 @@ MODELS = ["nplm", "cnn"]
 TRAINING = {"nplm": ["--steps", 2000, "--eval-every", 100, "--epochs", 100],  # 1,685 steps per epoch at 2 ranks
             "cnn": ["--epochs", 30], "mlp": ["--epochs", 15], "lstm": ["--epochs", 10]}
 METHODS = ["dense", "topk-10x", "topk-100x", "topk-1000x", "adaptive_topk", "hvdext-powersgd"]
-STEP_COST = [("topk-10x", ""), ("adaptive_topk", "min_cf=10,max_cf=10"),
-             ("topk-20x", ""), ("adaptive_topk", "min_cf=10,max_cf=20,epsilon=0.01,window=100000")]
+STEP_COST = [("topk-10x", ""), ("adaptive_topk", "min_cf=10,max_cf=20,epsilon=0.01,window=100000"),
+             ("topk-20x", ""), ("adaptive_topk", "min_cf=20,max_cf=40,epsilon=0.01,window=100000")]
 HOSTS = {4: "localhost:2,127.0.0.1:2"}
 
 

@@ -97,7 +97,9 @@ def main():
         evaluated = optimizer.evaluation_parameters() if parameter_space else contextlib.nullcontext()
         with torch.no_grad(), evaluated:  # LSGD: the best worker; EASGD: the center
             accuracy = accuracy_of(model, x_test, y_test)
-        curve.append({"epoch": epoch, "step": step, "seconds": train_seconds, "accuracy": accuracy})
+            test_loss = loss_fn(model(x_test), y_test).item()  # the language models' log-perplexity
+        curve.append({"epoch": epoch, "step": step, "seconds": train_seconds, "accuracy": accuracy,
+                      "loss": test_loss})
         if args.method in LEADERS:  # the paper's figures evaluate the center variable (the workers' average)
             with torch.no_grad(), optimizer.evaluation_parameters(which="center"):
                 curve[-1]["center_accuracy"] = accuracy_of(model, x_test, y_test)

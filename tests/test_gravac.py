@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from horovod_ext.compression.gravac import GravacController, ewma_weight
+from horovod_ext.compression.gravac import GravacController, ewma_weight, ladder
 from horovod_ext.compression.topk import AdaptiveTopK
 from hvdrun import horovodrun
 
@@ -38,66 +38,90 @@ class Workload:
             path, cf, gain_min, gain_c = ctl.decide(1.0, squared(self.gain(theta_min)), squared(self.gain(theta_c)),
                                                     last)
             assert (path, cf) == planned  # decide() describes the step the previous decision planned
-            sent_gain = {"candidate": gain_c, "min": gain_min, "dense": 1.0}[path]
+            sent_gain = {"min": gain_min, "dense": 1.0}[path]
             last = self.seconds(cf)
             self.sent.append((cf, sent_gain, last))
             self.steps += 1
         return ctl
 
 
-@pytest.mark.parametrize("gain_min, gain_c, path", [
-    (0.95, 0.92, "candidate"),  # the candidate keeps enough
-    (0.95, 0.90, "candidate"),  # >= epsilon counts
-    (0.95, 0.85, "min"),        # only theta_min does
-    (0.90, 0.50, "min"),
-    (0.85, 0.50, "dense"),      # neither: dense, and the residual is reset
+@pytest.mark.parametrize("gain_min, gain_c, rung, path", [
+    (0.95, 0.92, 0, "min"),     # the candidate is measured, never sent between windows
+    (0.90, 0.50, 0, "min"),     # >= epsilon counts
+    (0.85, 0.95, 0, "dense"),   # theta_min = min_cf below epsilon: dense, and the residual is reset
+    (0.85, 0.50, 1, "min"),     # a rung above min_cf is held until its window ends
 ])
-def test_decision_truth_table(gain_min, gain_c, path):
+def test_decision_truth_table(gain_min, gain_c, rung, path):
     """The readings of a step decide the next step's path; the first step sends theta_min (no reading yet)."""
     c = controller(epsilon=0.9, window=100)
+    c.rung = rung
+    theta_min, theta_c = c.cfs()
     assert c.planned == ("min", 10.0)
     got, cf, g_min, g_c = c.decide(1.0, squared(gain_min), squared(gain_c), 0.1)
     assert (got, cf) == ("min", 10.0) and (g_min, g_c) == (pytest.approx(gain_min), pytest.approx(gain_c))
-    assert c.planned == (path, {"candidate": 20.0, "min": 10.0, "dense": 1.0}[path])
-    assert c.plan() == (10.0, 20.0, ("candidate", "min", "dense").index(path), c.planned[1])
+    assert c.planned == (path, {"min": theta_min, "dense": 1.0}[path])
+    assert c.plan() == (theta_min, theta_c, ("min", "dense").index(path), c.planned[1])
 
 
-def candidates_over_windows(policy, windows, min_cf=10, max_cf=1000):
+def candidates_over_windows(policy, windows, min_cf=10, max_cf=1000, gain_c=0.9):
+    """The candidate at each window's start, every candidate keeping gain_c (epsilon 0.7); step times that grow
+    keep the throughputs apart (no settling)."""
     c = controller(min_cf=min_cf, max_cf=max_cf, window=3, policy=policy, omega=0.0)
     seen = []
     for step in range(3 * windows):
         seen.append(c.candidate_cf())
-        c.decide(1.0, squared(0.95), squared(0.5), 0.1 * (1 + step))  # always theta_min: one CF, no settling
+        c.decide(1.0, squared(0.95), squared(gain_c), 0.1 * (1 + step))
     return seen[::3]
 
 
 def test_exponential_policy_sequence():
+    assert ladder(AdaptiveTopK(policy="exponential")) == [10, 20, 40, 160, 1000]
     assert candidates_over_windows("exponential", 6) == [20, 40, 160, 1000, 1000, 1000]
 
 
 def test_geometric_policy_sequence():
+    assert ladder(AdaptiveTopK(policy="geometric")) == [10, 20, 40, 80, 160, 320, 640, 1000]
     assert candidates_over_windows("geometric", 9) == [20, 40, 80, 160, 320, 640, 1000, 1000, 1000]
 
 
 def test_never_exceeds_max_cf():
     for policy in ("exponential", "geometric"):
         assert max(candidates_over_windows(policy, 30, min_cf=7, max_cf=300)) == 300
+    assert ladder(AdaptiveTopK(min_cf=50, max_cf=50)) == [50]
+
+
+def test_a_candidate_below_epsilon_is_tried_again_and_theta_min_stays():
+    assert candidates_over_windows("exponential", 5, gain_c=0.5) == [20] * 5
 
 
 def test_no_scale_up_before_a_window_ends():
     c = controller(window=5, omega=0.0)
     for _ in range(4):
-        c.decide(1.0, squared(0.95), squared(0.5), 0.1)
+        c.decide(1.0, squared(0.95), squared(0.9), 0.1)
         assert c.candidate_cf() == 20.0
-    c.decide(1.0, squared(0.95), squared(0.5), 0.1)
-    assert c.candidate_cf() == 40.0
+    c.decide(1.0, squared(0.95), squared(0.9), 0.1)
+    assert c.candidate_cf() == 40.0 and c.theta_min == 20.0
 
 
-def test_theta_min_rises_when_the_candidate_loses_nothing():
-    c = controller(window=2, omega=0.05)
-    for step in range(2):
-        c.decide(1.0, squared(0.95), squared(0.94), 0.1 * (1 + step))  # |0.95 - 0.94| / 0.95 < 0.05
-    assert c.theta_min == 20.0 and c.candidate_cf() == 80.0  # theta_s 2 -> 4
+def test_theta_min_climbs_to_a_candidate_that_kept_epsilon_over_the_second_half_of_its_window():
+    c = controller(nranks=100, window=4, omega=0.0)  # a = 1: each step's reading is the gain
+    for gain_c in (0.9, 0.9, 0.5, 0.9):  # the second half dipped below epsilon 0.7: no climb
+        c.decide(1.0, squared(0.95), squared(gain_c), 0.1)
+    assert c.theta_min == 10.0 and c.candidate_cf() == 20.0
+    for gain_c in (0.5, 0.5, 0.9, 0.9):
+        c.decide(1.0, squared(0.95), squared(gain_c), 0.1)
+    assert c.theta_min == 20.0 and c.candidate_cf() == 40.0
+
+
+def test_a_climbed_rung_is_held_through_a_dip_then_steps_down():
+    """theta_min above min_cf below epsilon is still sent (not dense) until its window ends, then steps down."""
+    c = controller(nranks=100, window=2, omega=0.0)
+    for _ in range(2):
+        c.decide(1.0, squared(0.95), squared(0.9), 0.1)
+    assert c.theta_min == 20.0 and c.planned == ("min", 20.0)
+    sent = [c.decide(1.0, squared(0.2), squared(0.1), 0.1)[:2] for _ in range(2)]
+    assert sent == [("min", 20.0), ("min", 20.0)]  # 20 read 0.2 < epsilon after the first: held, not dense
+    assert c.theta_min == 10.0 and c.planned == ("min", 10.0)  # stepped down at the window's end
 
 
 def test_compressing_at_10x_every_step_never_settles_on_dense():
@@ -106,7 +130,7 @@ def test_compressing_at_10x_every_step_never_settles_on_dense():
     ctl = work.run(controller(window=10, omega=0.5), 400)
     assert {cf for cf, _, _ in work.sent} == {10.0}
     assert set(ctl.throughput_table()) == {10.0} and ctl.theta_ideal != 1.0
-    assert ctl.totals["paths"] == {"candidate": 0, "min": 400, "dense": 0}
+    assert ctl.totals["paths"] == {"min": 400, "dense": 0}
     assert [e["path"] for e in ctl.log] == ["min"] * ctl.spec.window  # the log keeps the last window
 
 
@@ -134,30 +158,33 @@ def test_throughput_is_the_mean_over_the_steps_that_sent_each_cf():
         assert table[cf] == (pytest.approx(sum(values) / len(values)), len(values))
 
 
-def test_settles_on_the_lower_of_two_saturated_cfs_and_keeps_theta_min_as_fallback():
+def test_settles_on_the_lower_of_two_saturated_cfs_and_steps_down_when_it_fails():
     # CF 20 and CF 40 give the same gain x speed (0.8 / 0.1 = 0.72 / 0.09): saturation, settle on 20
     gains = {10.0: 0.9, 20.0: 0.8, 40.0: 0.72, 160.0: 0.5, 1000.0: 0.2}
     seconds = {10.0: 0.2, 20.0: 0.1, 40.0: 0.09}
     work = Workload(gain=lambda cf: gains.get(cf, 1.0), seconds=lambda cf: seconds.get(cf, 1.0))
-    ctl = work.run(controller(window=5, omega=0.01, epsilon=0.7), 10)
-    assert ctl.theta_ideal == 20.0 and ctl.cfs() == (10.0, 20.0)
-    # the settled CF now fails epsilon: theta_min (the fallback) is sent, not dense
-    path, cf, _, _ = ctl.decide(1.0, squared(0.9), squared(0.2), 0.1)
-    assert ctl.candidate_cf() == 20.0
-    for _ in range(300):  # the candidate's EWMA falls below epsilon
-        path, cf, _, _ = ctl.decide(1.0, squared(0.9), squared(0.2), 0.1)
-    assert (path, cf) == ("min", 10.0) and ctl.cfs() == (10.0, 20.0)
+    ctl = work.run(controller(window=5, omega=0.01, epsilon=0.7), 15)
+    # windows 1-3 sent 10, 20 and 40, each climbing to the candidate that kept epsilon; 40 matched 20's throughput
+    assert [cf for cf, _, _ in work.sent] == [10.0] * 5 + [20.0] * 5 + [40.0] * 5
+    assert ctl.theta_ideal == 20.0 and ctl.cfs() == (20.0, 20.0) and ctl.planned == ("min", 20.0)
+    # the settled CF now fails epsilon: held to its window's end, then one rung down (10), never dense
+    gains[20.0] = 0.2
+    work.run(ctl, 300)
+    assert work.sent[-1][0] == 10.0 and ctl.planned == ("min", 10.0) and ctl.cfs() == (10.0, 10.0)
+    assert ctl.theta_ideal == 10.0 and all(cf != 1.0 for cf, _, _ in work.sent)
 
 
 def test_ewma_weight_is_ranks_over_100_and_restarts_when_the_cf_changes():
     assert [ewma_weight(n) for n in (1, 2, 8, 100, 1000)] == [0.01, 0.02, 0.08, 1.0, 1.0]
     c = controller(nranks=8, window=2, omega=0.0)
-    c.decide(1.0, squared(0.9), squared(0.5), 0.0)
-    _, _, gain_min, gain_c = c.decide(1.0, squared(0.8), squared(0.3), 0.0)
+    c.decide(1.0, squared(0.9), squared(0.85), 0.0)
+    _, _, gain_min, gain_c = c.decide(1.0, squared(0.8), squared(0.75), 0.0)
     assert gain_min == pytest.approx(math.sqrt(0.92 * 0.81 + 0.08 * 0.64))
-    assert c.candidate_cf() == 40.0  # a new candidate: its EWMA starts again from its first reading
-    _, _, _, gain_c = c.decide(1.0, squared(0.8), squared(0.3), 0.0)
+    assert gain_c == pytest.approx(math.sqrt(0.92 * 0.85 ** 2 + 0.08 * 0.75 ** 2))
+    assert c.cfs() == (20.0, 40.0)  # climbed: 20 keeps the candidate's EWMA, the new candidate starts again
+    _, _, gain_min, gain_c = c.decide(1.0, squared(0.7), squared(0.3), 0.0)
     assert gain_c == pytest.approx(0.3)
+    assert gain_min == pytest.approx(math.sqrt(0.92 * (0.92 * 0.85 ** 2 + 0.08 * 0.75 ** 2) + 0.08 * 0.49))
 
 
 def test_forgotten_step_time_records_nothing():
@@ -238,4 +265,4 @@ def test_decision_lag_keeps_ranks_identical_and_resumes_bit_for_bit():
     for (_, _, planned), (cf, _, _) in zip(steps, steps[1:]):
         assert cf == planned
     assert steps[0][:2] == [2.0, "min"]  # the first step has no reading: theta_min
-    assert len({cf for cf, _, _ in steps}) >= 3 and {path for _, path, _ in steps} >= {"candidate", "min"}
+    assert len({cf for cf, _, _ in steps}) >= 3  # the CF moved at window ends (window 3)

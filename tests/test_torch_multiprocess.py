@@ -90,7 +90,7 @@ def test_two_phase_equals_allgather_bit_for_bit(ranks):
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_topk_and_adaptive_topk_on_digits(tmp_path, ranks):
     """Static top-k (10x, with error feedback) and GraVAC at its defaults within 1 point of dense in the same
-    epochs, GraVAC compressing (mean CF > 10: it sends candidates above min_cf 10 and no step dense)."""
+    epochs, GraVAC compressing on every step (no step dense) at a CF that moves only at window ends (100 steps)."""
     out = tmp_path / "digits.json"
     # At 4 ranks seed 42 is an unexplained bad trajectory for GraVAC: 96.7% after 28 epochs, then 94.4%, 93.8%, 93.6%
     # after 29-31 (dense 96.7%, 96.2%, 96.9%), where static CF 10 and CF 20 reach 96.2% and 97.3% at 30. Seeds 43
@@ -105,4 +105,5 @@ def test_topk_and_adaptive_topk_on_digits(tmp_path, ranks):
         # no more than 1 point below dense (above is fine: top-k with error feedback often generalizes better here)
         assert results[name]["test_accuracy"] >= dense - 0.01, (name, results[name]["test_accuracy"], dense)
     cfs = results["adaptive_topk"]["cf_log"]
-    assert len(cfs) == results["adaptive_topk"]["steps"] and sum(cfs) / len(cfs) > 10
+    assert len(cfs) == results["adaptive_topk"]["steps"] and min(cfs) >= 10
+    assert all(a == b for step, (a, b) in enumerate(zip(cfs, cfs[1:]), 1) if step % 100), cfs

@@ -87,7 +87,7 @@ class TopKRecord(EncodeRecord):
 
 
 class GravacRecord(Record):
-    """One tensor's GraVAC step: g_ef, its selections (at theta_c, at theta_min) and its three squared norms."""
+    """One tensor's GraVAC step: g_ef, its selection at theta_min (sent) and its three squared norms."""
 
     __slots__ = ("flat", "candidates", "energy")
 
@@ -176,11 +176,11 @@ class TopKMethod(SparseTransport, Allgather):
 class AdaptiveTopKMethod(SparseTransport, Method):
     """GraVAC's step, one decision behind its readings (gravac.py: the decision lag).
      1. launch(), per tensor as soon as its gradient is ready (in PyTorch's backward hook, overlapping the rest of
-        backward): g_ef = g + r; top-k at theta_min and, among those, at the candidate theta_c (multi-level
-        compression: the candidate's selection reuses theta_min's); the three squared norms; then the path the
-        previous step's decision planned: the candidate's or theta_min's payload starts its allgather at once (r
-        keeps the rest), or g_ef its allreduce (r = 0), as static top-k's payloads do. The plan (theta_min,
-        theta_c, path) is read once, at the step's first launch.
+        backward): g_ef = g + r; top-k at theta_min and at the candidate theta_c from one selection (multi-level
+        compression, topk_select_nested); the three squared norms; then the path the previous step's decision
+        planned: theta_min's payload starts its allgather at once (r keeps the rest), or g_ef its allreduce
+        (r = 0), as static top-k's payloads do. The plan (theta_min, theta_c, path) is read once, at the step's
+        first launch.
     finish(), for all tensors at once:
      2. one allreduce(Average) of |g_ef|^2, |C_min(g_ef)|^2, |C_c(g_ef)|^2 (summed in parameter order) and this
         rank's time of the previous step, started before the payloads are waited for, so it rides beside them;
@@ -212,23 +212,22 @@ class AdaptiveTopKMethod(SparseTransport, Method):
             item.work.flat, sumsq = self.feedback.accumulate(be, item, be.flat32(item.grad))
             k_min = be.k_of(item.numel, theta_min)
             first, second = k.topk_select_nested(item.work.flat, k_min, be.k_of(item.numel, theta_c, upper=k_min))
-            item.work.candidates = (second, first)
+            item.work.candidates = first
             kept_min = k.sum_squares_at(item.work.flat, first)
             kept_c = kept_min if second is first else k.sum_squares_at(item.work.flat, second)
             item.work.energy = (sumsq, kept_min, kept_c)
         if self.sparse is None:  # sparse_reduce sends every tensor at finish(), in one alltoall
-            item.future = be.switch(path, [lambda: self._gather(be, item, 0, "candidate"),
-                                           lambda: self._gather(be, item, 1, "min"), lambda: self._send_dense(be, item)])
+            item.future = be.switch(path, [lambda: self._gather(be, item), lambda: self._send_dense(be, item)])
         return item
 
-    def _gather(self, be, item, which, tag):
-        """Start the allgather of the tensor's selection `which`; r keeps the rest. Returns (gathered, dense,
+    def _gather(self, be, item):
+        """Start the allgather of the tensor's theta_min selection; r keeps the rest. Returns (gathered, dense,
         (payload, wire) bytes) in flight, dense being nothing (switch's branches return alike)."""
         with be.timed("compress_seconds"):
-            payload, remainder = self.codec.extract(be, item.work.flat, item.work.candidates[which])
+            payload, remainder = self.codec.extract(be, item.work.flat, item.work.candidates)
             self.feedback.keep(be, item, remainder)
         size = be.size(payload)
-        return be.allgather(payload, be.name(f"topk.{tag}", item)), be.nothing("float32"), \
+        return be.allgather(payload, be.name("topk.min", item)), be.nothing("float32"), \
             be.stack([size, size * (be.nranks - 1)], "float64")
 
     def _send_dense(self, be, item):
@@ -301,8 +300,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         agreement = be.allreduce(norms, be.step_name("adaptive_topk.norms"), "average")  # beside the payloads
         be.count(payload_bytes=NORM_BYTES, wire_bytes=allreduce_wire_bytes(NORM_BYTES, be.nranks))
         if self.sparse is not None:
-            results = be.switch(path, [lambda: self._sparse(be, items, 0, "candidate"),
-                                       lambda: self._sparse(be, items, 1, "min"), lambda: self._dense(be, items)])
+            results = be.switch(path, [lambda: self._sparse(be, items), lambda: self._dense(be, items)])
             n = len(items)
             averages, flags = results[:n], results[n:2 * n]
             payload_bytes, wire_bytes = be.unstack(results[2 * n], 2)
@@ -337,9 +335,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
             gathered, dense = be.wait(gathered_future), be.wait(dense_future)
             sent.append(nbytes)
             with be.timed("decompress_seconds"):
-                avg, bad = be.switch(path, [
-                    lambda: self._decode(be, item, 0, gathered), lambda: self._decode(be, item, 1, gathered),
-                    lambda: [dense, be.no_flag()]])
+                avg, bad = be.switch(path, [lambda: self._decode(be, item, gathered), lambda: [dense, be.no_flag()]])
             averages.append(avg)
             flags.append(bad)
         if sent:
@@ -347,17 +343,17 @@ class AdaptiveTopKMethod(SparseTransport, Method):
             be.count_runtime(payload_bytes=payload_bytes, wire_bytes=wire_bytes)
         return averages, flags
 
-    def _decode(self, be, item, which, gathered):
-        """[average, bad-rank flag] of the payloads gathered for the tensor's selection `which`."""
-        avg, bad = self.codec.decode_k(be, item.numel, be.size(item.work.candidates[which]), gathered,
+    def _decode(self, be, item, gathered):
+        """[average, bad-rank flag] of the payloads gathered for the tensor's theta_min selection."""
+        avg, bad = self.codec.decode_k(be, item.numel, be.size(item.work.candidates), gathered,
                                        be.output_buffer(item))
         return [avg, bad]
 
-    def _sparse(self, be, items, which, tag):
-        """Send each tensor's selection `which` by sparse_reduce; returns the averages, the bad-rank flags, and the
-        (payload, wire) bytes sent."""
+    def _sparse(self, be, items):
+        """Send each tensor's theta_min selection by sparse_reduce; returns the averages, the bad-rank flags, and
+        the (payload, wire) bytes sent."""
         averages, payload_bytes, wire_bytes = self.sparse.reduce(
-            be, items, [item.work.candidates[which] for item in items], tag)
+            be, items, [item.work.candidates for item in items], "min")
         return averages + [be.no_flag() for _ in items] + [be.stack([payload_bytes, wire_bytes], "float64")]
 
     def _dense(self, be, items):
@@ -419,11 +415,12 @@ class AdaptiveTopK(AutoPacking, CompressorSpec):
     Args:
         min_cf, max_cf: the range of CF (>= 1, min_cf <= max_cf).
         epsilon: the smallest compression gain, sqrt(EWMA(|C(g_ef)|^2) / EWMA(|g_ef|^2)), a CF may have; in (0, 1].
-        window: steps between CF moves (>= 1).
-        omega: relative tolerance: raise theta_min when gain_min and gain_candidate are within omega, and settle on
-            the lower of the two CFs whose compression throughputs are highest when those are within omega; [0, 1).
-        policy: how the candidate's scale-up moves each window: "exponential" (theta_s squared: CF 10, 20, 40, 160,
-            1000 from min_cf 10) or "geometric" (doubled).
+        window: steps between CF moves (>= 1): at a window's end theta_min climbs to a candidate that kept epsilon
+            over the window's second half, or steps down one rung if it no longer keeps epsilon itself.
+        omega: relative tolerance: settle on the lower of the two CFs whose compression throughputs are highest
+            when those are within omega; [0, 1).
+        policy: the ladder of CFs the candidate climbs: "exponential" (min_cf x 2, 4, 16, 256, each scale the
+            square of the last: CF 10, 20, 40, 160, 1000 from min_cf 10) or "geometric" (doubled each rung).
         value_dtype, packing, transport, rebalance_every: the payload's values and index coding and how the
             payloads travel, as Compression.topk's ("auto" plans its bytes at min_cf).
 
@@ -431,11 +428,11 @@ class AdaptiveTopK(AutoPacking, CompressorSpec):
     with error feedback, top-k at CF 10 keeps a gain of 0.74-0.89 on the digits MLP and CNN and about 0.7 on a
     small LSTM, and every one of them trains at CF 10 as well as dense, so a higher epsilon sends dense what
     compresses without loss (at 0.9 every step of the digits MLP went dense; 0.85 kept no more accuracy than 0.7
-    over three seeds). omega 0.05 is the authors' code's. window 100 steps lets the candidate climb through 20, 40,
-    160 and 1000 within the first 400 steps (the paper's 500 was chosen for runs of tens of thousands of steps: on
-    runs of a few hundred it never left CF 20, and a candidate whose gain sat at epsilon was tried, and sent every
-    other step, for the whole run); it is two EWMA time constants (1 / a = 100 / N steps) at 2 ranks and eight at
-    8, so a candidate is judged on readings that have mostly forgotten its predecessor's. The measurements behind
+    over three seeds). omega 0.05 is the authors' code's. window 100 steps lets the CF climb one rung per window,
+    20, 40, 160 and 1000 after 100, 200, 300 and 400 steps at the earliest (the paper's 500 was chosen for runs of
+    tens of thousands of steps: on runs of a few hundred the CF could not move); it is two EWMA time constants
+    (1 / a = 100 / N steps) at 2 ranks and eight at 8, so a candidate is judged on readings that have mostly
+    forgotten its predecessor's. The measurements behind
     them: benchmarks/RESULTS.md (GraVAC).
     """
 

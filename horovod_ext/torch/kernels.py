@@ -5,7 +5,7 @@ straight into it when it is contiguous float32 (``into``).
 
 Entropy-coded payloads ("entropy", "delta") are coded on the CPU (the coding is serial): a CUDA tensor is copied
 to the host for them, and the decoded average back to its device (packing="auto" picks the fixed packings for CUDA
-tensors). GraVAC's second selection and its norms read the n / min_cf candidates' values on the host.
+tensors). GraVAC's candidate selection and its norms read the n / theta_min candidates' values on the host.
 
 In-place contract: ``ef_accumulate(flat, r)`` adds flat into r and returns r; ``topk_extract(x, idx, ...)`` leaves the
 remainder in x and returns x as the remainder. The plan passes them only tensors it owns (a residual, or a copy).
@@ -55,7 +55,7 @@ def _decoded_into(into, numel, like, decode):
 
 def _candidates_on_host(x, idx):
     """x[idx] on the host, and the positions 0..m-1 standing for idx (GraVAC's second selection and norms on a
-    CUDA tensor: the m = n / min_cf candidates' values travel to the host, not the gradient)."""
+    CUDA tensor: the m = n / theta_min candidates' values travel to the host, not the gradient)."""
     values = x.index_select(0, idx.long()).cpu()
     return values, torch.arange(values.numel(), dtype=torch.int32)
 
