@@ -404,11 +404,7 @@ REGISTER_OP("HvdextTopkSelectNested")
     .Input("k2: int32")
     .Output("first: int32")
     .Output("second: int32")
-    .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
-      c->set_output(1, c->Vector(InferenceContext::kUnknownDim));
-      return tf::OkStatus();
-    })
+    .SetShapeFn(UnknownVector)
     .Doc("(top k1, top k2) of |x|, both ascending (k2 <= k1): the multi-level recompression.");
 
 class TopkSelectNestedOp : public tf::OpKernel {
@@ -787,11 +783,7 @@ REGISTER_OP("HvdextTopkEncodeRegions")
     .Attr("value_type: int")
     .Output("payload: uint8")
     .Output("region_bytes: int64")
-    .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
-      c->set_output(1, c->Vector(InferenceContext::kUnknownDim));
-      return tf::OkStatus();
-    })
+    .SetShapeFn(UnknownVector)
     .Doc("sparse_reduce's phase 1: one \"delta\" payload per region [bounds[j], bounds[j+1]) of the tensors' "
          "concatenation, back to back, and their sizes.");
 
