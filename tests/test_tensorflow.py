@@ -113,7 +113,9 @@ def test_keras_digits_identical_weights_and_accuracy(tmp_path, loop):
             assert results[name]["test_accuracy"] >= dense - 0.01, (name, results[name]["test_accuracy"])
     if "adaptive_topk" in results:  # GraVAC at its defaults compresses (issue 14): mean CF above min_cf 10
         cfs = results["adaptive_topk"]["cf_log"]
-        assert len(cfs) == results["adaptive_topk"]["steps"] and sum(cfs) / len(cfs) > 10, cfs
+        assert len(cfs) == results["adaptive_topk"]["steps"] and sum(c >= 10 for c in cfs) > len(cfs) / 2, cfs
+        for window in range(0, len(cfs), 100):  # the compressed CF moves only at window ends (dense: at min_cf)
+            assert len({c for c in cfs[window:window + 100] if c > 1}) <= 1, cfs
     assert results["ternary"]["dense_bytes_per_step"] / results["ternary"]["bytes_per_step"] > 14
 
 
