@@ -70,6 +70,26 @@ def topk_rows(ops, n, fractions):
     return rows
 
 
+def nested_rows(n, levels):
+    """GraVAC's two levels (top n/cf1, then the top n/cf2 among them: TorchKernels.topk_select_nested, whose
+    second level runs on the host over the candidates' values) against torch.topk twice on the device."""
+    from horovod_ext.torch.kernels import TorchKernels
+
+    rows = []
+    x = torch.randn(n, device="cuda")
+    for cf1, cf2 in levels:
+        k1, k2 = n // cf1, n // cf2
+
+        def baseline():
+            values, first = torch.topk(x.abs(), k1, sorted=False)
+            return first[torch.topk(values, k2, sorted=False).indices]
+
+        rows.append({"elements": n, "fraction": 1 / cf1, "second": 1 / cf2,
+                     "native_s": cuda_seconds(lambda: TorchKernels.topk_select_nested(x, k1, k2), repeat=5),
+                     "torch_topk_s": cuda_seconds(baseline, repeat=5)})
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="16M elements")
@@ -87,6 +107,11 @@ def main():
     peak = copy_bandwidth(2 ** 26)
     trows = ternary_rows(ops, sizes, peak)
     krows = topk_rows(ops, n_topk, [0.001, 0.01])
+    try:
+        nrows = nested_rows(n_topk, [(10, 20), (100, 200)])
+    except ImportError as exc:  # horovod_ext.torch needs Horovod
+        print(f"[gpu_kernels] GraVAC's two levels skipped: {exc}")
+        nrows = []
     device = torch.cuda.get_device_name()
     md = (f"{device}; memory bandwidth measured as a device-to-device copy in this run: {peak / 1e12:.2f} TB/s "
           f"(read + write). Fractions are effective bandwidth (bytes read and written / seconds) over that.\n\n"
@@ -100,13 +125,18 @@ def main():
                            [[f"{r['elements'] / 1e6:g}M", f"{100 * r['fraction']:g}%", f"{r['native_s'] * 1e3:.3f}",
                              f"{r['torch_topk_s'] * 1e3:.3f}", f"{r['torch_topk_s'] / r['native_s']:.1f}x"]
                             for r in krows])
+          + "\n\nGraVAC's two levels (device top-k, then the host among the candidates) vs torch.topk twice:\n\n"
+          + markdown_table(["elements", "levels", "native ms", "torch.topk x2 ms", "speed-up"],
+                           [[f"{r['elements'] / 1e6:g}M", f"{100 * r['fraction']:g}% then {100 * r['second']:g}%",
+                             f"{r['native_s'] * 1e3:.3f}", f"{r['torch_topk_s'] * 1e3:.3f}",
+                             f"{r['torch_topk_s'] / r['native_s']:.1f}x"] for r in nrows])
           + "\n\n![GPU kernels](gpu_kernels.png)")
     bar_plot(os.path.join(OUT_DIR, "gpu_kernels.png"), f"GPU kernels on {device}",
              {f"{r['elements'] / 1e6:g}M": {"ternarize+pack % of bandwidth": 100 * r["ternarize_pack_fraction"],
                                            "decode % of bandwidth": 100 * r["decode_fraction"]} for r in trows},
              "% of measured memory bandwidth")
     path = write_outputs("gpu_kernels", {"machine": machine(), "device": device, "copy_bandwidth": peak,
-                                         "ternary": trows, "topk": krows}, md)
+                                         "ternary": trows, "topk": krows, "nested": nrows}, md)
     print(md)
     print(f"\nwritten: {path}")
     return 0

@@ -27,7 +27,7 @@ from horovod_ext.perfmodel import Cluster, Link, predict
 from horovod_ext.shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HOSTS = {4: "localhost:2,127.0.0.1:2"}
+HOSTS = {4: "localhost:2,127.0.0.1:2", 8: "localhost:4,127.0.0.1:4"}
 # tta_worker method -> (perfmodel method, arguments)
 METHODS = {"dense": ("dense", {}), "fp16": ("fp16", {}), "ternary-base3": ("ternary", {}),
            "ternary-2phase": ("ternary_two_phase", {}), "topk-100x": ("topk", {"ratio": 0.01}),
@@ -71,17 +71,18 @@ def model_arguments(model_method, kw, run):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", default="2,4")
+    parser.add_argument("--ranks", default=None, help="comma-separated (default 2,4; 2 with --quick)")
     parser.add_argument("--mbit", default="100,1000")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--timeout", type=int, default=900)
-    parser.add_argument("--quick", action="store_true", help="2 ranks, 100 Mbit/s, dense, ternary and LSGD, one "
-                                                             "epoch of a narrower MLP")
+    parser.add_argument("--quick", action="store_true", help="2 ranks (unless --ranks), 100 Mbit/s, dense, ternary "
+                                                             "and LSGD, one epoch of a narrower MLP")
     args = parser.parse_args()
     methods = METHODS
+    args.ranks = args.ranks or ("2" if args.quick else "2,4")
     if args.quick:
-        args.ranks, args.mbit, args.epochs, args.hidden = "2", "100", 1, 256
+        args.mbit, args.epochs, args.hidden = "100", 1, 256
         methods = {k: METHODS[k] for k in ("dense", "ternary-base3", "lsgd")}
     shapes = shapes_of_mlp(args.hidden)
     rows, results = [], []

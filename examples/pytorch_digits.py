@@ -66,7 +66,9 @@ def parse_args():
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--json", default=None, help="rank 0 writes the results here")
     parser.add_argument("--adaptive", default="", help="adaptive_topk arguments, e.g. epsilon=0.5,window=50")
+    parser.add_argument("--no-cuda", action="store_true", default=False, help="train on the CPU where a GPU is")
     args = parser.parse_args()
+    args.cuda = not args.no_cuda and torch.cuda.is_available()
     names = args.compression.split(",")
     unknown = [n for n in names if n not in COMPRESSIONS]
     if unknown:
@@ -114,6 +116,8 @@ def train(args, optimizer_name, compression_name, data):
     x_train, y_train, x_test, y_test = data
     torch.manual_seed(args.seed)
     model = make_model(args.hidden)
+    if args.cuda:
+        model.cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     if optimizer_name == "dp":
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
@@ -165,15 +169,19 @@ def main():
     args = parse_args()
     hvd.init()
     torch.set_num_threads(1)
+    if args.cuda:  # one GPU per local rank, as in Horovod's examples (ranks share a GPU where there are fewer)
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     if args.data == "synthetic":
         data, args.hidden = synthetic_data(args.seed), hidden_for(args.model_size)
     else:
         data = load_data(args.seed)
+    if args.cuda:
+        data = tuple(t.cuda() for t in data)
     runs = [(o, c) for o in args.optimizer for c in (args.compression if o == "dp" else [None])]
     results = [train(args, o, c, data) for o, c in runs]
     if hvd.rank() == 0:
         print(f"{args.data} MLP (hidden {args.hidden}), {hvd.size()} ranks, {args.epochs} epochs, "
-              f"batch {args.batch_size} per rank")
+              f"batch {args.batch_size} per rank, on {'CUDA' if args.cuda else 'the CPU'}")
         print(f"{'run':<15} {'test acc':>8} {'bytes/step':>11} {'dense bytes':>11} {'ratio':>6} "
               f"{'bits/elem':>9} {'wire ratio':>10} {'train s':>8}")
         for r in results:

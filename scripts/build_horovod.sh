@@ -11,6 +11,7 @@
 #     that tensorflow-cpu 2.21 does not ship; it is left out of TF_SOURCES.
 # The wheel is kept in $HVDEXT_CACHE (default ~/.cache/horovod-ext) under HVDEXT_HOROVOD_KEY (framework versions and
 # build choices), so a later set-up on the same machine with the same choices installs it without compiling.
+# HVDEXT_HOROVOD_SDIST names a horovod-0.28.1.tar.gz already on disk (a cluster without a package index).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PY=${PY:-python}
@@ -25,7 +26,11 @@ mkdir -p "$WHEELS"
 if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then
   WORK=$(mktemp -d)
   trap 'rm -rf "$WORK"' EXIT
-  $PY -m pip download -q --no-deps --no-binary :all: "horovod==$VERSION" -d "$WORK"
+  if [ -n "${HVDEXT_HOROVOD_SDIST:-}" ]; then
+    cp "$HVDEXT_HOROVOD_SDIST" "$WORK/horovod-$VERSION.tar.gz"
+  else
+    $PY -m pip download -q --no-deps --no-binary :all: "horovod==$VERSION" -d "$WORK"
+  fi
   tar -xzf "$WORK/horovod-$VERSION.tar.gz" -C "$WORK"
   SRC="$WORK/horovod-$VERSION"
 
@@ -45,6 +50,8 @@ if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then
     export HOROVOD_NCCL_HOME="$WORK/nccl" PATH="$HOROVOD_CUDA_HOME/bin:$PATH"
   fi
   export MAKEFLAGS="-j$(nproc)"
+  # Gloo's and flatbuffers' CMakeLists ask for CMake 2.8, which CMake >= 4 refuses unless told a policy floor.
+  export CMAKE_POLICY_VERSION_MINIMUM=${CMAKE_POLICY_VERSION_MINIMUM:-3.5}
   echo "[setup] Horovod $VERSION build: $HVDEXT_HOROVOD_ENV" >&2
   $PY -m pip wheel -q --no-build-isolation --no-deps "$SRC" -w "$WHEELS"
 fi

@@ -168,3 +168,23 @@ def test_gpu_topk_ties_nan_inf_and_conservation():
     rebuilt = r.clone()
     rebuilt[idx.long()] += sent
     assert torch.equal(rebuilt, g_ef)  # sent + r == g_ef exactly: error feedback loses nothing
+
+
+@pytest.mark.skipif(not GPU, reason=NO_GPU)
+@pytest.mark.parametrize("n", [19, 4097, 1000003])
+def test_gpu_nested_topk_and_norms_bit_identical_to_cpu(n):
+    """GraVAC's two levels on a CUDA tensor (top k1 on the device, the top k2 among them and the norms through the
+    candidates' values on the host) give the CPU kernel's indices and sums."""
+    from horovod_ext.torch.kernels import TorchKernels
+
+    x = gradient(n, seed=3)
+    x[::5] = x[1::5][:len(x[::5])] if n > 5 else x[::5]  # ties
+    for cf1, cf2 in ((10, 20), (20, 40), (40, 160), (2, 1000)):
+        k1, k2 = max(1, n // cf1), max(1, n // cf2)
+        k2 = min(k1, k2)
+        first_cpu, second_cpu = ops.topk_select_nested(x, k1, k2)
+        first_gpu, second_gpu = TorchKernels.topk_select_nested(x.cuda(), k1, k2)
+        assert first_gpu.is_cuda and second_gpu.is_cuda
+        assert torch.equal(first_gpu.cpu(), first_cpu) and torch.equal(second_gpu.cpu(), second_cpu), (cf1, cf2)
+        for idx_cpu, idx_gpu in ((first_cpu, first_gpu), (second_cpu, second_gpu)):
+            assert TorchKernels.sum_squares_at(x.cuda(), idx_gpu) == ops.sum_squares_at(x, idx_cpu)
