@@ -90,6 +90,12 @@ def test_gpu_ternary_bit_identical_to_cpu(n, packing):
         assert ops.ternary_decode_average(gathered, 2, n, packing, 2.0, out_cpu) == -1
         assert ops.ternary_decode_average(gathered.cuda(), 2, n, packing, 2.0, out_gpu, stream) == -1
         assert torch.equal(out_gpu.cpu(), out_cpu)
+        # 3 ranks sharing one scale (shared_scale=True): the exact integer sums
+        shared = torch.cat([cpu] + [ops.ternary_encode(g * f, *cpu_scale, *key[:3], key[3] + r, packing)
+                                    for r, f in ((1, 0.5), (2, -1.0))])
+        assert ops.ternary_decode_average(shared, 3, n, packing, 3.0, out_cpu) == -1
+        assert ops.ternary_decode_average(shared.cuda(), 3, n, packing, 3.0, out_gpu, stream) == -1
+        assert torch.equal(out_gpu.cpu(), out_cpu)
 
 
 @pytest.mark.skipif(not GPU, reason=NO_GPU)

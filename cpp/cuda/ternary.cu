@@ -5,11 +5,14 @@
 //                by an order-free atomic max; a one-block kernel combines the blocks and computes t and s.
 //   encode:      a thread block stages 256 x 20 floats in shared memory (coalesced reads); each thread makes the codes
 //                of 20 elements (5 Philox blocks) and writes 4 base-3 bytes or 5 two-bit bytes.
-//   decode:      one thread per packed byte, all ranks' bytes of it in rank order; exact integer sums when every rank
-//                sent the same scale, else the float32 sum of s_r * v_r in rank order, as the CPU kernel.
+//   decode:      one thread per 4 packed bytes, every rank's in rank order (codes from a shared table of all 256
+//                bytes); exact integer sums when every rank sent the same scale, else the float32 sum of s_r * v_r
+//                in rank order, as the CPU kernel.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 
 #include "hvdext/cuda.h"
@@ -21,6 +24,7 @@ namespace cuda {
 namespace {
 
 constexpr int kGroup = 20;  // elements per thread in encode: 5 Philox blocks, 4 base-3 or 5 two-bit bytes
+constexpr unsigned kMaxDecodeBlocks = 4096;  // decode's grid; its threads stride over the bytes beyond
 
 __global__ void stats_lanes_kernel(const float* g, int64_t n, int64_t blocks, double* sums, double* squares,
                                    unsigned* maxbits) {
@@ -144,28 +148,100 @@ __global__ void decode_flags_kernel(const uint8_t* gathered, int nranks, int64_t
   flags[1] = shared;
 }
 
-__global__ void decode_kernel(const uint8_t* gathered, int nranks, int64_t n, int per, int64_t stride,
-                              float divisor, const int32_t* flags, float* out) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= (n + per - 1) / per || flags[0] != -1) return;
+constexpr int kMaxSharedScales = 1024;  // ranks whose scales a decode block keeps in shared memory
+constexpr int kDecodeBytes = 4;         // packed bytes per decode thread (16 or 20 elements)
+constexpr int kFieldBits = 12;          // a byte's codes, each plus 1, in 12-bit fields of one 64-bit word
+constexpr int kRanksPerFlush = 2047;    // ranks whose fields add up without carrying: 2 * 2047 < 2^12
+
+// Thread i decodes bytes 4i..4i+3 of every rank, in rank order: one load and one table lookup per byte and rank.
+// With one shared scale the table's words add up (field j of the sum = sum of codes j + ranks), so the exact
+// integer counts cost one 64-bit addition per byte; else each code is weighted by its rank's scale in float32, in
+// rank order. The 16 or 20 results go out as float4 stores where out is 16-byte aligned.
+template <int PER>
+__global__ void decode_kernel(const uint8_t* gathered, int nranks, int64_t n, int64_t stride, float divisor,
+                              const int32_t* flags, float* out) {
+  constexpr int kOut = kDecodeBytes * PER;
+  __shared__ unsigned long long table[256];
+  __shared__ float scales[kMaxSharedScales];
+  if (flags[0] != -1) return;  // the same for every thread: out stays untouched
+  for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+    unsigned long long word = 0;
+    for (int j = 0; j < PER; ++j) {
+      word |= static_cast<unsigned long long>(code_value(static_cast<uint8_t>(b), j, PER) + 1) << (kFieldBits * j);
+    }
+    table[b] = word;
+  }
+  const int cached = min(nranks, kMaxSharedScales);
+  for (int r = threadIdx.x; r < cached; r += blockDim.x) scales[r] = load_float(gathered + r * stride);
+  __syncthreads();
   const bool shared = flags[1] != 0;
   const float first = load_float(gathered);
-  int count[5] = {0, 0, 0, 0, 0};
-  float acc[5] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-  for (int r = 0; r < nranks; ++r) {
-    const uint8_t* base = gathered + r * stride;
-    const uint8_t byte = base[kTernaryHeaderBytes + i];
+  const uint8_t* codes = gathered + kTernaryHeaderBytes;
+  const int64_t bytes = (n + PER - 1) / PER;
+  const bool aligned = (reinterpret_cast<uintptr_t>(out) & 15u) == 0;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x * kDecodeBytes;
+  for (int64_t b0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kDecodeBytes; b0 < bytes;
+       b0 += step) {
+    const int nb = static_cast<int>(min(static_cast<int64_t>(kDecodeBytes), bytes - b0));
+    float value[kOut];
     if (shared) {
-      for (int j = 0; j < per; ++j) count[j] += code_value(byte, j, per);
+      int count[kOut];
+#pragma unroll
+      for (int e = 0; e < kOut; ++e) count[e] = 0;
+      unsigned long long sum[kDecodeBytes] = {0, 0, 0, 0};
+      int pending = 0;
+      for (int r = 0; r < nranks; ++r) {
+        const uint8_t* row = codes + r * stride + b0;
+#pragma unroll
+        for (int q = 0; q < kDecodeBytes; ++q) {
+          if (q < nb) sum[q] += table[row[q]];
+        }
+        if (++pending == kRanksPerFlush || r == nranks - 1) {
+#pragma unroll
+          for (int q = 0; q < kDecodeBytes; ++q) {
+#pragma unroll
+            for (int j = 0; j < PER; ++j) {
+              count[q * PER + j] += static_cast<int>((sum[q] >> (kFieldBits * j)) & 0xFFFu) - pending;
+            }
+            sum[q] = 0;
+          }
+          pending = 0;
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < kOut; ++e) value[e] = __fdiv_rn(__fmul_rn(static_cast<float>(count[e]), first), divisor);
     } else {
-      const float s = load_float(base);
-      for (int j = 0; j < per; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(s, static_cast<float>(code_value(byte, j, per))));
+      float acc[kOut];
+#pragma unroll
+      for (int e = 0; e < kOut; ++e) acc[e] = 0.0f;
+      for (int r = 0; r < nranks; ++r) {
+        const uint8_t* row = codes + r * stride + b0;
+        const float s = r < cached ? scales[r] : load_float(gathered + r * stride);
+#pragma unroll
+        for (int q = 0; q < kDecodeBytes; ++q) {
+          const unsigned long long word = q < nb ? table[row[q]] : 0ull;
+#pragma unroll
+          for (int j = 0; j < PER; ++j) {
+            const int v = static_cast<int>((word >> (kFieldBits * j)) & 0xFFFu) - 1;
+            acc[q * PER + j] = __fadd_rn(acc[q * PER + j], __fmul_rn(s, static_cast<float>(v)));
+          }
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < kOut; ++e) value[e] = __fdiv_rn(acc[e], divisor);
     }
-  }
-  for (int j = 0; j < per; ++j) {
-    const int64_t k = per * i + j;
-    if (k < n) {
-      out[k] = shared ? __fdiv_rn(__fmul_rn(static_cast<float>(count[j]), first), divisor) : __fdiv_rn(acc[j], divisor);
+    const int64_t k0 = b0 * PER;  // a multiple of 16 or 20 elements: 16-byte aligned where out is
+    if (aligned && k0 + kOut <= n) {
+      float4* dst = reinterpret_cast<float4*>(out + k0);
+#pragma unroll
+      for (int v = 0; v < kOut / 4; ++v) {
+        dst[v] = make_float4(value[4 * v], value[4 * v + 1], value[4 * v + 2], value[4 * v + 3]);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < kOut; ++e) {
+        if (k0 + e < n) out[k0 + e] = value[e];
+      }
     }
   }
 }
@@ -213,9 +289,14 @@ void ternary_decode_average(const uint8_t* gathered, int nranks, int64_t n, Pack
   const int per = codes_per_byte(packing);
   const int64_t stride = ternary_payload_bytes(n, packing);
   decode_flags_kernel<<<1, 1, 0, s>>>(gathered, nranks, stride, flags);
-  const int64_t bytes = ternary_packed_bytes(n, packing);
-  if (bytes > 0) {
-    decode_kernel<<<grid_for(bytes), kThreads, 0, s>>>(gathered, nranks, n, per, stride, divisor, flags, out);
+  if (n > 0) {
+    const unsigned grid = std::min<unsigned>(grid_for((ternary_packed_bytes(n, packing) + kDecodeBytes - 1) /
+                                                      kDecodeBytes), kMaxDecodeBlocks);
+    if (per == 4) {
+      decode_kernel<4><<<grid, kThreads, 0, s>>>(gathered, nranks, n, stride, divisor, flags, out);
+    } else {
+      decode_kernel<5><<<grid, kThreads, 0, s>>>(gathered, nranks, n, stride, divisor, flags, out);
+    }
   }
   check(cudaGetLastError(), "ternary_decode_average");
 }
