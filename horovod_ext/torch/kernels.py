@@ -5,7 +5,8 @@ straight into it when it is contiguous float32 (``into``).
 
 Entropy-coded payloads ("entropy", "delta") are coded on the CPU (the coding is serial): a CUDA tensor is copied
 to the host for them, and the decoded average back to its device (packing="auto" picks the fixed packings for CUDA
-tensors). GraVAC's candidate selection and its norms read the n / theta_min candidates' values on the host.
+tensors). GraVAC's norms read the n / theta_min candidates' values on the host (a float64 sum in index order);
+its second selection runs on the device, among the candidates' values.
 
 In-place contract: ``ef_accumulate(flat, r)`` adds flat into r and returns r; ``topk_extract(x, idx, ...)`` leaves the
 remainder in x and returns x as the remainder. The plan passes them only tensors it owns (a residual, or a copy).
@@ -61,11 +62,11 @@ def _candidates_on_host(x, idx):
 
 
 def select_among_candidates(x, among, k):
-    """ops.topk_select_among(x, among, k) through the candidates' values: among is ascending, so positions order
-    ties as the indices do and the result has the same bits; returned on among's device."""
-    values, positions = _candidates_on_host(x, among)
-    chosen = ops.topk_select_among(values, positions, k)
-    return among.index_select(0, chosen.to(among.device).long())
+    """ops.topk_select_among(x, among, k) as the top k of the candidates' values x[among], on x's device (the
+    CUDA top-k on a CUDA tensor): among is ascending, so positions order ties as the indices do and the result
+    has the same bits."""
+    values = x.index_select(0, among.long())
+    return among.index_select(0, ops.topk_select(values, k, stream_of(values)).long())
 
 
 def sum_squares_of_candidates(x, idx):
