@@ -50,6 +50,9 @@ if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then
     export HOROVOD_NCCL_HOME="$WORK/nccl" PATH="$HOROVOD_CUDA_HOME/bin:$PATH"
   fi
   export MAKEFLAGS="-j$(nproc)"
+  # GCC >= 13 no longer includes <string>, <stdexcept> and <cstdint> through other standard headers, and Horovod's
+  # sources rely on that (group_table.h's std::string, common.h's std::logic_error).
+  export CXXFLAGS="${CXXFLAGS:-} -include cstdint -include string -include stdexcept"
   # Gloo's and flatbuffers' CMakeLists ask for CMake 2.8, which CMake >= 4 refuses unless told a policy floor.
   export CMAKE_POLICY_VERSION_MINIMUM=${CMAKE_POLICY_VERSION_MINIMUM:-3.5}
   echo "[setup] Horovod $VERSION build: $HVDEXT_HOROVOD_ENV" >&2

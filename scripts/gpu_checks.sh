@@ -4,7 +4,7 @@
 #
 #   1. horovod_ext with its CUDA kernels (sm_90 only, for the build's time), tests/test_cuda.py, then
 #      benchmarks/gpu_kernels.py (what goes through horovod_ext.torch waits for Horovod);
-#   2. meanwhile Horovod 0.28.1 is built for that torch as set-up plans it (scripts/setup_plan.py: NCCL from the
+#   2. meanwhile Horovod 0.28.1 (with the wheels carried in .whl/) is built for that torch as set-up plans it (scripts/setup_plan.py: NCCL from the
 #      CUDA torch's nvidia-nccl wheel), then examples/pytorch_digits.py on CUDA tensors under horovodrun -np 1 with
 #      every compressor and each parameter-space optimizer (one launch each, side by side on the one GPU), and -np 2
 #      on the one GPU;
@@ -19,7 +19,7 @@ OUT=${OUT:-/tmp/gpu_checks}
 LOG=$(mktemp -d)
 BUDGET=${BUDGET:-560}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT" PIP_DISABLE_PIP_VERSION_CHECK=1 TORCH_CUDA_ARCH_LIST=9.0
+export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT:$ROOT/python" PIP_DISABLE_PIP_VERSION_CHECK=1 TORCH_CUDA_ARCH_LIST=9.0
 PY=python3
 T0=$(date +%s)
 elapsed() { echo $(($(date +%s) - T0)); }
@@ -51,6 +51,9 @@ step() {  # step NAME SECONDS COMMAND...: runs it with a deadline, its output in
 } >"$LOG/machine.log" 2>&1
 note "machine: $(head -n 2 "$LOG/machine.log" | tr '\n' ' ')"
 
+# Wheels the image lacks (Horovod's build needs cffi for PyTorch), carried in .whl/.
+ls .whl/*.whl >/dev/null 2>&1 && $PY -m pip install -q --no-index --no-deps .whl/*.whl >>"$LOG/machine.log" 2>&1
+
 # Horovod, in the background (its compile is the longest step).
 (
   eval "$($PY scripts/setup_plan.py plan system-site)"
@@ -65,7 +68,7 @@ $PY -c "from horovod_ext import _torch_ops as o; print('built_with_cuda', o.buil
 # GraVAC's nested selection goes through horovod_ext.torch, which imports Horovod: it waits for the build.
 step test_cuda 150 $PY -m pytest -q -p no:cacheprovider --tb=short -rfE -k "not nested" tests/test_cuda.py
 
-while kill -0 $HOROVOD_BUILD 2>/dev/null && [ "$(left)" -gt 200 ]; do sleep 5; done
+while kill -0 $HOROVOD_BUILD 2>/dev/null && [ "$(left)" -gt 120 ]; do sleep 5; done
 if kill -0 $HOROVOD_BUILD 2>/dev/null; then
   note "horovod_build: still compiling, stopped"
   kill $HOROVOD_BUILD
