@@ -129,6 +129,10 @@ class Method:
     def abandon_step(self):
         """Launched gradients were dropped before finish() (a checkpoint was loaded): forget the step's state."""
 
+    def complete_in_flight(self):
+        """Wait for and take in what the last step left in flight (GraVAC's readings), so that no collective of
+        this method is pending when the rank calls hvd.join()."""
+
     def on_error(self, be):
         """A step failed on every rank: what error feedback kept is dropped, so that no NaN survives in it."""
         if self.feedback is not None:

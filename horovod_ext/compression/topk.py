@@ -243,6 +243,9 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         self._take_readings()
         return self.controller.observations()
 
+    def complete_in_flight(self):
+        self._take_readings()
+
     def shared_state(self):
         self._take_readings()
         return {"controller": self.controller.state(), **(super().shared_state() or {})}

@@ -16,6 +16,13 @@ from .compression import Compression  # noqa: E402
 from .functions import broadcast_optimizer_state  # noqa: E402
 from .project import project  # noqa: E402
 from .leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402
-from .optimizer import DistributedOptimizer  # noqa: E402
+from .optimizer import DistributedOptimizer, complete_in_flight as _complete_in_flight  # noqa: E402
 
 init = make_init(_horovod.init, framework_basics(_horovod))
+
+
+def join(device=-1):
+    """horovod.torch.join(device), once every DistributedOptimizer has taken in what its last step left in flight
+    (optimizer.complete_in_flight). Returns the id of the rank that joined last."""
+    _complete_in_flight()
+    return _horovod.join(device)
