@@ -72,7 +72,7 @@ def topk_rows(ops, n, fractions):
 
 def nested_rows(n, levels):
     """GraVAC's two levels (top n/cf1, then the top n/cf2 among them: TorchKernels.topk_select_nested, whose
-    second level runs on the host over the candidates' values) against torch.topk twice on the device."""
+    second level is the CUDA top-k over the candidates' values) against torch.topk twice."""
     from horovod_ext.torch.kernels import TorchKernels
 
     rows = []
@@ -125,7 +125,7 @@ def main():
                            [[f"{r['elements'] / 1e6:g}M", f"{100 * r['fraction']:g}%", f"{r['native_s'] * 1e3:.3f}",
                              f"{r['torch_topk_s'] * 1e3:.3f}", f"{r['torch_topk_s'] / r['native_s']:.1f}x"]
                             for r in krows])
-          + "\n\nGraVAC's two levels (device top-k, then the host among the candidates) vs torch.topk twice:\n\n"
+          + "\n\nGraVAC's two levels (the top-k, then the top-k among the candidates' values) vs torch.topk twice:\n\n"
           + markdown_table(["elements", "levels", "native ms", "torch.topk x2 ms", "speed-up"],
                            [[f"{r['elements'] / 1e6:g}M", f"{100 * r['fraction']:g}% then {100 * r['second']:g}%",
                              f"{r['native_s'] * 1e3:.3f}", f"{r['torch_topk_s'] * 1e3:.3f}",

@@ -179,8 +179,8 @@ def test_gpu_topk_ties_nan_inf_and_conservation():
 @pytest.mark.skipif(not GPU, reason=NO_GPU)
 @pytest.mark.parametrize("n", [19, 4097, 1000003])
 def test_gpu_nested_topk_and_norms_bit_identical_to_cpu(n):
-    """GraVAC's two levels on a CUDA tensor (top k1 on the device, the top k2 among them and the norms through the
-    candidates' values on the host) give the CPU kernel's indices and sums."""
+    """GraVAC's two levels on a CUDA tensor (top k1, then the top k2 among the candidates' values, both on the
+    device; the norms through the candidates' values on the host) give the CPU kernel's indices and sums."""
     from horovod_ext.torch.kernels import TorchKernels
 
     x = gradient(n, seed=3)

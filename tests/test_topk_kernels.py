@@ -126,9 +126,9 @@ def test_nested_selection_names_its_bounds():
 
 
 def test_gravac_candidates_through_their_values_give_the_same_bits():
-    """The CUDA path of GraVAC's second selection and norms (kernels.select_among_candidates,
-    sum_squares_of_candidates: only the candidates' values go to the host) equals the direct kernels, ties
-    included; run here on CPU tensors."""
+    """The CUDA path of GraVAC's second selection and norms (kernels.select_among_candidates: the top-k of the
+    candidates' values; sum_squares_of_candidates: only the candidates' values go to the host) equals the direct
+    kernels, ties included; run here on CPU tensors."""
     from horovod_ext.torch.kernels import select_among_candidates, sum_squares_of_candidates
 
     for seed, kind in ((0, "normal"), (1, "ties"), (3, "ties")):
