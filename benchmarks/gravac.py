@@ -3,10 +3,13 @@
 Time to accuracy (the default): models of benchmarks/gravac_models.py trained on loopback shaped to --mbit (a
 namespace created here and always removed) at 2 ranks (4 with --ranks 2,4) with dense allreduce, static top-k at CF
 10, 100 and 1000, adaptive top-k (GraVAC) at its defaults and Compression.powersgd (rank 4), the same steps each:
-"nplm", the 1.1M-parameter language model on Python's own documentation, 2,000 steps, evaluated every 100; "cnn",
-the digits CNN, 30 epochs, evaluated after each. Reports the seconds until each method first reaches the target
-(dense's final test accuracy), GraVAC's CFs (mean, largest sent, share of dense steps, settled CF), and plots
-accuracy against training time and GraVAC's CF over training.
+"nplm", the 1.1M-parameter language model on Python's own documentation, 2,000 steps with the learning rate
+annealed to 0 (cosine: at a constant rate its accuracy moves by about a point between evaluations, and no method
+reached dense's final value, which made the target unmeasurable), evaluated every 100; "cnn", the digits CNN, 30
+epochs, evaluated after each. Reports the seconds until each method first reaches the target (dense's final test
+accuracy) and the target less half a point (the accuracy the issue's defaults must keep), GraVAC's CFs (mean,
+largest sent, share of dense steps, settled CF), and plots accuracy against training time and GraVAC's CF over
+training.
 
 Step cost (--step-cost): the mean step of adaptive top-k against static top-k at the same CF, on the nplm model,
 unshaped and shaped: GraVAC exploring, sending CF 10 and measuring 20 beside it (min_cf 10, max_cf 20, epsilon
@@ -25,12 +28,14 @@ from horovod_ext.shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ["nplm", "cnn"]
-TRAINING = {"nplm": ["--steps", 2000, "--eval-every", 100, "--epochs", 100],  # 1,685 steps per epoch at 2 ranks
+TRAINING = {"nplm": ["--steps", 2000, "--eval-every", 100, "--epochs", 100,  # 1,685 steps per epoch at 2 ranks
+                     "--schedule", "cosine"],
             "cnn": ["--epochs", 30], "mlp": ["--epochs", 15], "lstm": ["--epochs", 10]}
 METHODS = ["dense", "topk-10x", "topk-100x", "topk-1000x", "adaptive_topk", "hvdext-powersgd"]
 STEP_COST = [("topk-10x", ""), ("adaptive_topk", "min_cf=10,max_cf=20,epsilon=0.01,window=100000"),
              ("topk-20x", ""), ("adaptive_topk", "min_cf=20,max_cf=40,epsilon=0.01,window=100000")]
 HOSTS = {4: "localhost:2,127.0.0.1:2"}
+TOLERANCE = 0.005  # the second target: dense's final accuracy less half a point (issue 30's "within 0.5 point")
 
 
 def run(prefix, ranks, model, method, args, adaptive="", training=None):
@@ -47,21 +52,22 @@ def time_to(curve, target):
 def rows_of(results):
     rows = []
     for r in results:
-        dense = next(x for x in results if (x["model"], x["ranks"], x["method"]) == (r["model"], r["ranks"], "dense"))
-        target = dense["curve"][-1]["accuracy"]
-        reached, dense_time = time_to(r["curve"], target), time_to(dense["curve"], target)
-        top10 = next((x for x in results if (x["model"], x["ranks"], x["method"]) ==
-                      (r["model"], r["ranks"], "topk-10x")), None)
-        top10_time = time_to(top10["curve"], target) if top10 else None
+        def runs_of(method):
+            return next((x for x in results if (x["model"], x["ranks"], x["method"]) ==
+                         (r["model"], r["ranks"], method)), None)
+        dense, top10 = runs_of("dense"), runs_of("topk-10x")
+        row = [r["model"], r["ranks"], r["method"], f"{100 * r['curve'][-1]['accuracy']:.2f}%"]
+        for target in (dense["curve"][-1]["accuracy"], dense["curve"][-1]["accuracy"] - TOLERANCE):
+            reached, dense_time = time_to(r["curve"], target), time_to(dense["curve"], target)
+            top10_time = time_to(top10["curve"], target) if top10 else None
+            row += [f"{reached:.1f}" if reached is not None else "not reached",
+                    f"{dense_time / reached:.2f}x" if reached else "-",
+                    f"{top10_time / reached:.2f}x" if reached and top10_time else "-"]
         cfs = r.get("cf_log") or []
-        rows.append([r["model"], r["ranks"], r["method"], f"{100 * r['curve'][-1]['accuracy']:.2f}%",
-                     f"{reached:.1f}" if reached is not None else "not reached",
-                     f"{dense_time / reached:.2f}x" if reached else "-",
-                     f"{top10_time / reached:.2f}x" if reached and top10_time else "-",
-                     f"{r['step_seconds'] * 1e3:.0f}", f"{r['payload_bytes'] / 1e3:.1f}",
-                     f"{sum(cfs) / len(cfs):.1f} / {max(cfs):.0f}" if cfs else "-",
-                     f"{100 * sum(c == 1 for c in cfs) / len(cfs):.0f}%" if cfs else "-",
-                     r.get("theta_ideal") if cfs and r.get("theta_ideal") is not None else "-"])
+        rows.append(row + [f"{r['step_seconds'] * 1e3:.0f}", f"{r['payload_bytes'] / 1e3:.1f}",
+                           f"{sum(cfs) / len(cfs):.1f} / {max(cfs):.0f}" if cfs else "-",
+                           f"{100 * sum(c == 1 for c in cfs) / len(cfs):.0f}%" if cfs else "-",
+                           r.get("theta_ideal") if cfs and r.get("theta_ideal") is not None else "-"])
     return rows
 
 
@@ -87,12 +93,13 @@ def time_to_accuracy(args):
         for model, ranks, method in progress(runs, f"GraVAC time to accuracy, {args.mbit} Mbit/s"):
             print(f"[gravac] {model}, {ranks} ranks, {args.mbit} Mbit/s: {method}", flush=True)
             results.append(run(prefix, ranks, model, method, args))
-    md = (f"Seed {args.seed}, batch 32 per rank, loopback shaped to {args.mbit} Mbit/s; nplm: 2,000 steps, evaluated "
-          f"every 100; cnn: 30 epochs, evaluated after each. The target is dense's final test accuracy; 's to "
-          f"target' = training seconds until the method first reaches it; 'vs dense' and 'vs top-k 10x' = their "
-          f"time to the target over the method's.\n\n"
+    md = (f"Seed {args.seed}, batch 32 per rank, loopback shaped to {args.mbit} Mbit/s; nplm: 2,000 steps, the "
+          f"learning rate annealed to 0 (cosine), evaluated every 100; cnn: 30 epochs, evaluated after each. The "
+          f"target is dense's final test accuracy, and the second target that less {100 * TOLERANCE:g} point; "
+          f"'s to' = training seconds until the method first reaches it; 'vs dense' and 'vs top-k 10x' = their "
+          f"time to that target over the method's.\n\n"
           + markdown_table(["model", "ranks", "method", "final acc", "s to target", "vs dense", "vs top-k 10x",
-                            "mean step ms", "KB sent/step", "GraVAC CF mean / max", "dense steps", "settled CF"],
+                            f"s to target -{100 * TOLERANCE:g}", "vs dense", "vs top-k 10x", "mean step ms", "KB sent/step", "GraVAC CF mean / max", "dense steps", "settled CF"],
                            rows_of(results))
           + "\n\n![CF](gravac_cf.png)")
     path = write_outputs("gravac", {"machine": machine(), "args": vars(args), "results": results}, md)

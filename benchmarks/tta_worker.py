@@ -7,6 +7,7 @@ or its PowerSGD hook (rank 4; see baselines.py)."""
 import argparse
 import contextlib
 import json
+import math
 import os
 import statistics
 import sys
@@ -63,6 +64,9 @@ def main():
     parser.add_argument("--hidden", type=int, default=1024, help="the MLP's width")
     parser.add_argument("--lr", type=float, default=None, help="default: the model's own (gravac_models.py)")
     parser.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: --epochs whole)")
+    parser.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
+                        help="cosine: lr_t = lr (1 + cos(pi t / T)) / 2 over the T = --steps steps (so the curves "
+                             "settle and the final accuracy is a target a method can reach)")
     parser.add_argument("--eval-every", type=int, default=0, help="evaluate every this many steps (0: each epoch)")
     parser.add_argument("--seed", type=int, default=42, help="the model's initialization and data order")
     parser.add_argument("--adaptive", default="", help="adaptive_topk's arguments, e.g. epsilon=0.5,window=50")
@@ -73,6 +77,9 @@ def main():
     model, (x_train, y_train, x_test, y_test), loss_fn, accuracy_of, lr = build(args.model, seed=args.seed,
                                                                                 hidden=args.hidden)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr or lr, momentum=0.9)
+    if args.schedule == "cosine" and not args.steps:
+        parser.error("--schedule cosine needs --steps (the T it anneals over)")
+    base_lr = args.lr or lr
     if args.method in DDP_METHODS:
         model, payload, wire = ddp_wrap(model, args.method, hvd.rank(), hvd.size())
     elif args.method in OPTIMIZERS:
@@ -114,6 +121,9 @@ def main():
         for i in range(0, len(order) - 31, 32):
             idx = order[i:i + 32]
             t0 = time.perf_counter()
+            if args.schedule == "cosine":
+                for group in optimizer.param_groups:
+                    group["lr"] = base_lr * (1 + math.cos(math.pi * step / args.steps)) / 2
             optimizer.zero_grad()
             loss = loss_fn(model(x_train[idx]), y_train[idx])
             loss.backward()
@@ -139,6 +149,7 @@ def main():
         if not args.eval_every:
             evaluate(epoch + 1)
     result = {"method": args.method, "model": args.model, "seed": args.seed, "adaptive": args.adaptive,
+              "schedule": args.schedule,
               "ranks": hvd.size(), "hidden": args.hidden,
               "parameters": sum(p.numel() for p in model.parameters()), "curve": curve,
               # the mean: periodic methods (LSGD, EASGD) communicate on some steps only, which a median would hide
