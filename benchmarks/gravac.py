@@ -49,13 +49,15 @@ def time_to(curve, target):
     return next((p["seconds"] for p in curve if p["accuracy"] >= target - 1e-9), None)
 
 
+def run_of(results, model, ranks, method):
+    """The run of `method` on `model` at `ranks` ranks, or None."""
+    return next((x for x in results if (x["model"], x["ranks"], x["method"]) == (model, ranks, method)), None)
+
+
 def rows_of(results):
     rows = []
     for r in results:
-        def runs_of(method):
-            return next((x for x in results if (x["model"], x["ranks"], x["method"]) ==
-                         (r["model"], r["ranks"], method)), None)
-        dense, top10 = runs_of("dense"), runs_of("topk-10x")
+        dense, top10 = (run_of(results, r["model"], r["ranks"], m) for m in ("dense", "topk-10x"))
         row = [r["model"], r["ranks"], r["method"], f"{100 * r['curve'][-1]['accuracy']:.2f}%"]
         for target in (dense["curve"][-1]["accuracy"], dense["curve"][-1]["accuracy"] - TOLERANCE):
             reached, dense_time = time_to(r["curve"], target), time_to(dense["curve"], target)
@@ -99,7 +101,8 @@ def time_to_accuracy(args):
           f"'s to' = training seconds until the method first reaches it; 'vs dense' and 'vs top-k 10x' = their "
           f"time to that target over the method's.\n\n"
           + markdown_table(["model", "ranks", "method", "final acc", "s to target", "vs dense", "vs top-k 10x",
-                            f"s to target -{100 * TOLERANCE:g}", "vs dense", "vs top-k 10x", "mean step ms", "KB sent/step", "GraVAC CF mean / max", "dense steps", "settled CF"],
+                            f"s to target -{100 * TOLERANCE:g}", "vs dense", "vs top-k 10x", "mean step ms",
+                            "KB sent/step", "GraVAC CF mean / max", "dense steps", "settled CF"],
                            rows_of(results))
           + "\n\n![CF](gravac_cf.png)")
     path = write_outputs("gravac", {"machine": machine(), "args": vars(args), "results": results}, md)

@@ -72,14 +72,14 @@ def main():
     parser.add_argument("--adaptive", default="", help="adaptive_topk's arguments, e.g. epsilon=0.5,window=50")
     parser.add_argument("--json", required=True)
     args = parser.parse_args()
+    if args.schedule == "cosine" and not args.steps:
+        parser.error("--schedule cosine needs --steps (the T it anneals over)")
     hvd.init()
     torch.set_num_threads(1)
     model, (x_train, y_train, x_test, y_test), loss_fn, accuracy_of, lr = build(args.model, seed=args.seed,
                                                                                 hidden=args.hidden)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr or lr, momentum=0.9)
-    if args.schedule == "cosine" and not args.steps:
-        parser.error("--schedule cosine needs --steps (the T it anneals over)")
     base_lr = args.lr or lr
+    optimizer = torch.optim.SGD(model.parameters(), lr=base_lr, momentum=0.9)
     if args.method in DDP_METHODS:
         model, payload, wire = ddp_wrap(model, args.method, hvd.rank(), hvd.size())
     elif args.method in OPTIMIZERS:
