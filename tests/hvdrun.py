@@ -79,3 +79,40 @@ def assert_error_cases(record, expected):
         assert cases[case]["type"] == etype, (record.get("rank"), case, cases[case])
         for fragment in fragments:
             assert fragment in cases[case]["message"], (record.get("rank"), case, fragment, cases[case]["message"])
+
+
+def horovodrun_elastic(script, *args, np_=2, min_np=1, max_np=3, hosts=("localhost:1", "127.0.0.1:1"), timeout=240,
+                       env=None):
+    """Run `horovodrun --gloo -np np_ --min-np --max-np --host-discovery-script` on this machine, the discovery
+    script printing `$HVDEXT_TEST_OUT/hosts` (written here from `hosts`, rewritten by the workers to remove or add
+    a host). Each host name is one "node" of one slot: Horovod blacklists the host of a failed worker, so a second
+    name keeps the survivor's host usable; a blacklisted host is usable again after 1-2 s of cooldown. Returns
+    (the result of every rank that wrote one, by final rank; combined output); a hang fails after `timeout`."""
+    out_dir = tempfile.mkdtemp(prefix="hvdext-elastic-")
+    with open(os.path.join(out_dir, "hosts"), "w") as f:
+        f.write("".join(f"{h}\n" for h in hosts))
+    discover = os.path.join(out_dir, "discover.sh")
+    with open(discover, "w") as f:
+        f.write(f"#!/bin/sh\ncat {os.path.join(out_dir, 'hosts')}\n")
+    os.chmod(discover, 0o755)
+    cmd = ["horovodrun", "--gloo", "-np", str(np_), "--min-np", str(min_np), "--max-np", str(max_np),
+           "--host-discovery-script", discover, "--network-interface", "lo", "--blacklist-cooldown-range", "1", "2",
+           sys.executable, script, *map(str, args)]
+    run_env = dict(os.environ, HVDEXT_TEST_OUT=out_dir, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1",
+                   OMP_NUM_THREADS="1", **(env or {}))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise AssertionError(f"horovodrun (elastic) timed out after {timeout}s (a rank hung):\n{output[-6000:]}")
+    if proc.returncode != 0:
+        raise AssertionError(f"horovodrun (elastic) exited {proc.returncode}:\n{output[-6000:]}")
+    results = []
+    for name in sorted(os.listdir(out_dir)):
+        if name.startswith("rank") and name.endswith(".json"):
+            with open(os.path.join(out_dir, name)) as f:
+                results.append(json.load(f))
+    return sorted(results, key=lambda r: r["rank"]), output

@@ -133,6 +133,11 @@ class Method:
         """Wait for and take in what the last step left in flight (GraVAC's readings), so that no collective of
         this method is pending when the rank calls hvd.join()."""
 
+    def forget_in_flight(self):
+        """Drop, without waiting, every collective this method started and has not taken in (an elastic reset:
+        Horovod was shut down under them, so their handles will never complete)."""
+        self.abandon_step()
+
     def on_error(self, be):
         """A step failed on every rank: what error feedback kept is dropped, so that no NaN survives in it."""
         if self.feedback is not None:

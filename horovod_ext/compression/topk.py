@@ -7,7 +7,7 @@ step (two selections, one allreduce of norms, the decision, then one of three pa
 cpp/include/hvdext/topk.h, its definition in python/hvdext_reference/topk.py, the controller in gravac.py.
 """
 from . import sizes
-from .gravac import GravacController
+from .gravac import GravacController, ewma_weight
 from .plan import Allgather, Codec, DenseSplit, EncodeRecord, ErrorFeedback, Method, Record, count_dense, k_of, \
     require_decoded, send_dense
 from .sparse_reduce import TRANSPORTS, SparseReduce, choose_transport
@@ -246,6 +246,12 @@ class AdaptiveTopKMethod(SparseTransport, Method):
     def complete_in_flight(self):
         self._take_readings()
 
+    def forget_in_flight(self):
+        """An elastic reset: the last step's readings are dropped unread; the controller keeps what it had (at a
+        commit, state_dict() took them in, so the committed controller is complete)."""
+        self.readings = None
+        self.abandon_step()
+
     def shared_state(self):
         self._take_readings()
         return {"controller": self.controller.state(), **(super().shared_state() or {})}
@@ -254,6 +260,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         self._take_readings()  # every rank started them: each waits, then the checkpoint replaces their effect
         if state is not None and state.get("controller") is not None:
             self.controller.load_state(state["controller"])
+            self.controller.alpha = ewma_weight(self.nranks)  # a = N/100 for this job's N, not the saver's
         super().load_shared_state(state)
 
     def launch_dense(self, be, item):

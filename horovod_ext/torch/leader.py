@@ -186,13 +186,36 @@ class _ParameterSync:
         names = check_named_parameters(named_parameters, params, self._hx_what)
         self._hx_params = params
         self._hx_names = [names.get(id(p), f"param.{i}") for i, p in enumerate(params)]
+        self._hx_make = (make_sync, arguments, step_class)
+        self._hx_build(CompressionStats(self._hx_what))
+
+    def _hx_build(self, stats):
+        """The step for this job's membership (collective: the arguments are checked on every rank, and groups
+        become process sets)."""
+        make_sync, arguments, step_class = self._hx_make
+        params = self._hx_params
         tensors = [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(self._hx_names, params)]
         sync = build_on_every_rank(make_sync, arguments, tensors, self._hx_allgather_blobs, hvd.rank(), hvd.size(),
                                    self._hx_what)
-        self._hx_be = TorchParameterBackend(params, CompressionStats(self._hx_what))
-        self._hx_run = step_class(sync, self._hx_be, self._hx_be.stats, f"hvdext.{self._hx_what}.{self._hx_id}",
+        self._hx_be = TorchParameterBackend(params, stats)
+        self._hx_run = step_class(sync, self._hx_be, stats, f"hvdext.{self._hx_what}.{self._hx_id}",
                                   sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params))
         self._hx_be.sets = getattr(self._hx_run, "process_sets", {})
+
+    def _hx_forget_in_flight(self):
+        """Drop the rounds in flight without waiting (Horovod failed under them, or is being reset)."""
+        self._hx_run.rounds.clear()
+
+    def _hx_elastic_reset(self):
+        """After Horovod's elastic reset (horovod_ext.torch.elastic): the step is built again for the new
+        membership (collective, on every rank: groups, process sets, EASGD's alpha = beta/p), from this rank's
+        state: the step counter, its loss window, the statistics and EASGD's center carry over; the elected
+        leaders and the rounds in flight do not (their ranks are gone or renumbered): the next election elects
+        again, from the losses reported since."""
+        be = self._hx_be
+        step, loss, center = be.step, list(be.loss), be.center_values
+        self._hx_build(be.stats)
+        self._hx_be.step, self._hx_be.loss, self._hx_be.center_values = step, loss, center
 
     # the state the tests and tools read, held by the backend and the step
     _hx_sync = property(lambda self: self._hx_run.sync)

@@ -308,6 +308,35 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         state[STATE_KEY] = ours
         return state
 
+    # ------------------------------------------------------------------------------------------ elastic training
+    def _hx_forget_in_flight(self):
+        """Drop every collective in flight without waiting (Horovod failed under them, or is being reset); the
+        step's launched gradients are dropped too, as load_state_dict() drops them."""
+        self._hx_pending = {}
+        self._hx_begun, self._hx_densified = False, set()
+        self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
+        self._hx_synchronized = False
+        if self._hx_driver is not None:
+            self._hx_driver.method.forget_in_flight()
+
+    def _hx_elastic_reset(self):
+        """After Horovod's elastic reset (shutdown and init, perhaps with another N; horovod_ext.torch.elastic):
+        the backend and the method are rebuilt for the new membership at the next step, from this rank's state
+        (the last commit's after a failure, which restore() loaded; the current one at a commit's host update):
+        the shared part is offered at the next settings exchange (one allgather, as at start), the residuals
+        stay this rank's, whatever its new rank number. Everything sized by N is made again: the backend's
+        divisor, the transport choice, sparse_reduce's regions (rebalanced for the new N at the first step),
+        the two-phase plan, GraVAC's EWMA weight N/100."""
+        self._hx_forget_in_flight()
+        if self._hx_loaded is None:
+            self._hx_loaded = self._hx_shared_state()
+        if self._hx_driver is not None:
+            if self._hx_residuals is None:
+                self._hx_residuals = self._hx_driver.method.state(self._hx_backend)
+            self._hx_driver = None
+        self._hx_backend = TorchBackend(self._hx_process_set, self._hx_op, self._hx_predivide, self._hx_stats)
+        self._hx_agreement = None
+
     def load_state_dict(self, state_dict):
         """Load a checkpoint, on every rank or (Horovod's resume pattern) on one rank before
         broadcast_optimizer_state: the shared state is offered to every rank at the next settings exchange, this

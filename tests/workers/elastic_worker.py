@@ -1,0 +1,155 @@
+"""Elastic training under ``horovodrun --gloo -np 2 --min-np 1 --max-np 3 --host-discovery-script`` (torch).
+
+    python elastic_worker.py METHOD STEPS KILL_AT ADD_AT [COMMIT_EVERY]
+
+The discovery script prints the file ``$HVDEXT_TEST_OUT/hosts``. The rank started on host 127.0.0.1 SIGKILLs itself
+at step KILL_AT, after backward has launched the step's collectives (so its peers fail inside one), having first
+taken its host out of the hosts file. At step ADD_AT rank 0 puts 127.0.0.1 back (after Horovod's blacklist cooldown)
+and adds the machine's own host name, then waits until Horovod has told it (the next commit resets). Every rank
+that finishes writes its result: steps, commits, parameters, statistics, bytes of the last step and the plan's
+bytes for the final N, accuracy on a held-out set. METHOD "none" with KILL_AT = ADD_AT = -1 is the uninterrupted
+reference a soak compares with.
+"""
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch  # noqa: E402
+
+import horovod_ext.torch as hvd  # noqa: E402
+from horovod_ext.compression.join import join_check_wire_bytes  # noqa: E402
+from horovod_ext.compression.two_phase import TwoPhasePlan, scale_sharing_bytes  # noqa: E402
+from horovod_ext.compression.wire import allreduce_wire_bytes  # noqa: E402
+
+OUT = os.environ["HVDEXT_TEST_OUT"]
+HOSTS = os.path.join(OUT, "hosts")
+KILLED, ADDED = os.path.join(OUT, "killed"), os.path.join(OUT, "added")
+FEATURES, CLASSES, BATCH = 32, 4, 32
+COMPRESSORS = {
+    "none": lambda: hvd.Compression.none,
+    "ternary": lambda: hvd.Compression.ternary(shared_scale=True, transport="two_phase", packing="base3"),
+    "ternary_allgather": lambda: hvd.Compression.ternary,
+    "topk": lambda: hvd.Compression.topk(ratio=0.05, transport="allgather"),
+    "topk_sparse_reduce": lambda: hvd.Compression.topk(ratio=0.05, transport="sparse_reduce", rebalance_every=4),
+    "adaptive_topk": lambda: hvd.Compression.adaptive_topk,
+    "powersgd": lambda: hvd.Compression.powersgd(rank=2),
+}
+PARAMETER_SPACE = ("lsgd", "async_lsgd", "easgd")
+
+
+def data():
+    """A fixed teacher's labels on Gaussian inputs: 4096 training and 1024 held-out examples, the same on every
+    rank (each trains on its own shard of each step's batches)."""
+    g = torch.Generator().manual_seed(1)
+    teacher = torch.randn(FEATURES, CLASSES, generator=g)
+    x = torch.randn(5120, FEATURES, generator=g)
+    y = (x @ teacher + 0.5 * torch.randn(5120, CLASSES, generator=g)).argmax(1)
+    return x[:4096], y[:4096], x[4096:], y[4096:]
+
+
+def make(method):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                torch.nn.ReLU(), torch.nn.Linear(64, CLASSES))
+    base = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if method == "easgd":
+        return model, hvd.ElasticAveragingOptimizer(base, model.named_parameters())
+    if method in ("lsgd", "async_lsgd"):
+        return model, hvd.LeaderOptimizer(base, model.named_parameters(), groups=None,
+                                          asynchronous=method == "async_lsgd")
+    return model, hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                           compression=COMPRESSORS[method]())
+
+
+def write_hosts(lines):
+    with open(HOSTS + ".tmp", "w") as f:
+        f.write("".join(f"{line}\n" for line in lines))
+    os.replace(HOSTS + ".tmp", HOSTS)
+
+
+def planned_two_phase_bytes(model):
+    """Bytes per step of this rank under ternary's two-phase transport for this job's N (min_size 1024)."""
+    n, sizes = hvd.size(), [p.numel() for p in model.parameters()]
+    big = [s for s in sizes if s >= 1024]
+    small = 4 * sum(s for s in sizes if s < 1024)
+    return TwoPhasePlan(big, n, "base3").wire_bytes(hvd.rank()) + scale_sharing_bytes(len(big), n) \
+        + allreduce_wire_bytes(small, n) + join_check_wire_bytes(n)
+
+
+def main():
+    method, steps, kill_at, add_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    commit_every = int(sys.argv[5]) if len(sys.argv) > 5 else 5
+    hvd.init()
+    started_on = os.environ.get("HOROVOD_HOSTNAME")
+    x, y, x_test, y_test = data()
+    model, opt = make(method)
+    resets = []
+    state = hvd.elastic.TorchState(model=model, optimizer=opt, step=0, commits=0)
+    kept = []  # per reset: whether this survivor's residuals are the last commit's (error-feedback methods)
+
+    def on_reset():
+        resets.append((state.step, hvd.size(), time.time()))
+        committed = state._handlers["optimizer"]._saved_optimizer_state.get("horovod_ext", {}).get("residuals")
+        if committed:
+            held = opt._hx_residuals or {}
+            kept.append(sorted(held) == sorted(committed)
+                        and all(torch.equal(held[k], committed[k]) for k in committed))
+
+    state.register_reset_callbacks([on_reset])
+    started = time.time()
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < steps:
+            n, r = hvd.size(), hvd.rank()
+            first = (state.step * BATCH * n + r * BATCH) % len(x)
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x[first:first + BATCH]), y[first:first + BATCH])
+            loss.backward()
+            if state.step == kill_at and started_on == "127.0.0.1" and not os.path.exists(KILLED):
+                write_hosts(["localhost:1"])
+                open(KILLED, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)  # mid-step: this step's collectives are in flight
+            if method in PARAMETER_SPACE:
+                opt.report_loss(loss)
+            opt.step()
+            state.step += 1
+            if state.step == add_at and r == 0 and os.path.exists(KILLED) and not os.path.exists(ADDED):
+                time.sleep(2.5)  # Horovod's blacklist cooldown (--blacklist-cooldown-range 1 2) ends
+                write_hosts(["localhost:1", "127.0.0.1:1", f"{socket.gethostname()}:1"])
+                open(ADDED, "w").close()
+                deadline = time.time() + 60
+                while state._host_messages.empty() and time.time() < deadline:
+                    time.sleep(0.1)
+            if state.step % commit_every == 0:
+                state.commits += 1
+                state.commit()
+
+    train(state)
+    evaluate = opt.evaluation_parameters if method in PARAMETER_SPACE else None
+    with (evaluate() if evaluate else torch.no_grad()):
+        with torch.no_grad():
+            accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
+            params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    stats = opt.compression_stats()
+    extra = {}
+    if method == "ternary":
+        extra["planned_wire_bytes"] = planned_two_phase_bytes(model)
+    if method == "topk_sparse_reduce":
+        regions = opt._hx_driver.method.sparse.regions
+        extra["region_bounds"] = len(regions.bounds) if regions.bounds is not None else None
+    result = {"rank": hvd.rank(), "size": hvd.size(), "step": state.step, "commits": state.commits,
+              "started_on": started_on, "pid": os.getpid(), "resets": resets, "residuals_kept": kept, "seconds": time.time() - started,
+              "accuracy": accuracy, "params": params.tolist(), "stats_steps": stats["steps"],
+              "transport": stats.get("transport"), "last_wire_bytes": stats["last_step"].get("wire_bytes"),
+              **extra}
+    with open(os.path.join(OUT, f"rank{hvd.rank()}.json"), "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
