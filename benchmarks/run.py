@@ -17,7 +17,9 @@ wall-clock time on digits for every compressor and optimizer), gravac (GraVAC's 
 static top-k 10/100/1000x and PowerSGD on three models), perfmodel (horovod_ext.perfmodel's predicted step time
 against the measured one at 2 and 4 ranks on 100 Mbit/s and 1 Gbit/s, then its table for ResNet-50, VGG-16 and
 BERT-base at 8-1024 ranks) and soak (10,000 steps at 4 ranks per method: resident
-memory and steps/s at steps 1,000 and 10,000). Each writes JSON, a markdown table and PNG plots to
+memory and steps/s at steps 1,000 and 10,000) and elastic_soak (3 ranks, a worker killed every 200 steps and re-added
+50 later, 2,000 steps per method: steps done, seconds lost per reset, memory, accuracy against an uninterrupted
+run; skipped where this machine's host name is not a local address). Each writes JSON, a markdown table and PNG plots to
 benchmarks/out/ (or $HVDEXT_BENCH_OUT); this script adds summary.md with every table. link and tta create a network
 namespace (root), as do powersgd, gravac, perfmodel, coding's and sparse_reduce's link parts; where that is not allowed they say why and are skipped, not failed; so does gpu_kernels without
 a GPU.
@@ -33,7 +35,7 @@ sys.path.insert(0, HERE)
 from common import OUT_DIR, progress  # noqa: E402
 
 BENCHMARKS = ["kernels", "tf_kernels", "gpu_kernels", "wire", "coding", "sparse_reduce", "link", "powersgd", "tta",
-              "gravac", "perfmodel", "soak"]
+              "gravac", "perfmodel", "soak", "elastic_soak"]
 
 
 def main(argv=None):

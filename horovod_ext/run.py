@@ -145,6 +145,11 @@ def torch_patch(module, choice, registry):
     from horovod_ext.torch.functions import broadcast_optimizer_state
 
     module.broadcast_optimizer_state = broadcast_optimizer_state
+    # elastic scripts: hvd.elastic.TorchState and hvd.elastic.run handle horovod_ext's optimizer
+    from horovod_ext.torch import elastic
+
+    for name in ("TorchState", "run"):
+        setattr(module.elastic, name, getattr(elastic, name))
 
 
 def tensorflow_patch(module, choice, registry):
@@ -185,6 +190,12 @@ def keras_patch(module, choice, registry):
     for name in ("BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback"):
         if horovod_callbacks is not None and hasattr(ext.callbacks, name):
             setattr(horovod_callbacks, name, getattr(ext.callbacks, name))
+    # elastic scripts: Horovod's elastic Keras API, for Keras 3 and horovod_ext's optimizer
+    module.elastic = ext.elastic
+    horovod_elastic = sys.modules.get("horovod.tensorflow.keras.elastic")
+    if horovod_elastic is not None:
+        for name in ext.elastic.__all__:
+            setattr(horovod_elastic, name, getattr(ext.elastic, name))
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -86,7 +86,8 @@ def horovodrun_elastic(script, *args, np_=2, min_np=1, max_np=3, hosts=("localho
     """Run `horovodrun --gloo -np np_ --min-np --max-np --host-discovery-script` on this machine, the discovery
     script printing `$HVDEXT_TEST_OUT/hosts` (written here from `hosts`, rewritten by the workers to remove or add
     a host). Each host name is one "node" of one slot: Horovod blacklists the host of a failed worker, so a second
-    name keeps the survivor's host usable; a blacklisted host is usable again after 1-2 s of cooldown. Returns
+    name keeps the survivor's host usable; a blacklisted host is usable again after 1-2 s of cooldown. The workers
+    find a third name for this machine (third_host()) in HVDEXT_THIRD_HOST. Returns
     (the result of every rank that wrote one, by final rank; combined output); a hang fails after `timeout`."""
     out_dir = tempfile.mkdtemp(prefix="hvdext-elastic-")
     with open(os.path.join(out_dir, "hosts"), "w") as f:
@@ -99,7 +100,7 @@ def horovodrun_elastic(script, *args, np_=2, min_np=1, max_np=3, hosts=("localho
            "--host-discovery-script", discover, "--network-interface", "lo", "--blacklist-cooldown-range", "1", "2",
            sys.executable, script, *map(str, args)]
     run_env = dict(os.environ, HVDEXT_TEST_OUT=out_dir, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1",
-                   OMP_NUM_THREADS="1", **(env or {}))
+                   OMP_NUM_THREADS="1", HVDEXT_THIRD_HOST=third_host() or "", **(env or {}))
     proc = subprocess.Popen(cmd, cwd=ROOT, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
@@ -116,3 +117,16 @@ def horovodrun_elastic(script, *args, np_=2, min_np=1, max_np=3, hosts=("localho
             with open(os.path.join(out_dir, name)) as f:
                 results.append(json.load(f))
     return sorted(results, key=lambda r: r["rank"]), output
+
+
+
+def third_host():
+    """A third name for this machine that horovodrun treats as local (it resolves to one of its addresses): the
+    host name, else an interface address other than loopback; None if there is none."""
+    import socket
+    from horovod.runner.util.network import get_local_host_addresses, resolve_host_address
+    local = get_local_host_addresses()
+    for name in [socket.gethostname()] + sorted(a for a in local if not a.startswith("127.")):
+        if name not in ("localhost", "127.0.0.1") and resolve_host_address(name) in local:
+            return name
+    return None

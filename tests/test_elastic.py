@@ -1,38 +1,29 @@
 """Elastic training for real: `horovodrun --gloo -np 2 --min-np 1 --max-np 3 --host-discovery-script` on this
 machine. A worker is SIGKILLed while its step's collectives are in flight (N: 2 -> 1, the survivor rolls back to
-the last commit), then two are added (N: 1 -> 3: the killed host after Horovod's blacklist cooldown, and the
-machine's own host name). Every rank that ends must hold identical parameters, the expected steps and commits, the
+the last commit), then two are added (N: 1 -> 3: the killed host after Horovod's blacklist cooldown, and a third
+name of this machine). Every rank that ends must hold identical parameters, the expected steps and commits, the
 statistics of exactly the steps trained (rolled-back steps redone, not counted twice), and bytes per step of the
 plan for the final N (two-phase's chunks, sparse_reduce's regions rebuilt for 3 ranks)."""
 import math
 import os
-import socket
 
 import pytest
 
-from hvdrun import horovodrun_elastic
+from hvdrun import horovodrun_elastic, third_host
 
 WORKER = os.path.join("tests", "workers", "elastic_worker.py")
+KERAS_WORKER = os.path.join("tests", "workers", "elastic_keras_worker.py")
 STEPS, KILL_AT, ADD_AT, COMMIT_EVERY = 60, 23, 35, 5
 METHODS = ["ternary", "topk", "topk_sparse_reduce", "adaptive_topk", "async_lsgd"]
 
 
-def hostname_is_local():
-    """The added third "host" is this machine's own name, which Horovod must resolve to a local address."""
-    try:
-        from horovod.runner.util.network import get_local_host_addresses
-        return socket.gethostbyname(socket.gethostname()) in get_local_host_addresses()
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not hostname_is_local(), reason="this machine's host name does not resolve to a local address")
+@pytest.mark.skipif(third_host() is None, reason="this machine has no third local name for a host")
 @pytest.mark.parametrize("method", METHODS)
 def test_worker_killed_and_added(method):
     results, output = horovodrun_elastic(WORKER, method, STEPS, KILL_AT, ADD_AT, COMMIT_EVERY, timeout=240)
     where = f"{method}:\n{output[-3000:]}"
     assert [r["rank"] for r in results] == [0, 1, 2], where
-    assert {r["started_on"] for r in results} == {"localhost", "127.0.0.1", socket.gethostname()}, where
+    assert {r["started_on"] for r in results} == {"localhost", "127.0.0.1", third_host()}, where
     survivor = next(r for r in results if r["started_on"] == "localhost")
     # the failure rolled back to the commit before KILL_AT at N = 1; the added hosts reset at ADD_AT's commit, N = 3
     assert [(step, size) for step, size, _ in survivor["resets"]] == \
@@ -50,3 +41,39 @@ def test_worker_killed_and_added(method):
                 where
     if method == "topk_sparse_reduce":  # regions rebalanced for N = 3 (N + 1 bounds)
         assert all(r["transport"] == "sparse_reduce" and r["region_bounds"] == 4 for r in results), where
+
+
+@pytest.mark.skipif(third_host() is None, reason="this machine has no third local name for a host")
+def test_launcher_runs_an_unmodified_elastic_script():
+    """Horovod's elastic idiom in plain horovod.torch (hvd.elastic.TorchState, @hvd.elastic.run), compressed by
+    `python -m horovod_ext.run --compression topk`: the same fault survived, the same ends."""
+    results, output = horovodrun_elastic("-m", "horovod_ext.run", "--compression", "topk", "--compression-arg",
+                                         "ratio=0.05", WORKER, "horovod", STEPS, KILL_AT, ADD_AT, COMMIT_EVERY,
+                                         timeout=240)
+    where = output[-3000:]
+    assert [r["rank"] for r in results] == [0, 1, 2], where
+    survivor = next(r for r in results if r["started_on"] == "localhost")
+    assert survivor["residuals_kept"] and all(survivor["residuals_kept"]), where
+    for r in results:
+        assert (r["size"], r["step"], r["stats_steps"], r["transport"]) == (3, STEPS, STEPS, "allgather"), where
+        assert r["params"] == results[0]["params"], where
+
+@pytest.mark.skipif(third_host() is None, reason="this machine has no third local name for a host")
+def test_keras_fit_worker_killed_and_added():
+    """Horovod's elastic Keras pattern (KerasState and its three callbacks) with top-k: the survivor rolls back to
+    its last commit at N = 1, two ranks join at N = 3, and every rank ends the epochs with identical weights and
+    as many compressed steps as optimizer iterations (no rolled-back step counted twice)."""
+    epochs, per_epoch, kill_at, add_at = 6, 10, 23, 35
+    results, output = horovodrun_elastic(KERAS_WORKER, epochs, per_epoch, kill_at, add_at, timeout=300)
+    where = output[-3000:]
+    assert [r["rank"] for r in results] == [0, 1, 2], where
+    survivor = next(r for r in results if r["started_on"] == "localhost")
+    assert [size for _, _, size in survivor["resets"]] == [1, 3], where
+    for r in results:
+        assert (r["size"], r["epoch"]) == (3, epochs), where
+        # Keras 3 fixes an epoch's steps when fit() starts, so the epoch a reset interrupts is trained again
+        # from its start: at least epochs * per_epoch iterations, the same on every rank
+        assert r["iterations"] == results[0]["iterations"] >= epochs * per_epoch, where
+        assert r["aggregator_steps"] == r["iterations"], where
+        assert r["params"] == results[0]["params"], f"rank {r['rank']} ended with other weights; {where}"
+        assert r["accuracy"] > 0.5, where

@@ -76,6 +76,7 @@ class GradientAggregator(tf.Module):
                                       timed=False)
         self.backend = TFBackend(self, process_set, op, self.predivide, self.stats)
         self.driver = None  # the compressor's step (compression/driver.py), made at the first step
+        self._carried_residuals = None  # this rank's residuals across an elastic reset, into the next driver
 
     # --------------------------------------------------------------------------------------------- agreement
     def _allgather_blobs(self, blob):
@@ -148,6 +149,9 @@ class GradientAggregator(tf.Module):
         if self.driver is None:
             self.driver = StepDriver(self.compression, self.backend, [g.shape.num_elements() for g in present],
                                      self.name)
+            if self._carried_residuals:
+                self.driver.method.load_state(self.backend, self._carried_residuals)
+            self._carried_residuals = None
         out = self._communicate(names, present)
         result, it = [], iter(out)
         for g in grads:
@@ -172,6 +176,24 @@ class GradientAggregator(tf.Module):
             out = [tf.identity(o) for o in out]
             self.step.assign_add(1)
         return out
+
+    # ------------------------------------------------------------------------------------- elastic training
+    def elastic_reset(self):
+        """After Horovod's elastic reset (shutdown and init, perhaps with another N; keras/elastic.py): the backend
+        and the method are built again for the new membership when the step is next traced, after a settings
+        exchange made as at start; the method takes on its shared state from ``method_state`` (GraVAC's EWMA weight
+        set for the new N, sparse_reduce's regions rebalanced) and this rank's residuals, whatever its new rank.
+        The step's function must be traced again (KerasState drops the model's)."""
+        if self.driver is not None:
+            self._carried_residuals = self.driver.method.state(self.backend)
+            self.driver = None
+        self.backend = TFBackend(self, self.process_set, self.op, self.predivide, self.stats)
+        self._agreed = None
+
+    def shared_variables(self):
+        """The variables every rank holds alike (a reset synchronizes them from rank 0): the step counter and the
+        seed; the method's shared state is the string variable ``method_state``."""
+        return [self.step, self.seed]
 
     # -------------------------------------------------------------------------------------------- statistics
     def compression_stats(self):

@@ -31,8 +31,9 @@ interrupts at a commit, where they are the commit's); a departed rank's residual
 unsent gradient mass of that rank); an added rank starts from zero residuals. Steps rolled back to the last commit
 are redone: the statistics and GraVAC's table are the commit's, so a redone step is counted once.
 
-The reset initializes Horovod with horovod_ext's ``init`` (dynamic process sets on, as at start), so that
-LeaderOptimizer's groups can be made again as process sets of the new membership.
+The reset initializes Horovod as the script's first ``init`` did: with horovod_ext's, dynamic process sets stay on, so
+that LeaderOptimizer's groups are made again as process sets of the new membership; a script initialized by
+Horovod's own init (the launcher's case) keeps them off, as a rank that joins then starts.
 """
 import copy
 
@@ -99,7 +100,9 @@ def run(func):
 def _reset():
     from horovod_ext.torch import init  # the package imports this module
     shutdown()
-    init()
+    # as the first init did: dynamic process sets stay on where it turned them on (Horovod keeps that in
+    # HOROVOD_DYNAMIC_PROCESS_SETS), so a rank that starts the script afresh agrees with the survivors
+    init(process_sets=[])
 
 
 __all__ = ["TorchState", "ElasticSampler", "run"]

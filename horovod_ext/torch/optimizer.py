@@ -292,7 +292,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         with "theta_ideal", the CF it settled on (None while exploring)."""
         observations = self._hx_driver.method.observations() if self._hx_driver is not None else {}
         stats = self._hx_stats.as_dict()  # after the observations: GraVAC takes in its last readings there
-        stats["ranks"] = self._hx_process_set.size()
+        stats["ranks"] = self._hx_backend.nranks  # this job's, also once Horovod has shut down (at exit)
         stats.update(observations)
         return stats
 

@@ -2,32 +2,41 @@
 
     python elastic_worker.py METHOD STEPS KILL_AT ADD_AT [COMMIT_EVERY]
 
-The discovery script prints the file ``$HVDEXT_TEST_OUT/hosts``. The rank started on host 127.0.0.1 SIGKILLs itself
-at step KILL_AT, after backward has launched the step's collectives (so its peers fail inside one), having first
-taken its host out of the hosts file. At step ADD_AT rank 0 puts 127.0.0.1 back (after Horovod's blacklist cooldown)
-and adds the machine's own host name, then waits until Horovod has told it (the next commit resets). Every rank
+The discovery script prints the file ``$HVDEXT_TEST_OUT/hosts``. At each step of KILL_AT (a comma list; -1: none)
+the rank running on host 127.0.0.1 SIGKILLs itself, after backward has launched the step's collectives (so its
+peers fail inside one), having first taken its host out of the hosts file. At each step of ADD_AT rank 0 writes
+the hosts localhost, 127.0.0.1 (after Horovod's blacklist cooldown) and a third name of this machine (tests/hvdrun.py third_host), then waits
+until Horovod has told it (the next commit resets). benchmarks/elastic_soak.py runs it at 3 ranks with a kill
+every 200 steps. Every rank
 that finishes writes its result: steps, commits, parameters, statistics, bytes of the last step and the plan's
-bytes for the final N, accuracy on a held-out set. METHOD "none" with KILL_AT = ADD_AT = -1 is the uninterrupted
+bytes for the final N, accuracy on a held-out set. METHOD "horovod" is Horovod's own script (horovod.torch, its
+DistributedOptimizer), for the launcher `python -m horovod_ext.run`. METHOD "none" with KILL_AT = ADD_AT = -1 is the uninterrupted
 reference a soak compares with.
 """
 import json
 import os
 import signal
-import socket
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import psutil  # noqa: E402
 import torch  # noqa: E402
 
-import horovod_ext.torch as hvd  # noqa: E402
+if __name__ == "__main__" and sys.argv[1] == "horovod":  # an unmodified Horovod script, run by horovod_ext.run
+    import horovod.torch as hvd  # noqa: E402
+else:
+    import horovod_ext.torch as hvd  # noqa: E402
 from horovod_ext.compression.join import join_check_wire_bytes  # noqa: E402
 from horovod_ext.compression.two_phase import TwoPhasePlan, scale_sharing_bytes  # noqa: E402
 from horovod_ext.compression.wire import allreduce_wire_bytes  # noqa: E402
 
 OUT = os.environ["HVDEXT_TEST_OUT"]
 HOSTS = os.path.join(OUT, "hosts")
-KILLED, ADDED = os.path.join(OUT, "killed"), os.path.join(OUT, "added")
+
+def marker(what, step):
+    return os.path.join(OUT, f"{what}.{step}")
+
 FEATURES, CLASSES, BATCH = 32, 4, 32
 COMPRESSORS = {
     "none": lambda: hvd.Compression.none,
@@ -58,6 +67,8 @@ def make(method):
     base = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     if method == "easgd":
         return model, hvd.ElasticAveragingOptimizer(base, model.named_parameters())
+    if method == "horovod":  # Horovod's own optimizer (the launcher's --compression replaces it)
+        return model, hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
     if method in ("lsgd", "async_lsgd"):
         return model, hvd.LeaderOptimizer(base, model.named_parameters(), groups=None,
                                           asynchronous=method == "async_lsgd")
@@ -81,7 +92,8 @@ def planned_two_phase_bytes(model):
 
 
 def main():
-    method, steps, kill_at, add_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    method, steps = sys.argv[1], int(sys.argv[2])
+    kills, adds = ({int(s) for s in arg.split(",")} for arg in sys.argv[3:5])
     commit_every = int(sys.argv[5]) if len(sys.argv) > 5 else 5
     hvd.init()
     started_on = os.environ.get("HOROVOD_HOSTNAME")
@@ -101,6 +113,7 @@ def main():
 
     state.register_reset_callbacks([on_reset])
     started = time.time()
+    trained, rss = [0], [None]  # steps this process ran (redone ones included); its RSS after its first step
 
     @hvd.elastic.run
     def train(state):
@@ -110,18 +123,24 @@ def main():
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x[first:first + BATCH]), y[first:first + BATCH])
             loss.backward()
-            if state.step == kill_at and started_on == "127.0.0.1" and not os.path.exists(KILLED):
-                write_hosts(["localhost:1"])
-                open(KILLED, "w").close()
+            if state.step in kills and started_on == "127.0.0.1" and not os.path.exists(marker("killed", state.step)):
+                write_hosts(["localhost:1", f"{os.environ['HVDEXT_THIRD_HOST']}:1"] if hvd.size() > 2 else ["localhost:1"])
+                with open(marker("killed", state.step), "w") as f:
+                    f.write(str(time.time()))
                 os.kill(os.getpid(), signal.SIGKILL)  # mid-step: this step's collectives are in flight
             if method in PARAMETER_SPACE:
                 opt.report_loss(loss)
             opt.step()
             state.step += 1
-            if state.step == add_at and r == 0 and os.path.exists(KILLED) and not os.path.exists(ADDED):
-                time.sleep(2.5)  # Horovod's blacklist cooldown (--blacklist-cooldown-range 1 2) ends
-                write_hosts(["localhost:1", "127.0.0.1:1", f"{socket.gethostname()}:1"])
-                open(ADDED, "w").close()
+            trained[0] += 1
+            if rss[0] is None:
+                rss[0] = psutil.Process().memory_info().rss
+            if state.step in adds and r == 0 and not os.path.exists(marker("added", state.step)):
+                killed = max((float(open(marker("killed", k)).read() or 0) for k in kills
+                              if os.path.exists(marker("killed", k))), default=0.0)
+                time.sleep(max(0.0, killed + 2.5 - time.time()))  # the blacklist cooldown (1-2 s) has ended
+                write_hosts(["localhost:1", "127.0.0.1:1", f"{os.environ['HVDEXT_THIRD_HOST']}:1"])
+                open(marker("added", state.step), "w").close()
                 deadline = time.time() + 60
                 while state._host_messages.empty() and time.time() < deadline:
                     time.sleep(0.1)
@@ -144,7 +163,8 @@ def main():
         extra["region_bounds"] = len(regions.bounds) if regions.bounds is not None else None
     result = {"rank": hvd.rank(), "size": hvd.size(), "step": state.step, "commits": state.commits,
               "started_on": started_on, "pid": os.getpid(), "resets": resets, "residuals_kept": kept, "seconds": time.time() - started,
-              "accuracy": accuracy, "params": params.tolist(), "stats_steps": stats["steps"],
+              "accuracy": accuracy, "params": params.tolist(), "stats_steps": stats["steps"], "trained": trained[0],
+              "rss_start": rss[0], "rss_end": psutil.Process().memory_info().rss,
               "transport": stats.get("transport"), "last_wire_bytes": stats["last_step"].get("wire_bytes"),
               **extra}
     with open(os.path.join(OUT, f"rank{hvd.rank()}.json"), "w") as f:

@@ -24,4 +24,5 @@ from .optimizer import DistributedOptimizer  # noqa: E402
 
 # `from . import callbacks` would return the `callbacks` the star import bound (Horovod's, for Keras 2).
 callbacks = importlib.import_module(".callbacks", __name__)
+elastic = importlib.import_module(".elastic", __name__)  # Horovod's elastic Keras API, for Keras 3
 init = make_init(_horovod.init, framework_basics(_horovod))
