@@ -33,6 +33,20 @@ def horovodrun(np_, script, *args, timeout=240, hosts=None, env=None, collect=Tr
     """
     out_dir = tempfile.mkdtemp(prefix="hvdext-test-")
     cmd = [*launch_command(launcher, np_, hosts), sys.executable, script, *map(str, args)]
+    output = run_bounded(cmd, cmd[0], out_dir, timeout, env)
+    results = []
+    for rank in range(np_ if collect else 0):
+        path = os.path.join(out_dir, f"rank{rank}.json")
+        assert os.path.exists(path), f"rank {rank} wrote no result:\n{output[-6000:]}"
+        with open(path) as f:
+            results.append(json.load(f))
+    return results, output
+
+
+def run_bounded(cmd, label, out_dir, timeout, env=None):
+    """Run cmd (a launcher) from the repository root with results in out_dir (HVDEXT_TEST_OUT); return its
+    combined output. A hang becomes a failure after `timeout` seconds: the whole process group (the launcher and
+    every rank) is killed."""
     run_env = dict(os.environ, HVDEXT_TEST_OUT=out_dir, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1",
                    OMP_NUM_THREADS="1", **(env or {}))
     proc = subprocess.Popen(cmd, cwd=ROOT, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -42,16 +56,23 @@ def horovodrun(np_, script, *args, timeout=240, hosts=None, env=None, collect=Tr
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        raise AssertionError(f"{cmd[0]} timed out after {timeout}s (a rank hung):\n{output[-6000:]}")
+        raise AssertionError(f"{label} timed out after {timeout}s (a rank hung):\n{output[-6000:]}")
     if proc.returncode != 0:
-        raise AssertionError(f"{cmd[0]} exited {proc.returncode}:\n{output[-6000:]}")
-    results = []
-    for rank in range(np_ if collect else 0):
-        path = os.path.join(out_dir, f"rank{rank}.json")
-        assert os.path.exists(path), f"rank {rank} wrote no result:\n{output[-6000:]}"
-        with open(path) as f:
-            results.append(json.load(f))
-    return results, output
+        raise AssertionError(f"{label} exited {proc.returncode}:\n{output[-6000:]}")
+    return output
+
+
+def write_hosts(lines):
+    """Called by an elastic worker: the hosts horovodrun_elastic's discovery script prints from now on."""
+    path = os.path.join(os.environ["HVDEXT_TEST_OUT"], "hosts")
+    with open(path + ".tmp", "w") as f:
+        f.write("".join(f"{line}\n" for line in lines))
+    os.replace(path + ".tmp", path)
+
+
+def marker(what, step):
+    """A file an elastic worker leaves once it did `what` (killed, added) at `step`, so that it is done once."""
+    return os.path.join(os.environ["HVDEXT_TEST_OUT"], f"{what}.{step}")
 
 
 def write_result(rank, result):
@@ -99,18 +120,8 @@ def horovodrun_elastic(script, *args, np_=2, min_np=1, max_np=3, hosts=("localho
     cmd = ["horovodrun", "--gloo", "-np", str(np_), "--min-np", str(min_np), "--max-np", str(max_np),
            "--host-discovery-script", discover, "--network-interface", "lo", "--blacklist-cooldown-range", "1", "2",
            sys.executable, script, *map(str, args)]
-    run_env = dict(os.environ, HVDEXT_TEST_OUT=out_dir, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1",
-                   OMP_NUM_THREADS="1", HVDEXT_THIRD_HOST=third_host() or "", **(env or {}))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        raise AssertionError(f"horovodrun (elastic) timed out after {timeout}s (a rank hung):\n{output[-6000:]}")
-    if proc.returncode != 0:
-        raise AssertionError(f"horovodrun (elastic) exited {proc.returncode}:\n{output[-6000:]}")
+    output = run_bounded(cmd, "horovodrun (elastic)", out_dir, timeout,
+                         dict(env or {}, HVDEXT_THIRD_HOST=third_host() or ""))
     results = []
     for name in sorted(os.listdir(out_dir)):
         if name.startswith("rank") and name.endswith(".json"):

@@ -11,10 +11,19 @@ recorded, the same error on every rank (each is decided from collective results)
 
 After either, the method drops what error feedback kept (Method.on_error), and the next step trains normally.
 """
+import os
+
 from .join import JOIN_CHECK_BYTES, a_rank_joined, join_check_wire_bytes
 from .plan import Item
 from .registry import method_for
 
+# Under horovodrun's elastic mode every method waits for the join check when the step begins, so that a rank learns
+# of a failed peer (the wait raises HorovodInternalError) before backward's hooks enqueue more collectives. With
+# Horovod 0.28.1 and torch 2.11 an enqueue can deadlock against Horovod's background thread when that thread is
+# finalizing after the failure: it holds the process-set table's mutex while releasing queued tensors, which needs
+# the GIL; the enqueueing thread holds the GIL and waits for that mutex (seen with PowerSGD, which otherwise reads
+# the check at finish and so keeps enqueueing through backward).
+ELASTIC = os.environ.get("HOROVOD_ELASTIC") == "1"
 NONFINITE_HELP = "gradients must be finite (lower the learning rate, or clip gradients)"
 PAYLOAD_HELP = "payloads are checked on arrival; a corrupted one fails the step on every rank"
 
@@ -34,11 +43,12 @@ class StepDriver:
         """A step begins (before its first launch): the join check, then the backend's step. Payload compressors
         cannot run while a rank is joined (join.py): one allreduce of 1 per step asks (eagerly). A method whose
         launch() is the same in a joined step (Method.join_decided_at_finish) reads the answer in finish(), so that
-        the check overlaps backward instead of stopping it."""
+        the check overlaps backward instead of stopping it, except in Horovod's elastic mode (ELASTIC)."""
         check = None
         if self.method.needs_join_check:
             check = self.be.ranks_training(f"horovod_ext.training.{self.tag}")
-        self.check = check if check is not None and self.method.join_decided_at_finish else None
+        deferred = self.method.join_decided_at_finish and not ELASTIC
+        self.check = check if check is not None and deferred else None
         self.dense = bool(check is not None and self.check is None and self.joined(check))
         self.be.begin_step(step, seed, self.dense)
         if check is not None:

@@ -312,12 +312,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _hx_forget_in_flight(self):
         """Drop every collective in flight without waiting (Horovod failed under them, or is being reset); the
         step's launched gradients are dropped too, as load_state_dict() drops them."""
+        self._hx_clear_step()
+        if self._hx_driver is not None:
+            self._hx_driver.method.forget_in_flight()
+
+    def _hx_clear_step(self):
+        """No gradient of the step is pending any more: backward starts afresh."""
         self._hx_pending = {}
         self._hx_begun, self._hx_densified = False, set()
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
         self._hx_synchronized = False
-        if self._hx_driver is not None:
-            self._hx_driver.method.forget_in_flight()
 
     def _hx_elastic_reset(self):
         """After Horovod's elastic reset (shutdown and init, perhaps with another N; horovod_ext.torch.elastic):
@@ -347,10 +351,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             drain(list(item.future for item in self._hx_pending.values()))
             if self._hx_driver is not None:
                 self._hx_driver.abandon_step()
-        self._hx_pending = {}
-        self._hx_begun, self._hx_densified = False, set()
-        self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
-        self._hx_synchronized = False
+        self._hx_clear_step()
         self._hx_should_synchronize = True
         super(self.__class__, self).load_state_dict(state_dict)
         if ours is None:

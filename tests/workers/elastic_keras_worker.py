@@ -7,7 +7,6 @@ Horovod's documented pattern: KerasState, CommitStateCallback (every 5 batches a
 UpdateBatchStateCallback, UpdateEpochStateCallback, ``fit(epochs=EPOCHS - state.epoch)`` inside ``hvd.elastic.run``.
 The rank started on 127.0.0.1 SIGKILLs itself at the start of global batch KILL_AT; at the end of the batch before
 global batch ADD_AT rank 0 puts 127.0.0.1 back and adds a third name of this machine (as elastic_worker.py does)."""
-import json
 import os
 import signal
 import sys
@@ -19,16 +18,11 @@ import numpy as np  # noqa: E402
 
 import horovod_ext.tensorflow.keras as hvd  # noqa: E402
 
-OUT = os.environ["HVDEXT_TEST_OUT"]
-HOSTS = os.path.join(OUT, "hosts")
-KILLED, ADDED = os.path.join(OUT, "killed"), os.path.join(OUT, "added")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from hvdrun import marker, write_hosts, write_result  # noqa: E402
+
+KILLED, ADDED = marker("killed", "keras"), marker("added", "keras")
 FEATURES, CLASSES, BATCH = 32, 4, 32
-
-
-def write_hosts(lines):
-    with open(HOSTS + ".tmp", "w") as f:
-        f.write("".join(f"{line}\n" for line in lines))
-    os.replace(HOSTS + ".tmp", HOSTS)
 
 
 def data():
@@ -104,8 +98,7 @@ def main():
               "iterations": int(opt.iterations.numpy()), "aggregator_steps": stats["steps"],
               "started_on": os.environ.get("HOROVOD_HOSTNAME"), "resets": resets, "accuracy": accuracy,
               "params": params.tolist()}
-    with open(os.path.join(OUT, f"rank{hvd.rank()}.json"), "w") as f:
-        json.dump(result, f)
+    write_result(hvd.rank(), result)
 
 
 if __name__ == "__main__":

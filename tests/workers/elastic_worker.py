@@ -5,15 +5,13 @@
 The discovery script prints the file ``$HVDEXT_TEST_OUT/hosts``. At each step of KILL_AT (a comma list; -1: none)
 the rank running on host 127.0.0.1 SIGKILLs itself, after backward has launched the step's collectives (so its
 peers fail inside one), having first taken its host out of the hosts file. At each step of ADD_AT rank 0 writes
-the hosts localhost, 127.0.0.1 (after Horovod's blacklist cooldown) and a third name of this machine (tests/hvdrun.py third_host), then waits
-until Horovod has told it (the next commit resets). benchmarks/elastic_soak.py runs it at 3 ranks with a kill
-every 200 steps. Every rank
-that finishes writes its result: steps, commits, parameters, statistics, bytes of the last step and the plan's
-bytes for the final N, accuracy on a held-out set. METHOD "horovod" is Horovod's own script (horovod.torch, its
-DistributedOptimizer), for the launcher `python -m horovod_ext.run`. METHOD "none" with KILL_AT = ADD_AT = -1 is the uninterrupted
-reference a soak compares with.
+the hosts localhost, 127.0.0.1 (after Horovod's blacklist cooldown) and a third name of this machine
+(tests/hvdrun.py third_host), then waits until Horovod has told it (the next commit resets).
+benchmarks/elastic_soak.py runs it at 3 ranks with a kill every 200 steps. Every rank that finishes writes its
+result: steps, commits, parameters, statistics, bytes of the last step and the plan's bytes for the final N,
+accuracy on a held-out set. METHOD "horovod" is Horovod's own script (horovod.torch, its DistributedOptimizer), for
+the launcher `python -m horovod_ext.run`. KILL_AT = ADD_AT = -1 is the uninterrupted run a soak compares with.
 """
-import json
 import os
 import signal
 import sys
@@ -30,12 +28,7 @@ else:
 from horovod_ext.compression.join import join_check_wire_bytes  # noqa: E402
 from horovod_ext.compression.two_phase import TwoPhasePlan, scale_sharing_bytes  # noqa: E402
 from horovod_ext.compression.wire import allreduce_wire_bytes  # noqa: E402
-
-OUT = os.environ["HVDEXT_TEST_OUT"]
-HOSTS = os.path.join(OUT, "hosts")
-
-def marker(what, step):
-    return os.path.join(OUT, f"{what}.{step}")
+from hvdrun import marker, write_hosts, write_result  # noqa: E402
 
 FEATURES, CLASSES, BATCH = 32, 4, 32
 COMPRESSORS = {
@@ -74,12 +67,6 @@ def make(method):
                                           asynchronous=method == "async_lsgd")
     return model, hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                            compression=COMPRESSORS[method]())
-
-
-def write_hosts(lines):
-    with open(HOSTS + ".tmp", "w") as f:
-        f.write("".join(f"{line}\n" for line in lines))
-    os.replace(HOSTS + ".tmp", HOSTS)
 
 
 def planned_two_phase_bytes(model):
@@ -124,7 +111,8 @@ def main():
             loss = torch.nn.functional.cross_entropy(model(x[first:first + BATCH]), y[first:first + BATCH])
             loss.backward()
             if state.step in kills and started_on == "127.0.0.1" and not os.path.exists(marker("killed", state.step)):
-                write_hosts(["localhost:1", f"{os.environ['HVDEXT_THIRD_HOST']}:1"] if hvd.size() > 2 else ["localhost:1"])
+                third = [f"{os.environ['HVDEXT_THIRD_HOST']}:1"] if hvd.size() > 2 else []
+                write_hosts(["localhost:1", *third])
                 with open(marker("killed", state.step), "w") as f:
                     f.write(str(time.time()))
                 os.kill(os.getpid(), signal.SIGKILL)  # mid-step: this step's collectives are in flight
@@ -162,13 +150,13 @@ def main():
         regions = opt._hx_driver.method.sparse.regions
         extra["region_bounds"] = len(regions.bounds) if regions.bounds is not None else None
     result = {"rank": hvd.rank(), "size": hvd.size(), "step": state.step, "commits": state.commits,
-              "started_on": started_on, "pid": os.getpid(), "resets": resets, "residuals_kept": kept, "seconds": time.time() - started,
+              "started_on": started_on, "pid": os.getpid(), "resets": resets, "residuals_kept": kept,
+              "seconds": time.time() - started,
               "accuracy": accuracy, "params": params.tolist(), "stats_steps": stats["steps"], "trained": trained[0],
               "rss_start": rss[0], "rss_end": psutil.Process().memory_info().rss,
               "transport": stats.get("transport"), "last_wire_bytes": stats["last_step"].get("wire_bytes"),
               **extra}
-    with open(os.path.join(OUT, f"rank{hvd.rank()}.json"), "w") as f:
-        json.dump(result, f)
+    write_result(hvd.rank(), result)
 
 
 if __name__ == "__main__":
