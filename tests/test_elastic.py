@@ -6,10 +6,12 @@ statistics of exactly the steps trained (rolled-back steps redone, not counted t
 plan for the final N (two-phase's chunks, sparse_reduce's regions rebuilt for 3 ranks)."""
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 
-from hvdrun import horovodrun_elastic, third_host
+from hvdrun import ROOT, horovodrun_elastic, third_host
 
 WORKER = os.path.join("tests", "workers", "elastic_worker.py")
 KERAS_WORKER = os.path.join("tests", "workers", "elastic_keras_worker.py")
@@ -77,3 +79,20 @@ def test_keras_fit_worker_killed_and_added():
         assert r["aggregator_steps"] == r["iterations"], where
         assert r["params"] == results[0]["params"], f"rank {r['rank']} ended with other weights; {where}"
         assert r["accuracy"] > 0.5, where
+
+
+def test_keras_state_refuses_the_keras_leader_optimizers():
+    """Keras's LeaderOptimizer is not rebuilt after a reset: KerasState says so at once, naming what works."""
+    code = (
+        "import keras, pytest\n"
+        "import horovod_ext.tensorflow.keras as hvd\n"
+        "hvd.init()\n"
+        "model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])\n"
+        "opt = hvd.LeaderOptimizer(keras.optimizers.SGD(0.1), groups=None)\n"
+        "model.compile(optimizer=opt, loss='mse')\n"
+        "with pytest.raises(NotImplementedError, match='LeaderOptimizer or ElasticAveragingOptimizer'):\n"
+        "    hvd.elastic.KerasState(model, epoch=0)\n"
+        "print('refused')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0 and "refused" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]

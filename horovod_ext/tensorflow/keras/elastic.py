@@ -50,6 +50,13 @@ class KerasState(ObjectState):
         self.optimizer = optimizer or model.optimizer
         if self.optimizer is None:
             raise ValueError("KerasState: compile the model with an optimizer, or pass optimizer=")
+        ours = _aggregator(self.optimizer)
+        if ours is not None and not hasattr(ours, "elastic_reset"):
+            raise NotImplementedError(
+                f"KerasState: horovod_ext's Keras {type(ours).__name__.strip('_')} of a LeaderOptimizer or "
+                f"ElasticAveragingOptimizer is not supported in elastic mode (its groups, process sets and schedule "
+                f"are not rebuilt after a reset); elastic mode supports Keras's DistributedOptimizer with every "
+                f"compressor, and horovod_ext.torch's LeaderOptimizer and ElasticAveragingOptimizer")
         self._build_optimizer()
         self._save_model()
         super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
