@@ -22,3 +22,11 @@ def make_init(horovod_init, basics=None):
         return result
 
     return init
+
+
+def reinitialize(shutdown, init):
+    """Horovod's elastic reset (shutdown, then init), initializing as the script's first init did: dynamic process
+    sets stay on where it turned them on (Horovod keeps that in HOROVOD_DYNAMIC_PROCESS_SETS), so a rank that starts
+    the script afresh agrees with the survivors. init is horovod_ext's (make_init)."""
+    shutdown()
+    init(process_sets=[])

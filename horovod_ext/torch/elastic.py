@@ -42,6 +42,7 @@ from horovod.torch.elastic.sampler import ElasticSampler
 from horovod.torch.elastic.state import StateHandler, TorchState as _HorovodTorchState
 from horovod.torch.mpi_ops import shutdown
 
+from horovod_ext.consensus.init import reinitialize
 from .functions import broadcast_optimizer_state
 
 
@@ -99,10 +100,7 @@ def run(func):
 
 def _reset():
     from horovod_ext.torch import init  # the package imports this module
-    shutdown()
-    # as the first init did: dynamic process sets stay on where it turned them on (Horovod keeps that in
-    # HOROVOD_DYNAMIC_PROCESS_SETS), so a rank that starts the script afresh agrees with the survivors
-    init(process_sets=[])
+    reinitialize(shutdown, init)
 
 
 __all__ = ["TorchState", "ElasticSampler", "run"]

@@ -28,6 +28,8 @@ from horovod.common.exceptions import HorovodInternalError
 from horovod.tensorflow.functions import broadcast_object
 from horovod.tensorflow.mpi_ops import broadcast, rank, shutdown
 
+from horovod_ext.consensus.init import reinitialize
+
 
 def _aggregator(optimizer):
     return getattr(optimizer, "horovod_ext", None)
@@ -162,10 +164,7 @@ def run(func):
 
 def _reset():
     from horovod_ext.tensorflow.keras import init  # the package imports this module
-    shutdown()
-    # as the first init did: dynamic process sets stay on where it turned them on (Horovod keeps that in
-    # HOROVOD_DYNAMIC_PROCESS_SETS), so a rank that starts the script afresh agrees with the survivors
-    init(process_sets=[])
+    reinitialize(shutdown, init)
 
 
 __all__ = ["KerasState", "CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochStateCallback", "run"]
