@@ -30,6 +30,12 @@ def test_worker_killed_and_added(method):
     # the failure rolled back to the commit before KILL_AT at N = 1; the added hosts reset at ADD_AT's commit, N = 3
     assert [(step, size) for step, size, _ in survivor["resets"]] == \
         [(KILL_AT // COMMIT_EVERY * COMMIT_EVERY, 1), (ADD_AT, 3)], where
+    # a reset's names are new (a name left in Horovod's queue by the failure cannot collide); the added ranks use
+    # the survivor's last generation
+    periods = survivor["names"]
+    assert sorted(periods) == ["0", "1", "2"], where
+    assert all(not set(periods[a]) & set(periods[b]) for a, b in (("0", "1"), ("0", "2"), ("1", "2"))), where
+    assert all(r["names"] == {"0": periods["2"]} for r in results if r is not survivor), where
     if method in ("topk", "topk_sparse_reduce", "adaptive_topk"):  # its own residuals, as committed
         assert survivor["residuals_kept"] and all(survivor["residuals_kept"]), where
     for r in results:
@@ -96,3 +102,33 @@ def test_keras_state_refuses_the_keras_leader_optimizers():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert proc.returncode == 0 and "refused" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+def test_generation_is_the_largest_proposal_and_renames_from_the_first_reset(monkeypatch):
+    from horovod_ext.compression import generation
+    monkeypatch.setattr(generation, "_known", 0)
+    assert generation.named("hvdext.topk.w", 0) == "hvdext.topk.w"  # without a reset the names are Horovod's
+    generation.advance()
+    assert generation.proposal() == 1
+    assert generation.agreed([3, 1, 0]) == 3 and generation.proposal() == 3  # an added rank proposes 0
+    assert generation.agreed([0, 0]) == 0 and generation.proposal() == 3  # never back to a name it may hold
+    assert generation.named("hvdext.topk.w", 3) == "g3.hvdext.topk.w"
+
+
+def test_a_stale_name_resets_under_elastic_mode_only(monkeypatch):
+    from horovod.common.exceptions import HorovodInternalError
+    from horovod_ext.compression import generation
+    stale = ValueError("Requested to allreduce a tensor with the " + generation.DUPLICATE_NAME + ".")
+
+    def enqueue(error):
+        with generation.stale_names_reset():
+            raise error
+
+    monkeypatch.setattr(generation, "ELASTIC", True)
+    with pytest.raises(HorovodInternalError, match="left in Horovod's queue"):
+        enqueue(stale)
+    with pytest.raises(ValueError, match="dtype"):
+        enqueue(ValueError("wrong dtype"))
+    monkeypatch.setattr(generation, "ELASTIC", False)
+    with pytest.raises(ValueError, match="same name"):
+        enqueue(stale)

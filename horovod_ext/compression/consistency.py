@@ -9,6 +9,8 @@ import zlib
 
 import numpy as np
 
+from . import generation
+
 
 class SettingsMismatchError(ValueError):
     """Raised on every rank when ranks were configured differently."""
@@ -62,9 +64,12 @@ def exchange(settings, local, allgather_blobs, what="horovod_ext DistributedOpti
 
 
 def agree(settings, allgather_blobs, what="horovod_ext DistributedOptimizer"):
-    """Exchange settings and a random seed proposal; raise SettingsMismatchError (every rank gets the same
-    message) or return rank 0's proposal."""
-    return exchange(settings, {"seed": random.SystemRandom().getrandbits(63)}, allgather_blobs, what)[0]
+    """Exchange settings, a random seed proposal and the reset generation (generation.py); raise
+    SettingsMismatchError (every rank gets the same message) or return {"seed": rank 0's proposal, "generation":
+    the agreed generation}."""
+    proposals = exchange(settings, {"seed": random.SystemRandom().getrandbits(63),
+                                    "generation": generation.proposal()}, allgather_blobs, what)
+    return {"seed": proposals[0]["seed"], "generation": generation.agreed([p["generation"] for p in proposals])}
 
 
 def split_blobs(gathered, sizes):

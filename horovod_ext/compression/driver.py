@@ -11,8 +11,7 @@ recorded, the same error on every rank (each is decided from collective results)
 
 After either, the method drops what error feedback kept (Method.on_error), and the next step trains normally.
 """
-import os
-
+from .generation import ELASTIC
 from .join import JOIN_CHECK_BYTES, a_rank_joined, join_check_wire_bytes
 from .plan import Item
 from .registry import method_for
@@ -23,7 +22,6 @@ from .registry import method_for
 # finalizing after the failure: it holds the process-set table's mutex while releasing queued tensors, which needs
 # the GIL; the enqueueing thread holds the GIL and waits for that mutex (seen with PowerSGD, which otherwise reads
 # the check at finish and so keeps enqueueing through backward).
-ELASTIC = os.environ.get("HOROVOD_ELASTIC") == "1"
 NONFINITE_HELP = "gradients must be finite (lower the learning rate, or clip gradients)"
 PAYLOAD_HELP = "payloads are checked on arrival; a corrupted one fails the step on every rank"
 

@@ -9,6 +9,7 @@ from horovod.common.process_sets import global_process_set
 
 from horovod_ext import __version__
 from horovod_ext.horovod_internals import existing_process_sets, process_set_object
+from horovod_ext.compression import generation
 from horovod_ext.compression.consistency import exchange, layout_digest
 from .groups import node_key
 
@@ -19,20 +20,23 @@ DYNAMIC_HELP = ("leader groups are Horovod process sets created after init: init
 
 def build_on_every_rank(make_sync, arguments, tensors, allgather_blobs, rank, size, what):
     """make_sync() -> a LeaderSync/ElasticSync (may raise ValueError). Returns it, configured with every rank's
-    host; raises SettingsMismatchError or the first rank's ValueError on every rank."""
+    host and holding the agreed reset generation of its collectives' names (``sync.generation``,
+    compression/generation.py); raises SettingsMismatchError or the first rank's ValueError on every rank."""
     try:
         sync, error = make_sync(), None
     except ValueError as exc:
         sync, error = None, str(exc)
     settings = {"optimizer": what, **{k: repr(v) for k, v in arguments.items()},
                 "parameters": layout_digest(tensors), "size": size, "horovod_ext": __version__}
-    local = exchange(settings, {"error": error, "node": node_key()}, allgather_blobs, what)
+    local = exchange(settings, {"error": error, "node": node_key(), "generation": generation.proposal()},
+                     allgather_blobs, what)
     errors = [(r, entry["error"]) for r, entry in enumerate(local) if entry["error"]]
     if errors:
         first_rank, message = errors[0]
         raise ValueError(f"{what}: {message} (rank {first_rank}; every rank raises this)")
     if hasattr(sync, "configure"):
         sync.configure([entry["node"] for entry in local], rank)
+    sync.generation = generation.agreed([entry["generation"] for entry in local])
     return sync
 
 

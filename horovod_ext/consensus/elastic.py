@@ -24,6 +24,7 @@ from .rounds import check_staleness
 
 class ElasticSync:
     what = "ElasticAveragingOptimizer"
+    generation = 0  # the reset generation of its collectives' names, set when built (agreement.py)
 
     def __init__(self, beta=0.9, period=4, asynchronous=False, max_staleness=None, size=1):
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 < beta < 1.0:

@@ -7,6 +7,7 @@ Horovod's init resolves the process sets' ranks through it before pointing it at
 Initializing torch after TensorFlow was imported (or the other way round) left global_process_set.ranks == [] (the
 uninitialized framework's answer), so ProcessSet.included() read False on every rank. init resolves them again
 through the framework it initialized."""
+from horovod_ext.compression import generation
 from horovod_ext.horovod_internals import resolve_process_sets
 
 
@@ -27,6 +28,8 @@ def make_init(horovod_init, basics=None):
 def reinitialize(shutdown, init):
     """Horovod's elastic reset (shutdown, then init), initializing as the script's first init did: dynamic process
     sets stay on where it turned them on (Horovod keeps that in HOROVOD_DYNAMIC_PROCESS_SETS), so a rank that starts
-    the script afresh agrees with the survivors. init is horovod_ext's (make_init)."""
+    the script afresh agrees with the survivors. init is horovod_ext's (make_init). The names of horovod_ext's
+    collectives move to the next generation (compression/generation.py)."""
     shutdown()
+    generation.advance()
     init(process_sets=[])

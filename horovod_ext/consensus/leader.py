@@ -76,6 +76,7 @@ class LeaderSync:
     """Arguments, groups, schedule, election and state of one LeaderOptimizer."""
 
     what = "LeaderOptimizer"
+    generation = 0  # the reset generation of its collectives' names, set when built (agreement.py)
 
     def __init__(self, pull=0.1, global_pull=0.1, period=4, global_period=16, groups="node", asynchronous=False,
                  max_staleness=None, size=1):

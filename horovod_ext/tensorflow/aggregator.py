@@ -13,6 +13,7 @@ from horovod_ext import __version__
 from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_payload_compressor
 from horovod_ext.compression.consistency import agree, allgather_blobs, optimizer_settings
 from horovod_ext.compression.driver import StepDriver
+from horovod_ext.compression.generation import named
 from horovod_ext.compression.horovod_args import check_predivide
 from horovod_ext.compression.specs import check_tensor, describe_compression, element_limit, resolved_for
 from .backend import TFBackend, collective_name, numpy_allgather
@@ -98,6 +99,7 @@ class GradientAggregator(tf.Module):
             except SettingsMismatchError as exc:
                 self._agreed = exc
                 raise
+            self.backend.generation = proposal["generation"]
             if is_payload_compressor(self.compression) and self._agreed is None:
                 given = getattr(self.compression, "seed", None)
                 seed = given if given is not None else proposal["seed"]
@@ -125,7 +127,8 @@ class GradientAggregator(tf.Module):
         with tf.device(self.device_sparse):
             for n, i in enumerate(sparse):
                 out[i] = hvd.allreduce(grads[i], op=self.op,
-                                       name=collective_name("hvdext.sparse", n, variables[i].name),
+                                       name=named(collective_name("hvdext.sparse", n, variables[i].name),
+                                                  self.backend.generation),
                                        ignore_name_scope=True, process_set=self.process_set)
         size = self.process_set.size()
         for i in local:

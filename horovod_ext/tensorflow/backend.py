@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from horovod_ext.compression.backend import Backend
+from horovod_ext.compression.generation import named
 from hvdext_reference import philox
 from .ops import TFKernels, seed_tensor
 
@@ -77,6 +78,7 @@ class TFBackend(Backend):
         self.op, self.predivide = op, predivide
         self.divisor = float(self.nranks) if op == hvd.Average else 1.0
         self.step = self.seed = None
+        self.generation = 0  # the reset generation in collective names (compression/generation.py), once agreed
         self.errors, self.guards = [], []
         self.per_step = {}  # bytes counted while the step is built (the same every step)
         self.decided_total, self.decided_last = {}, {}  # bytes counted at host decisions, as they are taken
@@ -227,13 +229,11 @@ class TFBackend(Backend):
     def wait(future):
         return future
 
-    @staticmethod
-    def name(prefix, item):
-        return collective_name(f"hvdext.{prefix}", item.index, item.name)
+    def name(self, prefix, item):
+        return named(collective_name(f"hvdext.{prefix}", item.index, item.name), self.generation)
 
-    @staticmethod
-    def step_name(prefix):
-        return f"hvdext.{prefix}"
+    def step_name(self, prefix):
+        return named(f"hvdext.{prefix}", self.generation)
 
     stable_name = step_name
 

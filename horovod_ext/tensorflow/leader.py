@@ -34,6 +34,7 @@ from horovod_ext.compression import CompressionStats
 from horovod_ext.compression.consistency import allgather_blobs
 from horovod_ext.compression.horovod_args import check_named_parameters
 from horovod_ext.consensus import ElasticSync, LeaderSync
+from horovod_ext.compression.generation import named
 from horovod_ext.consensus.agreement import build_on_every_rank
 from horovod_ext.consensus.backend import ParameterBackend
 from horovod_ext.consensus.leader import ELASTIC_EVALUATION, LEADER_EVALUATION, check_evaluation
@@ -219,7 +220,8 @@ class _State(tf.Module):
         self.center = []
         self.stats = CompressionStats(sync.what, timed=False)
         self.backend = TFParameterBackend(self)
-        self.runner = step_class(sync, self.backend, self.stats, f"hvdext.{sync.what}.{next(_ids)}", 0, 0)
+        self.runner = step_class(sync, self.backend, self.stats,
+                                 named(f"hvdext.{sync.what}.{next(_ids)}", sync.generation), 0, 0)
         self.backend.sets = getattr(self.runner, "process_sets", {})
 
     @property

@@ -11,6 +11,7 @@ import torch
 from horovod.common.exceptions import HorovodInternalError
 
 from horovod_ext.compression.backend import Backend
+from horovod_ext.compression.generation import named, stale_names_reset
 from hvdext_reference import philox
 from horovod_ext.compression.plan import k_of
 from .kernels import TorchKernels, as_float32
@@ -43,7 +44,8 @@ def numpy_allgather(process_set=None):
     where = {} if process_set is None else {"process_set": process_set}
 
     def allgather(array, name):
-        return hvd.allgather(torch.from_numpy(array), name=name, **where).numpy()
+        with stale_names_reset():
+            return hvd.allgather(torch.from_numpy(array), name=name, **where).numpy()
 
     return allgather
 
@@ -72,7 +74,8 @@ def drain(futures):
 
 class TorchBackend(Backend):
     """Eager: collectives by Horovod handle, requirements collected as (error, message) and raised by the step
-    driver once the step is finished."""
+    driver once the step is finished. Collective names carry the reset generation (compression/generation.py),
+    which the optimizer sets once the ranks have agreed it."""
 
     kernels = TorchKernels
     carries_futures = True  # a Horovod handle may be waited for in a later step
@@ -90,6 +93,7 @@ class TorchBackend(Backend):
         self.step = 0
         self.seed = 0
         self.round = 0
+        self.generation = 0
         self.errors = []
 
     def begin_step(self, step, seed, dense):
@@ -101,8 +105,9 @@ class TorchBackend(Backend):
         self.errors = []
 
     def ranks_training(self, name):
-        handle = hvd.allreduce_async(torch.ones(1, dtype=torch.int32), op=hvd.Sum, name=name,
-                                     process_set=self.process_set)
+        with stale_names_reset():
+            handle = hvd.allreduce_async(torch.ones(1, dtype=torch.int32), op=hvd.Sum, name=name,
+                                         process_set=self.process_set)
         return Future(handle, lambda count: int(count.item()))
 
     # ------------------------------------------------------------------------------------------------ tensors
@@ -220,7 +225,8 @@ class TorchBackend(Backend):
 
     # -------------------------------------------------------------------------------------------- collectives
     def allreduce(self, x, name, op):
-        return Future(hvd.allreduce_async(x, name=name, op=OPS[op], process_set=self.process_set))
+        with stale_names_reset():
+            return Future(hvd.allreduce_async(x, name=name, op=OPS[op], process_set=self.process_set))
 
     def allreduce_grad(self, item, name, compression=None):
         compression = compression or hvd.Compression.none
@@ -230,17 +236,20 @@ class TorchBackend(Backend):
             with self.timed("compress_seconds"):
                 compressed, ctx = compression.compress(item.grad)
         item.payload_bytes = compressed.numel() * compressed.element_size()
-        handle = hvd.allreduce_async_(compressed, name=name, op=self.grad_op, prescale_factor=self.prescale,
-                                      postscale_factor=self.postscale, process_set=self.process_set)
+        with stale_names_reset():
+            handle = hvd.allreduce_async_(compressed, name=name, op=self.grad_op, prescale_factor=self.prescale,
+                                          postscale_factor=self.postscale, process_set=self.process_set)
         return Future(handle, lambda output: compression.decompress(output, ctx))
 
     def allgather(self, x, name):
-        return Future(hvd.allgather_async(x, name=name, process_set=self.process_set))
+        with stale_names_reset():
+            return Future(hvd.allgather_async(x, name=name, process_set=self.process_set))
 
     def alltoall(self, x, splits, name):
         start = time.perf_counter()
         splits = splits.to(torch.int32) if torch.is_tensor(splits) else torch.tensor(splits, dtype=torch.int32)
-        received, _ = hvd.alltoall(x, splits=splits, name=name, process_set=self.process_set)
+        with stale_names_reset():
+            received, _ = hvd.alltoall(x, splits=splits, name=name, process_set=self.process_set)
         self.stats.add(comm_seconds=time.perf_counter() - start)
         return Done(received)
 
@@ -252,16 +261,14 @@ class TorchBackend(Backend):
         self.stats.add(comm_seconds=time.perf_counter() - start)
         return output if future.post is None else future.post(output)
 
-    @staticmethod
-    def name(prefix, item):
-        return f"{prefix}.{item.name}"
+    def name(self, prefix, item):
+        return named(f"{prefix}.{item.name}", self.generation)
 
     def step_name(self, prefix):
-        return f"{prefix}.{self.round}"
+        return named(f"{prefix}.{self.round}", self.generation)
 
-    @staticmethod
-    def stable_name(prefix):
-        return f"hvdext.{prefix}"
+    def stable_name(self, prefix):
+        return named(f"hvdext.{prefix}", self.generation)
 
     # ------------------------------------------------------------------------------------------ host, control
     @staticmethod

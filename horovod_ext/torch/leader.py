@@ -27,6 +27,7 @@ import torch
 
 from horovod_ext.compression import CompressionStats
 from horovod_ext.compression.consistency import allgather_blobs
+from horovod_ext.compression.generation import named, stale_names_reset
 from horovod_ext.compression.horovod_args import check_named_parameters
 from horovod_ext.consensus import ElasticSync, LeaderSync
 from horovod_ext.consensus.agreement import build_on_every_rank
@@ -120,19 +121,22 @@ class TorchParameterBackend(ParameterBackend):
 
     # ---------------------------------------------------------------------------------------------- collectives
     def allgather(self, x, name):
-        return _Transfer([hvd.allgather_async(x, name=name)], single=True)
+        with stale_names_reset():
+            return _Transfer([hvd.allgather_async(x, name=name)], single=True)
 
     def broadcast(self, values, root, level, name, delayed=False):
         """The root sends a copy, so that its later steps do not change what is in flight."""
         members = range(self.nranks) if level is None else level.members
         rank = members[int(root)]
         where = {} if level is None else {"process_set": self.sets[level.name]}
-        handles = [hvd.broadcast_async(v.clone() if rank == self.rank else v, root_rank=rank, name=f"{name}.{i}",
-                                       **where) for i, v in enumerate(values)]
+        with stale_names_reset():
+            handles = [hvd.broadcast_async(v.clone() if rank == self.rank else v, root_rank=rank,
+                                           name=f"{name}.{i}", **where) for i, v in enumerate(values)]
         return _Transfer(handles, self.transfer_delay if delayed else 0.0)
 
     def allreduce_mean(self, values, name, delayed=False):
-        handles = [hvd.allreduce_async_(v, op=hvd.Average, name=f"{name}.{i}") for i, v in enumerate(values)]
+        with stale_names_reset():
+            handles = [hvd.allreduce_async_(v, op=hvd.Average, name=f"{name}.{i}") for i, v in enumerate(values)]
         return _Transfer(handles, self.transfer_delay if delayed else 0.0)
 
     @staticmethod
@@ -198,7 +202,8 @@ class _ParameterSync:
         sync = build_on_every_rank(make_sync, arguments, tensors, self._hx_allgather_blobs, hvd.rank(), hvd.size(),
                                    self._hx_what)
         self._hx_be = TorchParameterBackend(params, stats)
-        self._hx_run = step_class(sync, self._hx_be, stats, f"hvdext.{self._hx_what}.{self._hx_id}",
+        self._hx_run = step_class(sync, self._hx_be, stats, named(f"hvdext.{self._hx_what}.{self._hx_id}",
+                                                                  sync.generation),
                                   sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params))
         self._hx_be.sets = getattr(self._hx_run, "process_sets", {})
 

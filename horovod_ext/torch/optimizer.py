@@ -21,7 +21,7 @@ import torch
 from horovod.common.process_sets import global_process_set
 
 from horovod_ext import __version__
-from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_payload_compressor
+from horovod_ext.compression import CompressionStats, SettingsMismatchError, generation, is_payload_compressor
 from horovod_ext.compression.consistency import allgather_blobs, exchange, optimizer_settings
 from horovod_ext.compression.driver import StepDriver
 from horovod_ext.compression.horovod_args import check_groups, check_named_parameters, check_predivide
@@ -125,12 +125,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                       backward_passes_per_step=self._hx_backward_passes,
                                       gradient_predivide_factor=self._hx_predivide,
                                       sparse_as_dense=self._hx_sparse_as_dense)
-        local = {"seed": random.SystemRandom().getrandbits(63), "offer": self._hx_loaded}
+        local = {"seed": random.SystemRandom().getrandbits(63), "offer": self._hx_loaded,
+                 "generation": generation.proposal()}
         try:
             proposals = exchange(settings, local, self._hx_allgather_blobs)
         except SettingsMismatchError as exc:
             self._hx_agreement = exc
             raise
+        self._hx_backend.generation = generation.agreed([p["generation"] for p in proposals])
         offer = adopted_offer([p["offer"] for p in proposals])
         if offer is not None:
             self._hx_adopt(offer)
@@ -205,11 +207,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._hx_begun = True
         if p.grad is not None and p.grad.is_sparse:
             if not (self._hx_sparse_as_dense or driver.dense):
-                handle = hvd.sparse_allreduce_async(p.grad, name=f"sparse.{self._hx_names[p]}", op=self._hx_op,
-                                                    process_set=self._hx_process_set)
+                item = Item(self._hx_index[p], self._hx_names[p], p.grad, p.numel(), p.element_size(), param=p)
+                with generation.stale_names_reset():
+                    handle = hvd.sparse_allreduce_async(p.grad, name=self._hx_backend.name("sparse", item),
+                                                        op=self._hx_op, process_set=self._hx_process_set)
                 self._hx_stats.add(payload_bytes=p.grad._values().numel() * p.grad.element_size()
                                    + p.grad._indices().numel() * 8)
-                item = Item(self._hx_index[p], self._hx_names[p], p.grad, p.numel(), p.element_size(), param=p)
                 item.kind, item.future = "sparse", handle
                 return item
             p.grad = p.grad.to_dense()

@@ -78,6 +78,21 @@ def planned_two_phase_bytes(model):
         + allreduce_wire_bytes(small, n) + join_check_wire_bytes(n)
 
 
+def record_names(by_period, resets, training):
+    """Every name horovod_ext gives a collective while a step trains (its settings exchange, named
+    horovod_ext.*, aside), by reset period (the resets this process has been through): after each reset the
+    names must be new (compression/generation.py)."""
+    import horovod.torch as horovod_torch
+    for fn in ("allreduce_async", "allreduce_async_", "allgather_async", "alltoall", "broadcast_async",
+               "sparse_allreduce_async"):
+        def recording(*args, _original=getattr(horovod_torch, fn), **kwargs):
+            name = kwargs.get("name")
+            if training[0] and name and not name.startswith("horovod_ext."):
+                by_period.setdefault(len(resets), set()).add(name)
+            return _original(*args, **kwargs)
+        setattr(horovod_torch, fn, recording)
+
+
 def main():
     method, steps = sys.argv[1], int(sys.argv[2])
     kills, adds = ({int(s) for s in arg.split(",")} for arg in sys.argv[3:5])
@@ -101,6 +116,9 @@ def main():
     state.register_reset_callbacks([on_reset])
     started = time.time()
     trained, rss = [0], [None]  # steps this process ran (redone ones included); its RSS after its first step
+    names, training = {}, [False]
+    if method != "horovod":
+        record_names(names, resets, training)
 
     @hvd.elastic.run
     def train(state):
@@ -108,6 +126,7 @@ def main():
             n, r = hvd.size(), hvd.rank()
             first = (state.step * BATCH * n + r * BATCH) % len(x)
             opt.zero_grad()
+            training[0] = True
             loss = torch.nn.functional.cross_entropy(model(x[first:first + BATCH]), y[first:first + BATCH])
             loss.backward()
             if state.step in kills and started_on == "127.0.0.1" and not os.path.exists(marker("killed", state.step)):
@@ -119,6 +138,7 @@ def main():
             if method in PARAMETER_SPACE:
                 opt.report_loss(loss)
             opt.step()
+            training[0] = False
             state.step += 1
             trained[0] += 1
             if rss[0] is None:
@@ -155,6 +175,7 @@ def main():
               "accuracy": accuracy, "params": params.tolist(), "stats_steps": stats["steps"], "trained": trained[0],
               "rss_start": rss[0], "rss_end": psutil.Process().memory_info().rss,
               "transport": stats.get("transport"), "last_wire_bytes": stats["last_step"].get("wire_bytes"),
+              "names": {period: sorted(held) for period, held in names.items()},
               **extra}
     write_result(hvd.rank(), result)
 
