@@ -266,3 +266,18 @@ def test_accuracy_within_two_points_of_data_parallel_sgd(tmp_path, example, rank
     for name in optimizers:
         assert results[name]["test_accuracy"] >= dense - 0.02, (name, results[name]["test_accuracy"], dense)
         assert results[name]["dense_bytes_per_step"] / results[name]["bytes_per_step"] > 3  # period 4: ~4x fewer
+
+
+def test_the_first_election_after_an_elastic_reset_skips_ranks_without_a_loss():
+    """A rank an elastic reset added has reported nothing yet (Keras reports after the batch): it is not elected,
+    and an empty window is an error again from the next election."""
+    sync = LeaderSync(period=2, groups=None, size=3)
+    sync.configure(["n"] * 3, rank=0)
+    sync.generation = 1
+    assert sync.elect([(3.0, 1), (0.0, 0), (2.0, 1)], 46) == {"leader": 2}
+    with pytest.raises(ValueError, match=r"no training loss reported on rank\(s\) \[1\]"):
+        sync.elect([(3.0, 1), (0.0, 0), (2.0, 1)], 48)
+    nobody = LeaderSync(period=2, groups=None, size=3)
+    nobody.configure(["n"] * 3, rank=0)
+    nobody.generation = 2
+    assert nobody.elect([(0.0, 0)] * 3, 46) == {"leader": 0} and nobody.best_rank == 0

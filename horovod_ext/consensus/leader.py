@@ -98,6 +98,7 @@ class LeaderSync:
         self.best_rank = 0          # the global leader of the last election (rank 0 before the first)
         self.leaders = {}           # level name -> leader rank of the last election of that level
         self.last_election = 0      # the step of the last election
+        self.elected = False        # whether this sync has elected (elect: the first election after a reset)
 
     @staticmethod
     def arguments(pull, global_pull, period, global_period, groups, asynchronous, max_staleness):
@@ -128,14 +129,21 @@ class LeaderSync:
 
     def elect(self, windows, step):
         """windows[r] = (loss sum, loss count) of rank r since the last election. Returns {level name: leader}
-        for every level and records the global best. Raises on every rank (the same numbers everywhere)."""
+        for every level and records the global best. Raises on every rank (the same numbers everywhere).
+
+        A rank that reported no loss is an error, except at the first election after an elastic reset
+        (generation > 0, the same on every rank): a rank the reset added has had no step yet where a Keras
+        callback reports after the batch, and a survivor's window may be a commit's empty one. Such a rank is not
+        elected there; where no member of a level reported, its lowest rank leads (the reset synchronized every
+        rank from rank 0)."""
         first = self.last_election + 1
         missing = [r for r, (_, count) in enumerate(windows) if count == 0]
-        if missing:
+        after_reset = self.generation > 0 and not self.elected
+        if missing and not after_reset:
             raise ValueError(f"{self.what}: no training loss reported on rank(s) {missing} during steps "
                              f"{first}..{step}; {LOSS_HELP}")
-        means = [total / count for total, count in windows]
-        bad = [r for r, m in enumerate(means) if not math.isfinite(m)]
+        means = [total / count if count else math.inf for total, count in windows]
+        bad = [r for r, m in enumerate(means) if r not in missing and not math.isfinite(m)]
         if bad:
             raise FloatingPointError(f"{self.what}: NaN or Inf training loss reported on rank(s) {bad} during "
                                      f"steps {first}..{step}; the loss must be finite (lower the learning rate, "
@@ -144,6 +152,7 @@ class LeaderSync:
         self.leaders = {level.name: best(level.members) for level in self.levels}
         self.best_rank = best(range(len(windows)))
         self.last_election = step
+        self.elected = True
         return self.leaders
 
     def transfer_levels(self, due):

@@ -7,6 +7,7 @@ tf.train.Checkpoint(aggregator=...)). A NaN/Inf gradient fails the step on every
 eager, tf.errors.InvalidArgumentError with the same message inside tf.function.
 """
 import horovod.tensorflow as hvd
+from horovod.tensorflow.functions import broadcast_object
 import tensorflow as tf
 
 from horovod_ext import __version__
@@ -17,6 +18,7 @@ from horovod_ext.compression.generation import named
 from horovod_ext.compression.horovod_args import check_predivide
 from horovod_ext.compression.specs import check_tensor, describe_compression, element_limit, resolved_for
 from .backend import TFBackend, collective_name, numpy_allgather
+from .elastic_state import assign_all, broadcast_variables, numpy_values
 from .ops import seed_tensor
 
 OP_NAMES = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Adasum: "Adasum"}
@@ -193,10 +195,23 @@ class GradientAggregator(tf.Module):
         self.backend = TFBackend(self, self.process_set, self.op, self.predivide, self.stats)
         self._agreed = None
 
-    def shared_variables(self):
-        """The variables every rank holds alike (a reset synchronizes them from rank 0): the step counter and the
-        seed; the method's shared state is the string variable ``method_state``."""
-        return [self.step, self.seed]
+    def elastic_commit(self):
+        """This rank's state at a commit: the step counter, the seed, the method's shared state and this rank's
+        error-feedback residuals."""
+        return {"shared": numpy_values([self.step, self.seed, self.method_state]),
+                "residuals": {name: v.numpy() for name, v in self.residuals.items()}}
+
+    def elastic_restore(self, saved):
+        assign_all([self.step, self.seed, self.method_state], saved["shared"])
+        for name, value in saved["residuals"].items():
+            if name in self.residuals:
+                self.residuals[name].assign(value)
+
+    def elastic_sync(self):
+        """Rank 0's step counter, seed and method state on every rank; the residuals stay each rank's own."""
+        broadcast_variables([self.step, self.seed], "horovod_ext")
+        self.method_state.assign(broadcast_object(self.method_state.numpy().decode(),
+                                                  name="hvdext.elastic.method_state"))
 
     # -------------------------------------------------------------------------------------------- statistics
     def compression_stats(self):

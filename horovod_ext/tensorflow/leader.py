@@ -26,6 +26,7 @@ import itertools
 import warnings
 
 import horovod.tensorflow as hvd
+from horovod.tensorflow.functions import broadcast_object
 import keras
 import numpy as np
 import tensorflow as tf
@@ -41,6 +42,7 @@ from horovod_ext.consensus.leader import ELASTIC_EVALUATION, LEADER_EVALUATION, 
 from horovod_ext.consensus.step import ElasticStep, LeaderStep
 from .aggregator import collective_name, variable_names
 from .backend import DTYPES, HostStateVariable, as_tuple, numpy_allgather
+from .elastic_state import assign_all, broadcast_variables, numpy_values
 
 _ids = itertools.count()
 
@@ -207,9 +209,10 @@ class TFParameterBackend(ParameterBackend):
 
 class _State(tf.Module):
     """The optimizer's state (step counter, loss window, the sync state every rank shares as JSON, EASGD's center)
-    for tf.train.Checkpoint, and the consensus step that runs on it."""
+    for tf.train.Checkpoint, and the consensus step that runs on it. build() makes the sync for the job's current
+    membership (collective: build_on_every_rank)."""
 
-    def __init__(self, sync, step_class, name):
+    def __init__(self, build, step_class, name):
         super().__init__(name=name)
         with tf.init_scope():
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
@@ -218,11 +221,55 @@ class _State(tf.Module):
             self.sync_state = tf.Variable("", dtype=tf.string, trainable=False, name="sync_state")
             self.center_ready = tf.Variable(False, trainable=False, name="center_ready")
         self.center = []
+        self._build, self._step_class = build, step_class
+        sync = build()
+        self._tag = f"hvdext.{sync.what}.{next(_ids)}"
         self.stats = CompressionStats(sync.what, timed=False)
+        self._make_runner(sync)
+
+    def _make_runner(self, sync):
         self.backend = TFParameterBackend(self)
-        self.runner = step_class(sync, self.backend, self.stats,
-                                 named(f"hvdext.{sync.what}.{next(_ids)}", sync.generation), 0, 0)
+        self.runner = self._step_class(sync, self.backend, self.stats, named(self._tag, sync.generation), 0, 0)
         self.backend.sets = getattr(self.runner, "process_sets", {})
+
+    # ------------------------------------------------------------------------------------- elastic training
+    def _values(self):
+        return [self.step, self.loss_sum, self.loss_count, self.sync_state, self.center_ready, *self.center]
+
+    def elastic_commit(self):
+        """This rank's state at a commit (tensorflow/elastic_state.py): the step counter, its loss window, the
+        elected leaders, EASGD's center."""
+        return {"values": numpy_values(self._values()), "centers": len(self.center), "stats": self.stats.state()}
+
+    def elastic_restore(self, saved):
+        del self.center[saved["centers"]:]  # a center made after the commit is made again
+        assign_all(self._values(), saved["values"])
+        self.stats.load_state(saved["stats"])  # a step redone is counted once
+
+    def elastic_reset(self):
+        """After Horovod's elastic reset (keras/elastic.py): the step is built again for the new membership
+        (collective: the arguments checked on every rank, LSGD's groups made into process sets again, EASGD's
+        alpha = beta/p); the step counter, the loss window and EASGD's center carry over, the elected leaders do
+        not (their ranks are gone or renumbered): the next election elects again. The step's function must be
+        traced again (KerasState drops the model's)."""
+        with tf.init_scope():
+            self.sync_state.assign("")
+            self._make_runner(self._build())
+
+    def elastic_sync(self):
+        """Rank 0's step counter, statistics and EASGD's center on every rank (an added rank has no center
+        variables yet: they come as values and are made here); the loss window stays each rank's own."""
+        with tf.init_scope():
+            broadcast_variables([self.step, self.center_ready], "horovod_ext")
+            root = broadcast_object({"center": numpy_values(self.center), "stats": self.stats.state()},
+                                    name="hvdext.elastic.leader_state")
+            self.stats.load_state(root["stats"])
+            center = root["center"]
+            if center and not self.center:
+                self.center = [tf.Variable(value, trainable=False, name=f"center_{i}")
+                               for i, value in enumerate(center)]
+            else:
+                assign_all(self.center, center)
 
     @property
     def sync(self):
@@ -260,14 +307,20 @@ def _wrap(optimizer, sync_class, step_class, arguments, named_parameters, evalua
     named = list(named_parameters) if named_parameters is not None else []
     tensors = [(n, tuple(v.shape), tf.as_dtype(v.dtype).name) for n, v in named]
     n = next(_ids)
-    with tf.init_scope():
-        gather = functools.partial(allgather_blobs, allgather=numpy_allgather(), tag=f"hvdext.{what}.{n}")
-        sync = build_on_every_rank(lambda: sync_class(size=hvd.size(), **arguments), arguments, tensors, gather,
-                                   hvd.rank(), hvd.size(), what)
+
+    def build():
+        """The sync for the job's current membership, built on every rank at once."""
+        with tf.init_scope():
+            gather = functools.partial(allgather_blobs, allgather=numpy_allgather(), tag=f"hvdext.{what}.{n}")
+            sync = build_on_every_rank(lambda: sync_class(size=hvd.size(), **arguments), arguments, tensors,
+                                       gather, hvd.rank(), hvd.size(), what)
         if sync.staleness:
-            warnings.warn(SYNCHRONOUS_FALLBACK, RuntimeWarning, stacklevel=3)
+            warnings.warn(SYNCHRONOUS_FALLBACK, RuntimeWarning, stacklevel=5)
             sync.staleness = 0
-        state = _State(sync, step_class, name=f"horovod_ext_{what}_{n}")
+        return sync
+
+    with tf.init_scope():
+        state = _State(build, step_class, name=f"horovod_ext_{what}_{n}")
     base = optimizer.__class__
     fixed = [v for _, v in named] or None
 

@@ -1,12 +1,17 @@
-"""Elastic Keras 3 ``model.fit`` with horovod_ext's DistributedOptimizer (top-k with error feedback), under
-``horovodrun --gloo -np 2 --min-np 1 --max-np 3 --host-discovery-script`` (tests/test_elastic.py).
+"""Elastic Keras 3 ``model.fit`` with horovod_ext's optimizers, under ``horovodrun --gloo -np 2 --min-np 1
+--max-np 3 --host-discovery-script`` (tests/test_elastic.py).
 
-    python elastic_keras_worker.py EPOCHS STEPS_PER_EPOCH KILL_AT ADD_AT
+    python elastic_keras_worker.py EPOCHS STEPS_PER_EPOCH KILL_AT ADD_AT [METHOD]
+
+METHOD: topk (DistributedOptimizer, top-k with error feedback; the default), lsgd (LeaderOptimizer, multi-leader:
+groups="node", each horovodrun host a node) or easgd (ElasticAveragingOptimizer). The leader optimizers' final
+weights are what every rank evaluates: the elected leader's (LSGD) or EASGD's center.
 
 Horovod's documented pattern: KerasState, CommitStateCallback (every 5 batches and each epoch's end),
 UpdateBatchStateCallback, UpdateEpochStateCallback, ``fit(epochs=EPOCHS - state.epoch)`` inside ``hvd.elastic.run``.
 The rank started on 127.0.0.1 SIGKILLs itself at the start of global batch KILL_AT; at the end of the batch before
 global batch ADD_AT rank 0 puts 127.0.0.1 back and adds a third name of this machine (as elastic_worker.py does)."""
+import contextlib
 import os
 import signal
 import sys
@@ -67,15 +72,24 @@ class Faults(keras.callbacks.Callback):
                 time.sleep(0.1)
 
 
+def make_optimizer(method):
+    base = keras.optimizers.SGD(0.05, momentum=0.9)
+    if method == "lsgd":
+        return hvd.LeaderOptimizer(base, period=2, global_period=4)
+    if method == "easgd":
+        return hvd.ElasticAveragingOptimizer(base, beta=0.2, period=2)  # a center not synchronized would show
+    return hvd.DistributedOptimizer(base, compression=hvd.Compression.topk(ratio=0.05))
+
+
 def main():
     epochs, per_epoch, kill_at, add_at = map(int, sys.argv[1:5])
+    method = sys.argv[5] if len(sys.argv) > 5 else "topk"
     hvd.init()
     x, y, x_test, y_test = data()
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(64, activation="relu"),
                               keras.layers.Dense(64, activation="relu"), keras.layers.Dense(CLASSES)])
-    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
-                                   compression=hvd.Compression.topk(ratio=0.05))
+    opt = make_optimizer(method)
     model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     state = hvd.elastic.KerasState(model, batch=0, epoch=0)
     resets = []
@@ -83,6 +97,8 @@ def main():
     callbacks = [Faults(state, per_epoch, kill_at, add_at),
                  hvd.elastic.CommitStateCallback(state, batches_per_commit=5),
                  hvd.elastic.UpdateBatchStateCallback(state), hvd.elastic.UpdateEpochStateCallback(state)]
+    if method == "lsgd":
+        callbacks.append(hvd.callbacks.ReportLossCallback())
 
     @hvd.elastic.run
     def train(state):
@@ -91,8 +107,9 @@ def main():
                   callbacks=callbacks, shuffle=False, verbose=0)
 
     train(state)
-    params = np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
-    accuracy = float((model.predict(x_test, verbose=0).argmax(1) == y_test).mean())
+    with (opt.evaluation_parameters() if method != "topk" else contextlib.nullcontext()):
+        params = np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
+        accuracy = float((model.predict(x_test, verbose=0).argmax(1) == y_test).mean())
     stats = opt.compression_stats()
     result = {"rank": hvd.rank(), "size": hvd.size(), "epoch": int(state.epoch),
               "iterations": int(opt.iterations.numpy()), "aggregator_steps": stats["steps"],

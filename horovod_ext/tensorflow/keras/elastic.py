@@ -1,7 +1,8 @@
 """hvd.elastic for Keras 3: Horovod's elastic Keras API (``KerasState``, ``CommitStateCallback``,
 ``UpdateBatchStateCallback``, ``UpdateEpochStateCallback``, ``run``; Horovod's names and arguments), for Keras 3
-models and horovod_ext's DistributedOptimizer. Horovod 0.28.1's own targets the Keras 2 optimizer API
-(``optimizer.variables()``, which Keras 3 made a list), and knows nothing of horovod_ext's state.
+models and horovod_ext's DistributedOptimizer, LeaderOptimizer and ElasticAveragingOptimizer. Horovod 0.28.1's own
+targets the Keras 2 optimizer API (``optimizer.variables()``, which Keras 3 made a list), and knows nothing of
+horovod_ext's state.
 
     state = hvd.elastic.KerasState(model, batch=0, epoch=0)
     callbacks = [hvd.elastic.CommitStateCallback(state, batches_per_commit=10),
@@ -18,7 +19,10 @@ aggregator's: the step counter, the seed and the method's shared state (GraVAC's
 regions), and this rank's error-feedback residuals. After a reset the model, the optimizer and the shared part
 come from rank 0; the residuals stay each survivor's own (an added rank starts from zero; a departed rank's are
 lost: at most one step's unsent gradient mass), and the compressor is built again for the new N at the next
-step, which Keras traces again.
+step, which Keras traces again. LeaderOptimizer / ElasticAveragingOptimizer: the step counter, the statistics and
+EASGD's center come from rank 0 (an added rank receives the center), the loss window stays each rank's own, and
+the groups, their process sets and EASGD's alpha are built again for the new membership; the elected leaders are
+not kept. Each optimizer's part is in its ``horovod_ext`` object (tensorflow/elastic_state.py).
 """
 import keras
 import tensorflow as tf
@@ -26,18 +30,15 @@ from horovod._keras import elastic as _impl
 from horovod.common.elastic import ObjectState, run_fn
 from horovod.common.exceptions import HorovodInternalError
 from horovod.tensorflow.functions import broadcast_object
-from horovod.tensorflow.mpi_ops import broadcast, rank, shutdown
+from horovod.tensorflow.mpi_ops import rank, shutdown
 
 from horovod_ext.consensus.init import reinitialize
+from horovod_ext.tensorflow.elastic_state import assign_all, broadcast_variables, numpy_values
 
 
-def _aggregator(optimizer):
+def _ours(optimizer):
+    """horovod_ext's state of the optimizer (tensorflow/elastic_state.py), or None for a Keras optimizer."""
     return getattr(optimizer, "horovod_ext", None)
-
-
-def _broadcast_variables(variables, tag):
-    for i, v in enumerate(variables):
-        v.assign(broadcast(tf.convert_to_tensor(v), 0, name=f"hvdext.elastic.{tag}.{i}", ignore_name_scope=True))
 
 
 class KerasState(ObjectState):
@@ -52,13 +53,6 @@ class KerasState(ObjectState):
         self.optimizer = optimizer or model.optimizer
         if self.optimizer is None:
             raise ValueError("KerasState: compile the model with an optimizer, or pass optimizer=")
-        ours = _aggregator(self.optimizer)
-        if ours is not None and not hasattr(ours, "elastic_reset"):
-            raise NotImplementedError(
-                f"KerasState: horovod_ext's Keras {type(ours).__name__.strip('_')} of a LeaderOptimizer or "
-                f"ElasticAveragingOptimizer is not supported in elastic mode (its groups, process sets and schedule "
-                f"are not rebuilt after a reset); elastic mode supports Keras's DistributedOptimizer with every "
-                f"compressor, and horovod_ext.torch's LeaderOptimizer and ElasticAveragingOptimizer")
         self._build_optimizer()
         self._save_model()
         super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
@@ -77,45 +71,33 @@ class KerasState(ObjectState):
 
     def sync(self):
         self._build_optimizer()
-        _broadcast_variables(self.model.variables, "model")
-        _broadcast_variables(self.optimizer.variables, "optimizer")
-        aggregator = _aggregator(self.optimizer)
-        if aggregator is not None:
-            _broadcast_variables(aggregator.shared_variables(), "horovod_ext")
-            aggregator.method_state.assign(broadcast_object(aggregator.method_state.numpy().decode(),
-                                                            name="hvdext.elastic.method_state"))
+        broadcast_variables(self.model.variables, "model")
+        broadcast_variables(self.optimizer.variables, "optimizer")
+        ours = _ours(self.optimizer)
+        if ours is not None:
+            ours.elastic_sync()
         self._save_model()
         super().sync()
 
     def on_reset(self):
-        aggregator = _aggregator(self.optimizer)
-        if aggregator is not None:
-            aggregator.elastic_reset()
+        ours = _ours(self.optimizer)
+        if ours is not None:
+            ours.elastic_reset()
         self.model.train_function = None  # traced for the old membership: fit() traces it again
         super().on_reset()
 
     def _save_model(self):
-        self._saved_model = [v.numpy() for v in self.model.variables]
-        self._saved_optimizer = [v.numpy() for v in self.optimizer.variables]
-        aggregator = _aggregator(self.optimizer)
-        self._saved_ours = None if aggregator is None else {
-            "shared": [v.numpy() for v in aggregator.shared_variables()],
-            "method_state": aggregator.method_state.numpy(),
-            "residuals": {name: v.numpy() for name, v in aggregator.residuals.items()}}
+        self._saved_model = numpy_values(self.model.variables)
+        self._saved_optimizer = numpy_values(self.optimizer.variables)
+        ours = _ours(self.optimizer)
+        self._saved_ours = None if ours is None else ours.elastic_commit()
 
     def _load_model(self):
-        for v, value in zip(self.model.variables, self._saved_model):
-            v.assign(value)
-        for v, value in zip(self.optimizer.variables, self._saved_optimizer):
-            v.assign(value)
-        aggregator = _aggregator(self.optimizer)
-        if aggregator is not None and self._saved_ours is not None:
-            for v, value in zip(aggregator.shared_variables(), self._saved_ours["shared"]):
-                v.assign(value)
-            aggregator.method_state.assign(self._saved_ours["method_state"])
-            for name, value in self._saved_ours["residuals"].items():
-                if name in aggregator.residuals:
-                    aggregator.residuals[name].assign(value)
+        assign_all(self.model.variables, self._saved_model)
+        assign_all(self.optimizer.variables, self._saved_optimizer)
+        ours = _ours(self.optimizer)
+        if ours is not None and self._saved_ours is not None:
+            ours.elastic_restore(self._saved_ours)
 
 
 class CommitStateCallback(_impl.CommitStateCallbackImpl, keras.callbacks.Callback):
