@@ -5,10 +5,15 @@
 # it asks setup_plan.py itself (the active environment's frameworks).
 #
 # Horovod's last release does not build against torch >= 2.1 or TensorFlow 2.21 as it is. This script
-# downloads the sdist and makes three edits to it (see ../shared/FACTS.md), then builds a wheel:
+# downloads the sdist and edits it (see ../shared/FACTS.md; setup_plan.py's SOURCE_EDITS names the revision of
+# these edits in the wheel cache's key), then builds a wheel:
 #   - CMakeLists.txt and horovod/torch/CMakeLists.txt ask for C++14; torch >= 2.1 headers need C++17.
 #   - horovod/tensorflow/xla_mpi_ops.cc (the optional XLA lowering of Horovod's ops) includes an XLA header
 #     that tensorflow-cpu 2.21 does not ship; it is left out of TF_SOURCES.
+#   - horovod/torch/mpi_ops_v2.cc: the torch collectives' enqueue functions (DoAllreduce, DoAllgather, ...) run
+#     without the GIL (pybind11's call_guard). Horovod's background thread, finalizing after a peer's death in
+#     elastic mode, holds the process-set table's mutex while it releases queued torch tensors, which needs the
+#     GIL; an enqueue that held the GIL while it waited for that mutex deadlocked the rank (README, elastic).
 # The wheel is kept in $HVDEXT_CACHE (default ~/.cache/horovod-ext) under HVDEXT_HOROVOD_KEY (framework versions and
 # build choices), so a later set-up on the same machine with the same choices installs it without compiling.
 # HVDEXT_HOROVOD_SDIST names a horovod-0.28.1.tar.gz already on disk (a cluster without a package index).
@@ -36,6 +41,16 @@ if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then
 
   sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
   sed -i '/horovod\/tensorflow\/xla_mpi_ops.cc/d' "$SRC/horovod/tensorflow/CMakeLists.txt"
+  $PY - "$SRC/horovod/torch/mpi_ops_v2.cc" <<'PATCH'
+import re, sys
+path = sys.argv[1]
+source = open(path).read()
+edited, count = re.subn(r'(m\.def\("[A-Za-z0-9_]+",\s*&Do[A-Za-z]+)\);',
+                        r'\1, py::call_guard<py::gil_scoped_release>());', source)
+if count != 158:  # Horovod 0.28.1's enqueue bindings
+    sys.exit(f"build_horovod.sh: {path} is not Horovod 0.28.1's ({count} enqueue bindings found, 158 expected)")
+open(path, "w").write(edited)
+PATCH
   # Fail loudly if an edit did not apply (a different sdist would silently build the wrong thing).
   ! grep -q "CMAKE_CXX_STANDARD 14" "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
   ! grep -q "xla_mpi_ops.cc" "$SRC/horovod/tensorflow/CMakeLists.txt"

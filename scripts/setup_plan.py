@@ -44,6 +44,9 @@ WHY_RANGE = {
 PINNED = {"torch": "torch==2.13.0", "tensorflow": "tensorflow-cpu==2.21.0"}
 TESTED = {"torch": "2.13.0 (CPU)", "tensorflow": "2.21.0 (tensorflow-cpu)"}
 HOROVOD_VERSION = "0.28.1"
+# The revision of scripts/build_horovod.sh's edits to Horovod's sources, part of the wheel cache's key: a wheel
+# built with other edits is not reused.
+SOURCE_EDITS = "edits2"
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tensorflow-intel")
 
 
@@ -218,7 +221,8 @@ def plan(env, mode, options=None):
 
 
 def cache_key(env, frameworks, horovod, install):
-    """The Horovod wheel cache's key: the framework versions it links and the build's choices."""
+    """The Horovod wheel cache's key: the framework versions it links, the build's choices and the revision of
+    our edits to its sources."""
     versions = {name: env[name]["version"] if env.get(name) else None for name in SUPPORTED}
     for requirement in install:  # not installed yet: the pinned version is what it will be built against
         name = "torch" if requirement.startswith("torch") else "tensorflow"
@@ -226,7 +230,7 @@ def cache_key(env, frameworks, horovod, install):
     parts = [f"torch{versions['torch']}" if "torch" in frameworks else "notorch",
              f"tf{versions['tensorflow']}" if "tensorflow" in frameworks else "notf",
              "gloo" + ("-mpi" if horovod["mpi"] else "") + ("-nccl" if horovod["nccl"] else "")]
-    return f"horovod-{HOROVOD_VERSION}-" + "-".join(parts).replace("+", "_")
+    return f"horovod-{HOROVOD_VERSION}-" + "-".join(parts).replace("+", "_") + f"-{SOURCE_EDITS}"
 
 
 def cuda_cc_list(arch_list=None):

@@ -18,10 +18,11 @@ from .registry import method_for
 
 # Under horovodrun's elastic mode every method waits for the join check when the step begins, so that a rank learns
 # of a failed peer (the wait raises HorovodInternalError) before backward's hooks enqueue more collectives. With
-# Horovod 0.28.1 and torch 2.11 an enqueue can deadlock against Horovod's background thread when that thread is
-# finalizing after the failure: it holds the process-set table's mutex while releasing queued tensors, which needs
-# the GIL; the enqueueing thread holds the GIL and waits for that mutex (seen with PowerSGD, which otherwise reads
-# the check at finish and so keeps enqueueing through backward).
+# Horovod 0.28.1 as released and torch >= 2.11, an enqueue can deadlock against Horovod's background thread when
+# that thread is finalizing after the failure: it holds the process-set table's mutex while releasing queued
+# tensors, which needs the GIL, and the enqueueing thread holds the GIL while it waits for that mutex (seen with
+# PowerSGD, which otherwise reads the check at finish). scripts/build_horovod.sh's Horovod enqueues without the GIL;
+# this narrows the window for a Horovod built without that edit.
 NONFINITE_HELP = "gradients must be finite (lower the learning rate, or clip gradients)"
 PAYLOAD_HELP = "payloads are checked on arrival; a corrupted one fails the step on every rank"
 
