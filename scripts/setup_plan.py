@@ -47,6 +47,7 @@ HOROVOD_VERSION = "0.28.1"
 # The revision of scripts/build_horovod.sh's edits to Horovod's sources, part of the wheel cache's key: a wheel
 # built with other edits is not reused.
 SOURCE_EDITS = "edits2"
+BUILD_MARKER = "horovod_ext_build"  # in the installed horovod package: the cache key of the wheel build_horovod.sh built
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tensorflow-intel")
 
 
@@ -264,6 +265,9 @@ def check_build_lacks(horovod, report):
     """What `horovodrun --check-build`'s report lacks of the planned build (empty: the installed Horovod serves)."""
     if f"Horovod v{HOROVOD_VERSION}" not in report:
         return [f"Horovod v{HOROVOD_VERSION}"]
+    ours = re.search(r"built by horovod-ext: (\S+)", report)
+    if ours and not ours.group(1).endswith(f"-{SOURCE_EDITS}"):  # an earlier revision of our edits
+        return [f"horovod-ext's source edits {SOURCE_EDITS}"]
     wanted = [("pytorch", "[X] PyTorch"), ("tensorflow", "[X] TensorFlow"), ("gloo", "[X] Gloo"),
               ("mpi", "[X] MPI"), ("nccl", "[X] NCCL")]
     return [line for key, line in wanted if horovod[key] and line not in report]
@@ -277,6 +281,10 @@ def installed_build_report():
     except ImportError:
         return ""
     lines = [f"Horovod v{horovod.__version__}:"]
+    marker = os.path.join(os.path.dirname(horovod.__file__), BUILD_MARKER)
+    if os.path.exists(marker):  # installed by scripts/build_horovod.sh (absent: a Horovod of the user's own)
+        with open(marker) as f:
+            lines.append(f"    built by horovod-ext: {f.read().strip()}")
     built = {"PyTorch": None, "TensorFlow": None}
     for framework, module in (("PyTorch", "horovod.torch"), ("TensorFlow", "horovod.tensorflow")):
         try:

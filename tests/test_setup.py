@@ -257,3 +257,13 @@ def test_the_installed_build_is_read_as_check_build_reports_it():
     checked = subprocess.run(["horovodrun", "--check-build"], capture_output=True, text=True, timeout=300).stdout
     for line in report.splitlines()[1:]:
         assert line.strip() in checked, (line, checked)
+
+
+def test_a_horovod_we_built_with_earlier_source_edits_is_built_again():
+    wants = {"pytorch": True, "tensorflow": True, "gloo": True, "mpi": True, "nccl": False}
+    ours = REPORT.replace("Available Frameworks:", "    built by horovod-ext: horovod-0.28.1-x-gloo-mpi-{}\n"
+                                                   "Available Frameworks:")
+    assert "built by horovod-ext" in ours
+    assert sp.check_build_lacks(wants, ours.format(sp.SOURCE_EDITS)) == []
+    assert sp.check_build_lacks(wants, ours.format("edits1")) == [f"horovod-ext's source edits {sp.SOURCE_EDITS}"]
+    assert sp.check_build_lacks(wants, REPORT) == []  # no marker: the user's own Horovod, kept
