@@ -7,8 +7,8 @@ tf.train.Checkpoint(aggregator=...)). A NaN/Inf gradient fails the step on every
 eager, tf.errors.InvalidArgumentError with the same message inside tf.function.
 """
 import horovod.tensorflow as hvd
-from horovod.tensorflow.functions import broadcast_object
 import tensorflow as tf
+from horovod.tensorflow.functions import broadcast_object
 
 from horovod_ext import __version__
 from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_payload_compressor

@@ -26,16 +26,16 @@ import itertools
 import warnings
 
 import horovod.tensorflow as hvd
-from horovod.tensorflow.functions import broadcast_object
 import keras
 import numpy as np
 import tensorflow as tf
+from horovod.tensorflow.functions import broadcast_object
 
 from horovod_ext.compression import CompressionStats
 from horovod_ext.compression.consistency import allgather_blobs
+from horovod_ext.compression.generation import named
 from horovod_ext.compression.horovod_args import check_named_parameters
 from horovod_ext.consensus import ElasticSync, LeaderSync
-from horovod_ext.compression.generation import named
 from horovod_ext.consensus.agreement import build_on_every_rank
 from horovod_ext.consensus.backend import ParameterBackend
 from horovod_ext.consensus.leader import ELASTIC_EVALUATION, LEADER_EVALUATION, check_evaluation
