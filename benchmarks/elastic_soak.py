@@ -30,10 +30,13 @@ COMMIT_EVERY = 10
 def run(method, steps, kills, adds, timeout):
     hosts = HOSTS + [f"{third_host()}:1"]
     start = time.perf_counter()
-    results, _ = horovodrun_elastic(WORKER, method, steps, ",".join(map(str, kills)) or "-1",
+    results, output = horovodrun_elastic(WORKER, method, steps, ",".join(map(str, kills)) or "-1",
                                     ",".join(map(str, adds)) or "-1", COMMIT_EVERY, np_=3, min_np=2, max_np=3,
                                     hosts=hosts, timeout=timeout)
     wall = time.perf_counter() - start
+    if kills:  # Horovod's driver log and the workers' output, for a run that went wrong without failing
+        with open(os.path.join(OUT_DIR, f"elastic_soak_{method}.log"), "w") as f:
+            f.write(output)
     rank0 = next(r for r in results if r["rank"] == 0)
     return {"wall_seconds": wall, "ranks_at_end": len(results), "step": rank0["step"], "trained": rank0["trained"],
             "resets": len(rank0["resets"]), "accuracy": rank0["accuracy"], "rss_start": rank0["rss_start"],
@@ -59,7 +62,7 @@ def main():
     kills = list(range(every, steps - readd, every))
     adds = [k + readd for k in kills]
     results, rows, lost = [], [], {}
-    headers = ["method", "steps done", "resets", "steps redone (rank 0)", "s lost per reset", "RSS MiB start (rank 0)",
+    headers = ["method", "steps done", "resets", "ranks at end", "steps redone (rank 0)", "s lost per reset", "RSS MiB start (rank 0)",
                "RSS MiB end", "accuracy", "uninterrupted", "points", "ranks identical"]
     for method in progress(methods, "elastic soak"):
         try:
@@ -76,7 +79,8 @@ def main():
             results.append({"method": method, "uninterrupted": plain, "elastic": faulty,
                             "seconds_lost_per_reset": per_reset})
             mib = 2 ** 20
-            rows.append([method, f"{faulty['step']}/{steps}", faulty["resets"], faulty["trained"] - steps,
+            rows.append([method, f"{faulty['step']}/{steps}", faulty["resets"], faulty["ranks_at_end"],
+                         faulty["trained"] - steps,
                          f"{per_reset:.1f}", f"{faulty['rss_start'] / mib:.0f}", f"{faulty['rss_end'] / mib:.0f}",
                          f"{100 * faulty['accuracy']:.2f}%", f"{100 * plain['accuracy']:.2f}%",
                          f"{100 * (faulty['accuracy'] - plain['accuracy']):+.2f}",
