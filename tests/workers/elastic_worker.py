@@ -12,6 +12,7 @@ result: steps, commits, parameters, statistics, bytes of the last step and the p
 accuracy on a held-out set. METHOD "horovod" is Horovod's own script (horovod.torch, its DistributedOptimizer), for
 the launcher `python -m horovod_ext.run`. KILL_AT = ADD_AT = -1 is the uninterrupted run a soak compares with.
 """
+import math
 import os
 import signal
 import sys
@@ -30,7 +31,7 @@ from horovod_ext.compression.two_phase import TwoPhasePlan, scale_sharing_bytes 
 from horovod_ext.compression.wire import allreduce_wire_bytes  # noqa: E402
 from hvdrun import marker, write_hosts, write_result  # noqa: E402
 
-FEATURES, CLASSES, BATCH = 32, 4, 32
+FEATURES, CLASSES, BATCH, LR = 32, 4, 32, 0.05
 COMPRESSORS = {
     "none": lambda: hvd.Compression.none,
     "ternary": lambda: hvd.Compression.ternary(shared_scale=True, transport="two_phase", packing="base3"),
@@ -44,20 +45,27 @@ PARAMETER_SPACE = ("lsgd", "async_lsgd", "easgd")
 
 
 def data():
-    """A fixed teacher's labels on Gaussian inputs: 4096 training and 1024 held-out examples, the same on every
+    """A fixed teacher's labels on Gaussian inputs: 4096 training and 4096 held-out examples, the same on every
     rank (each trains on its own shard of each step's batches)."""
     g = torch.Generator().manual_seed(1)
     teacher = torch.randn(FEATURES, CLASSES, generator=g)
-    x = torch.randn(5120, FEATURES, generator=g)
-    y = (x @ teacher + 0.5 * torch.randn(5120, CLASSES, generator=g)).argmax(1)
+    x = torch.randn(8192, FEATURES, generator=g)
+    y = (x @ teacher + 0.5 * torch.randn(8192, CLASSES, generator=g)).argmax(1)
     return x[:4096], y[:4096], x[4096:], y[4096:]
+
+
+def learning_rate(step, steps):
+    """Cosine decay from LR to 0 over the run (a function of the committed step, so a redone step has the
+    rate it had): the final weights are a converged point, and runs compare by accuracy, not by where SGD's noise
+    left the last step."""
+    return LR * 0.5 * (1.0 + math.cos(math.pi * step / steps))
 
 
 def make(method):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
                                 torch.nn.ReLU(), torch.nn.Linear(64, CLASSES))
-    base = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    base = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     if method == "easgd":
         return model, hvd.ElasticAveragingOptimizer(base, model.named_parameters())
     if method == "horovod":  # Horovod's own optimizer (the launcher's --compression replaces it)
@@ -137,6 +145,8 @@ def main():
                 os.kill(os.getpid(), signal.SIGKILL)  # mid-step: this step's collectives are in flight
             if method in PARAMETER_SPACE:
                 opt.report_loss(loss)
+            for group in opt.param_groups:
+                group["lr"] = learning_rate(state.step, steps)
             opt.step()
             training[0] = False
             state.step += 1
