@@ -1,8 +1,8 @@
 """GPU kernel benchmark (issue 8's targets), on a machine with a CUDA GPU and a CUDA build of horovod_ext:
 
-- ternarize+pack (statistics pass + encode pass) and decode-average of 8 payloads, as effective bandwidth (bytes
-  read and written / seconds) and as a fraction of the GPU's memory bandwidth, measured in the same run as a
-  device-to-device copy (goal >= 50%);
+- ternarize+pack (statistics pass + encode pass) and decode-average of 8 payloads (one shared scale, and one scale
+  per rank), as effective bandwidth (bytes read and written / seconds) and as a fraction of the GPU's memory
+  bandwidth, measured in the same run as a device-to-device copy (goal >= 50%);
 - top-k at 0.1% of 64M elements against torch.topk(x.abs(), k, sorted=False) (goal >= 3x).
 
 Timed with CUDA events, the median of 20 runs after 3 warm-ups. Elsewhere it says why it cannot run and exits 0.
@@ -48,13 +48,17 @@ def ternary_rows(ops, sizes, peak):
         gathered = payload.repeat(8)
         out = torch.empty(n, device="cuda")
         decode = cuda_seconds(lambda: ops.ternary_decode_average(gathered, 8, n, 1, 8.0, out, stream))
+        mixed = torch.cat([ops.ternary_encode(g * (1 + r), *ops.ternary_local_scale(g * (1 + r), 2.5, stream),
+                                              1, 2, 3, r, 1, stream) for r in range(8)])
+        decode_mixed = cuda_seconds(lambda: ops.ternary_decode_average(mixed, 8, n, 1, 8.0, out, stream))
         encode_bytes = 4 * n + payload.numel()         # read g, write the payload
         scale_bytes = 4 * n                            # read g
         decode_bytes = gathered.numel() + 4 * n        # read 8 payloads, write the average
         rows.append({"elements": n, "encode_s": encode, "scale_s": scale_s, "decode_s": decode,
                      "encode_fraction": encode_bytes / encode / peak, "scale_fraction": scale_bytes / scale_s / peak,
                      "ternarize_pack_fraction": (scale_bytes + encode_bytes) / (scale_s + encode) / peak,
-                     "decode_fraction": decode_bytes / decode / peak})
+                     "decode_fraction": decode_bytes / decode / peak, "decode_mixed_s": decode_mixed,
+                     "decode_mixed_fraction": decode_bytes / decode_mixed / peak})
     return rows
 
 
@@ -116,10 +120,12 @@ def main():
     md = (f"{device}; memory bandwidth measured as a device-to-device copy in this run: {peak / 1e12:.2f} TB/s "
           f"(read + write). Fractions are effective bandwidth (bytes read and written / seconds) over that.\n\n"
           + markdown_table(["elements", "stats+scale ms", "encode ms", "ternarize+pack of bandwidth",
-                            "decode 8 ranks ms", "decode of bandwidth"],
+                            "decode 8 ranks ms", "decode of bandwidth", "decode, per-rank scales, ms",
+                            "of bandwidth"],
                            [[f"{r['elements'] / 1e6:g}M", f"{r['scale_s'] * 1e3:.3f}", f"{r['encode_s'] * 1e3:.3f}",
                              f"{100 * r['ternarize_pack_fraction']:.0f}%", f"{r['decode_s'] * 1e3:.3f}",
-                             f"{100 * r['decode_fraction']:.0f}%"] for r in trows])
+                             f"{100 * r['decode_fraction']:.0f}%", f"{r['decode_mixed_s'] * 1e3:.3f}",
+                             f"{100 * r['decode_mixed_fraction']:.0f}%"] for r in trows])
           + "\n\nTop-k (exact, indices ascending) vs torch.topk(x.abs(), k, sorted=False):\n\n"
           + markdown_table(["elements", "kept", "native ms", "torch.topk ms", "speed-up"],
                            [[f"{r['elements'] / 1e6:g}M", f"{100 * r['fraction']:g}%", f"{r['native_s'] * 1e3:.3f}",

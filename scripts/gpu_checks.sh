@@ -8,7 +8,8 @@
 #      CUDA torch's nvidia-nccl wheel), then examples/pytorch_digits.py on CUDA tensors under horovodrun -np 1 with
 #      every compressor and each parameter-space optimizer (one launch each, side by side on the one GPU), and -np 2
 #      on the one GPU;
-#   3. benchmarks/perfmodel.py --quick at 2, 4 and 8 CPU ranks on shaped links, in the time that is left.
+#   3. benchmarks/perfmodel.py --quick at 2, 4 and 8 CPU ranks on shaped links, in the time that is left (where the
+#      machine has ip and tc).
 #
 # Each step has its own deadline and log; after each, $OUT (default /tmp/gpu_checks) gets summary.txt (what passed),
 # the benchmarks' tables and logs.tar.gz (every log). BUDGET (seconds, default 560) is the whole run's.
@@ -97,7 +98,11 @@ step digits_np2_nccl 60 env NCCL_DEBUG=WARN "$HOROVODRUN" -np 2 $PY "${DIGITS[@]
 sed 's/^\[[0-9,]*\]<stdout>://' "$LOG"/digits_np*.log \
   | grep -E "^(digits|none|fp16|ternary|topk|adaptive|powersgd|lsgd|multi|easgd|async)" >"$LOG/digits_table.txt"
 
-(cd benchmarks && step perfmodel $(($(left) - 5)) $PY perfmodel.py --quick --ranks 2,4,8 --timeout 120)
-cp benchmarks/out/perfmodel.md "$LOG/" 2>/dev/null
+if command -v tc >/dev/null && command -v ip >/dev/null; then
+  (cd benchmarks && step perfmodel $(($(left) - 5)) $PY perfmodel.py --quick --ranks 2,4,8 --timeout 120)
+  cp benchmarks/out/perfmodel.md "$LOG/" 2>/dev/null
+else
+  note "perfmodel: not run (no ip or tc here to shape a link)"
+fi
 note "done"
 pack

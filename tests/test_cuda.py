@@ -99,6 +99,46 @@ def test_gpu_ternary_bit_identical_to_cpu(n, packing):
 
 
 @pytest.mark.skipif(not GPU, reason=NO_GPU)
+@pytest.mark.parametrize("scale", [1.0, 3e-7, 2.0 ** -62, 1e20])
+@pytest.mark.parametrize("packing", [0, 1], ids=["2bit", "base3"])
+def test_gpu_ternary_encode_at_the_keep_boundary_bit_identical_to_cpu(scale, packing):
+    """Every |g| within 3 ulps of u * scale, u being its own Philox uniform: where the keep test u < fl(|g| / scale)
+    is closest, at scales from the subnormal range of |g| to 1e20."""
+    from hvdext_reference.philox import uniform01
+
+    n, key = 100003, (99, 4, 7, 1)
+    rng = np.random.default_rng(3)
+    g = (uniform01(n, *key).astype(np.float64) * scale).astype(np.float32)
+    for _ in range(3):
+        step = rng.integers(-1, 2, n)
+        up, down = np.nextafter(g, np.float32(np.inf)), np.nextafter(g, np.float32(0))
+        g = np.where(step > 0, up, np.where(step < 0, down, g))
+    g = torch.from_numpy((g * rng.choice([-1, 1], n)).astype(np.float32))
+    cpu = ops.ternary_encode(g, math.inf, scale, *key, packing)
+    gpu = ops.ternary_encode(g.cuda(), math.inf, scale, *key, packing, torch.cuda.current_stream().cuda_stream)
+    assert torch.equal(gpu.cpu(), cpu)
+
+
+@pytest.mark.skipif(not GPU, reason=NO_GPU)
+@pytest.mark.parametrize("nranks,n", [(11, 4097), (11, 65537), (2050, 41)])
+@pytest.mark.parametrize("packing", [0, 1], ids=["2bit", "base3"])
+def test_gpu_ternary_decode_many_ranks_bit_identical_to_cpu(nranks, n, packing):
+    """More ranks than one chunk of loads (8), more than one flush of the shared-scale counts (2047), and an output
+    that is not 16-byte aligned: the GPU average equals the CPU's."""
+    g = gradient(n)
+    stream = torch.cuda.current_stream().cuda_stream
+    scale = ops.ternary_local_scale(g, 2.5)
+    per_rank = torch.cat([ops.ternary_encode(g * (1 + r % 3), *ops.ternary_local_scale(g * (1 + r % 3), 2.5),
+                                             7, 1, 3, r, packing) for r in range(nranks)])
+    shared = torch.cat([ops.ternary_encode(g * (1 - r % 2), *scale, 7, 1, 3, r, packing) for r in range(nranks)])
+    for gathered in (per_rank, shared):
+        out_cpu, out_gpu = torch.empty(n), torch.empty(n + 1, device="cuda")[1:]
+        assert ops.ternary_decode_average(gathered, nranks, n, packing, float(nranks), out_cpu) == -1
+        assert ops.ternary_decode_average(gathered.cuda(), nranks, n, packing, float(nranks), out_gpu, stream) == -1
+        assert torch.equal(out_gpu.cpu(), out_cpu)
+
+
+@pytest.mark.skipif(not GPU, reason=NO_GPU)
 def test_gpu_ternary_flags_nan_and_shared_scales():
     n = 10000
     g = gradient(n)

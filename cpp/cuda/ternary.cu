@@ -3,8 +3,10 @@
 //
 //   statistics:  one thread per (4096-element block, lane), the float64 sums in the order of hvdext/reduce.h, max|g|
 //                by an order-free atomic max; a one-block kernel combines the blocks and computes t and s.
-//   encode:      a thread block stages 256 x 20 floats in shared memory (coalesced reads); each thread makes the codes
-//                of 20 elements (5 Philox blocks) and writes 4 base-3 bytes or 5 two-bit bytes.
+//   encode:      a thread block stages 256 rows of 16 (two-bit) or 20 (base-3) floats in shared memory (coalesced
+//                reads; rows 80 bytes apart, so that each thread's float4 reads of its row are free of bank
+//                conflicts); each thread makes the codes of its row (4 or 5 Philox blocks) and writes its 4 packed
+//                bytes as one 32-bit store.
 //   decode:      one thread per 4 packed bytes, every rank's in rank order (codes from a shared table of all 256
 //                bytes); exact integer sums when every rank sent the same scale, else the float32 sum of s_r * v_r
 //                in rank order, as the CPU kernel.
@@ -23,7 +25,8 @@ namespace hvdext {
 namespace cuda {
 namespace {
 
-constexpr int kGroup = 20;  // elements per thread in encode: 5 Philox blocks, 4 base-3 or 5 two-bit bytes
+constexpr int kEncodeBytes = 4;  // packed bytes per encode thread: 16 two-bit or 20 base-3 codes
+constexpr int kTileRow = 20;     // floats per thread's row of the encode tile (16 codes use 16 of them)
 constexpr unsigned kMaxDecodeBlocks = 4096;  // decode's grid; its threads stride over the bytes beyond
 
 __global__ void stats_lanes_kernel(const float* g, int64_t n, int64_t blocks, double* sums, double* squares,
@@ -77,25 +80,36 @@ __global__ void scale_finish_kernel(double* sums, double* squares, double* scrat
   out[1] = fminf(__uint_as_float(*maxbits), threshold);
 }
 
-__global__ void encode_kernel(const float* g, int64_t n, float threshold, float scale, RandomKey key, int per,
+template <int PER>
+__global__ void encode_kernel(const float* g, int64_t n, float threshold, float scale, RandomKey key,
                               int64_t packed_bytes, bool zeros, uint8_t* payload) {
-  __shared__ float tile[kThreads * kGroup];
+  constexpr int kCodes = kEncodeBytes * PER;
+  __shared__ __align__(16) float tile[kThreads * kTileRow];
   if (blockIdx.x == 0 && threadIdx.x == 0) {  // the header: the float32 scale, little-endian
     const unsigned bits = __float_as_uint(scale);
     for (int i = 0; i < 4; ++i) payload[i] = static_cast<uint8_t>(bits >> (8 * i));
   }
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads * kGroup;
-  for (int i = threadIdx.x; i < kThreads * kGroup; i += kThreads) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads * kCodes;
+  for (int i = threadIdx.x; i < kThreads * kCodes; i += kThreads) {
     const int64_t k = first + i;
-    tile[i] = k < n ? g[k] : 0.0f;
+    tile[(i / kCodes) * kTileRow + i % kCodes] = k < n ? g[k] : 0.0f;
   }
   __syncthreads();
-  const int64_t e0 = first + static_cast<int64_t>(threadIdx.x) * kGroup;
+  const int64_t e0 = first + static_cast<int64_t>(threadIdx.x) * kCodes;
   if (e0 >= n) return;
-  const float* x = tile + threadIdx.x * kGroup;
-  uint8_t codes[kGroup];
+  float x[kCodes];
+  const float4* row = reinterpret_cast<const float4*>(tile + threadIdx.x * kTileRow);
 #pragma unroll
-  for (int b = 0; b < kGroup / 4; ++b) {
+  for (int v = 0; v < kCodes / 4; ++v) {
+    const float4 f = row[v];
+    x[4 * v] = f.x;
+    x[4 * v + 1] = f.y;
+    x[4 * v + 2] = f.z;
+    x[4 * v + 3] = f.w;
+  }
+  uint8_t codes[kCodes];
+#pragma unroll
+  for (int b = 0; b < kCodes / 4; ++b) {
     const Philox4 r = philox_block(key, static_cast<uint32_t>(e0 / 4 + b));
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
@@ -106,12 +120,24 @@ __global__ void encode_kernel(const float* g, int64_t n, float threshold, float 
       codes[i] = static_cast<uint8_t>(keep + (keep & (x[i] < 0.0f)));
     }
   }
-  uint8_t* out = payload + kTernaryHeaderBytes;
-  const int64_t byte0 = e0 / per;
-  for (int j = 0; j < kGroup / per && byte0 + j < packed_bytes; ++j) {
-    const uint8_t* c = codes + per * j;
-    out[byte0 + j] = per == 4 ? static_cast<uint8_t>(c[0] | (c[1] << 2) | (c[2] << 4) | (c[3] << 6))
-                              : static_cast<uint8_t>(c[0] + 3 * c[1] + 9 * c[2] + 27 * c[3] + 81 * c[4]);
+  uint32_t word = 0;
+#pragma unroll
+  for (int q = 0; q < kEncodeBytes; ++q) {
+    const uint8_t* c = codes + PER * q;
+    uint32_t byte;
+    if constexpr (PER == 4) {
+      byte = c[0] | (c[1] << 2) | (c[2] << 4) | (c[3] << 6);
+    } else {
+      byte = c[0] + 3 * c[1] + 9 * c[2] + 27 * c[3] + 81 * c[4];
+    }
+    word |= byte << (8 * q);
+  }
+  uint8_t* out = payload + kTernaryHeaderBytes + e0 / PER;
+  const int64_t left = packed_bytes - e0 / PER;
+  if (left >= kEncodeBytes && (reinterpret_cast<uintptr_t>(out) & 3u) == 0) {
+    *reinterpret_cast<uint32_t*>(out) = word;
+  } else {
+    for (int q = 0; q < kEncodeBytes && q < left; ++q) out[q] = static_cast<uint8_t>(word >> (8 * q));
   }
 }
 
@@ -276,9 +302,14 @@ void ternary_encode(const float* g, int64_t n, float threshold, float scale, con
                     uint8_t* payload, void* stream) {
   const int per = codes_per_byte(packing);
   const bool zeros = !(scale > 0.0f) || !std::isfinite(scale);
-  const int64_t groups = (n + kThreads * kGroup - 1) / (kThreads * kGroup);
-  encode_kernel<<<static_cast<unsigned>(groups > 0 ? groups : 1), kThreads, 0, as_stream(stream)>>>(
-      g, n, threshold, scale, key, per, ternary_packed_bytes(n, packing), zeros, payload);
+  const int64_t per_block = static_cast<int64_t>(kThreads) * kEncodeBytes * per;
+  const unsigned grid = static_cast<unsigned>(n > 0 ? (n + per_block - 1) / per_block : 1);
+  const int64_t packed = ternary_packed_bytes(n, packing);
+  if (per == 4) {
+    encode_kernel<4><<<grid, kThreads, 0, as_stream(stream)>>>(g, n, threshold, scale, key, packed, zeros, payload);
+  } else {
+    encode_kernel<5><<<grid, kThreads, 0, as_stream(stream)>>>(g, n, threshold, scale, key, packed, zeros, payload);
+  }
   check(cudaGetLastError(), "ternary_encode");
 }
 
