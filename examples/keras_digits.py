@@ -208,6 +208,9 @@ def main():
                         "dense_bytes_per_step": total["dense_bytes"] / steps,
                         "bits_per_element": total["bits_per_element"],
                         "cf_log": [cf for cf, _ in factors], "paths": [path for _, path in factors]})
+        if "throughput" in stats:  # GraVAC: the CF it settled on (None while exploring) and the table it settles from
+            results[-1]["gravac"] = {"theta_ideal": stats["theta_ideal"],
+                                     "throughput": [[cf, t, n] for cf, (t, n) in stats["throughput"].items()]}
     if hvd.rank() == 0:
         print(f"{args.data} MLP (Keras 3, {args.loop}, hidden {HIDDEN[0]}), {hvd.size()} ranks, {args.epochs} epochs")
         print(f"{'compression':<15} {'test acc':>8} {'bytes/step':>11} {'dense bytes':>11} {'ratio':>6} {'bits/elem':>9}")

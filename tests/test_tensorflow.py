@@ -111,9 +111,16 @@ def test_keras_digits_identical_weights_and_accuracy(tmp_path, loop):
     for name in ("topk", "adaptive_topk", "powersgd"):  # issues 5, 29: no more than 1 point below dense
         if name in results:
             assert results[name]["test_accuracy"] >= dense - 0.01, (name, results[name]["test_accuracy"])
-    if "adaptive_topk" in results:  # GraVAC at its defaults compresses (issue 14): mean CF above min_cf 10
-        cfs = results["adaptive_topk"]["cf_log"]
-        assert len(cfs) == results["adaptive_topk"]["steps"] and sum(c >= 10 for c in cfs) > len(cfs) / 2, cfs
+    if "adaptive_topk" in results:  # GraVAC at its defaults compresses (issue 14)
+        gravac = results["adaptive_topk"]
+        cfs, ideal, table = gravac["cf_log"], gravac["gravac"]["theta_ideal"], gravac["gravac"]["throughput"]
+        assert len(cfs) == gravac["steps"] and sum(c >= 10 for c in cfs[:100]) > 50, cfs  # the first window: gains
+        if ideal == 1:  # settled on dense at a window's end: only where the step times said it was as fast
+            ranked = sorted(((t, cf) for cf, t, _ in table), reverse=True)
+            (best, _), (second, _) = ranked[:2]
+            assert 1 in {cf for _, cf in ranked[:2]} and (best - second) / best <= 0.05, table
+        else:
+            assert sum(c >= 10 for c in cfs) > len(cfs) / 2, (cfs, ideal, table)
         for window in range(0, len(cfs), 100):  # the compressed CF moves only at window ends (dense: at min_cf)
             assert len({c for c in cfs[window:window + 100] if c > 1}) <= 1, cfs
     assert results["ternary"]["dense_bytes_per_step"] / results["ternary"]["bytes_per_step"] > 14
