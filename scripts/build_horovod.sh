@@ -14,6 +14,11 @@
 #     without the GIL (pybind11's call_guard). Horovod's background thread, finalizing after a peer's death in
 #     elastic mode, holds the process-set table's mutex while it releases queued torch tensors, which needs the
 #     GIL; an enqueue that held the GIL while it waited for that mutex deadlocked the rank (README, elastic).
+#   - horovod/common/tensor_queue.*, operations.cc: a tensor queue refuses entries (Horovod's shut-down error) from
+#     the moment the background thread finalizes it, after a peer's death, until Horovod is initialized again.
+#     The enqueue functions test Horovod's shut_down flag before they take the queue's mutex, so an entry added
+#     between the flag and the finalization was never called back: its rank waited on it for ever (a torch handle
+#     in synchronize, a TensorFlow op, which holds up its whole step), and its name stayed in the queue.
 # The wheel is kept in $HVDEXT_CACHE (default ~/.cache/horovod-ext) under HVDEXT_HOROVOD_KEY (framework versions and
 # build choices), so a later set-up on the same machine with the same choices installs it without compiling.
 # HVDEXT_HOROVOD_SDIST names a horovod-0.28.1.tar.gz already on disk (a cluster without a package index).
@@ -50,6 +55,44 @@ edited, count = re.subn(r'(m\.def\("[A-Za-z0-9_]+",\s*&Do[A-Za-z]+)\);',
 if count != 158:  # Horovod 0.28.1's enqueue bindings
     sys.exit(f"build_horovod.sh: {path} is not Horovod 0.28.1's ({count} enqueue bindings found, 158 expected)")
 open(path, "w").write(edited)
+PATCH
+  $PY - "$SRC/horovod/common" <<'PATCH'
+import os, sys
+common = sys.argv[1]
+
+
+def edit(name, pairs):
+    path = os.path.join(common, name)
+    source = open(path).read()
+    for old, new in pairs:
+        if source.count(old) != 1:
+            sys.exit(f"build_horovod.sh: {path} is not Horovod 0.28.1's (no single {old.splitlines()[0]!r})")
+        source = source.replace(old, new)
+    open(path, "w").write(source)
+
+
+LOCK = "  std::lock_guard<std::mutex> guard(mutex_);\n"
+REFUSE = LOCK + "  if (finalized_) {\n    return SHUT_DOWN_ERROR;\n  }\n"
+edit("tensor_queue.h", [
+    ("  void FinalizeTensorQueue(const Status& status);\n",
+     "  void FinalizeTensorQueue(const Status& status);\n\n  void Reopen();\n"),
+    ("  mutable std::mutex mutex_;\n",
+     "  mutable std::mutex mutex_;\n\n  // Set by FinalizeTensorQueue, cleared by Reopen: an entry added in between would never be called back.\n"
+     "  bool finalized_ = false;\n")])
+edit("tensor_queue.cc", [
+    ("Status TensorQueue::AddToTensorQueue(TensorTableEntry& e, Request& message) {\n" + LOCK,
+     "Status TensorQueue::AddToTensorQueue(TensorTableEntry& e, Request& message) {\n" + REFUSE),
+    ("                                          std::vector<Request>& messages) {\n" + LOCK,
+     "                                          std::vector<Request>& messages) {\n" + REFUSE),
+    ("void TensorQueue::FinalizeTensorQueue(const Status& status) {\n" + LOCK,
+     "void TensorQueue::FinalizeTensorQueue(const Status& status) {\n" + LOCK + "  finalized_ = true;\n"),
+    ("// Execute callback for each tensor and clear tensor queue\n",
+     "void TensorQueue::Reopen() {\n" + LOCK + "  finalized_ = false;\n}\n\n"
+     "// Execute callback for each tensor and clear tensor queue\n")])
+edit("operations.cc", [
+    ("  // Signal that initialization is completed.\n  state.initialization_done = true;\n",
+     "  // Signal that initialization is completed.\n  state.process_set_table.Get(0).tensor_queue.Reopen();\n"
+     "  state.initialization_done = true;\n")])
 PATCH
   # Fail loudly if an edit did not apply (a different sdist would silently build the wrong thing).
   ! grep -q "CMAKE_CXX_STANDARD 14" "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
