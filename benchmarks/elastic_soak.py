@@ -36,6 +36,7 @@ def run(method, steps, kills, adds, timeout):
                                     hosts=hosts, timeout=timeout)
     wall = time.perf_counter() - start
     if kills:  # Horovod's driver log and the workers' output, for a run that went wrong without failing
+        os.makedirs(OUT_DIR, exist_ok=True)
         with open(os.path.join(OUT_DIR, f"elastic_soak_{method}.log"), "w") as f:
             f.write(output)
     rank0 = next(r for r in results if r["rank"] == 0)
