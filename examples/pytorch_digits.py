@@ -148,6 +148,7 @@ def train(args, optimizer_name, compression_name, data):
                 last = optimizer.compression_stats()
                 factors.append((last["cf"], last["path"], round(last["gain_min"], 3), round(last["gain_c"], 3)))
     seconds = time.perf_counter() - start
+    spread = replica_spread(model)
     evaluated = optimizer.evaluation_parameters() if optimizer_name != "dp" else contextlib.nullcontext()
     with torch.no_grad(), evaluated:  # LSGD: the best worker's parameters; EASGD: the center
         accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
@@ -161,8 +162,18 @@ def train(args, optimizer_name, compression_name, data):
             "wire_bytes_per_step": total["wire_bytes"] / steps,
             "dense_wire_bytes_per_step": total["dense_wire_bytes"] / steps,
             "bits_per_element": total["bits_per_element"], "comm_seconds": total["comm_seconds"],
+            "replica_spread": spread,
             "cf_log": [f[0] for f in factors], "paths": [f[1] for f in factors],
             "gains": [f[2:] for f in factors][::50]}
+
+
+def replica_spread(model):
+    """max over ranks and parameters of |p - rank 0's p|: 0.0 where data-parallel replicas are identical (LSGD and
+    EASGD workers differ between their pulls by design)."""
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    root = hvd.broadcast(flat, root_rank=0, name="replica_spread.params")
+    spread = (flat - root).abs().max().reshape(1)
+    return hvd.allreduce(spread, op=hvd.Max, name="replica_spread.max").item()
 
 
 def main():
@@ -183,13 +194,13 @@ def main():
         print(f"{args.data} MLP (hidden {args.hidden}), {hvd.size()} ranks, {args.epochs} epochs, "
               f"batch {args.batch_size} per rank, on {'CUDA' if args.cuda else 'the CPU'}")
         print(f"{'run':<15} {'test acc':>8} {'bytes/step':>11} {'dense bytes':>11} {'ratio':>6} "
-              f"{'bits/elem':>9} {'wire ratio':>10} {'train s':>8}")
+              f"{'bits/elem':>9} {'wire ratio':>10} {'train s':>8} {'spread':>8}")
         for r in results:
             ratio = r["dense_bytes_per_step"] / r["bytes_per_step"] if r["bytes_per_step"] else float("inf")
             wire = r["dense_wire_bytes_per_step"] / r["wire_bytes_per_step"] if r["wire_bytes_per_step"] else float("inf")
             print(f"{r['compression']:<15} {100 * r['test_accuracy']:>7.2f}% {r['bytes_per_step']:>11.0f} "
                   f"{r['dense_bytes_per_step']:>11.0f} {ratio:>5.1f}x {r['bits_per_element']:>9.2f} "
-                  f"{wire:>9.1f}x {r['train_seconds']:>8.2f}")
+                  f"{wire:>9.1f}x {r['train_seconds']:>8.2f} {r['replica_spread']:>8.2g}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": hvd.size(), "epochs": args.epochs, "results": results}, f, indent=1)

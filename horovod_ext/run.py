@@ -96,7 +96,7 @@ class Registry:
     def summary(self):
         if not self.items or self.items[0][0] != 0:  # rank 0 prints
             return None
-        sent = dense = comm = 0.0
+        sent = dense = comm = kernels = 0.0
         steps = 0
         timed = all(t for _, _, t in self.items)
         for _, obj, _ in self.items:
@@ -105,11 +105,18 @@ class Registry:
             sent += total["payload_bytes"]
             dense += total["dense_bytes"]
             comm += total["comm_seconds"]
+            kernels += total["compress_seconds"] + total["decompress_seconds"]
             steps = max(steps, stats["steps"])
         ratio = dense / sent if sent else float("inf")
         comm_text = f"{comm:.3f} s" if timed else "not timed (TensorFlow runs the step as one graph)"
-        return (f"{SUMMARY_PREFIX} compression={self.compression} sent {sent / 1e6:.3f} MB, dense-equivalent "
+        line = (f"{SUMMARY_PREFIX} compression={self.compression} sent {sent / 1e6:.3f} MB, dense-equivalent "
                 f"{dense / 1e6:.3f} MB, ratio {ratio:.1f}x, communication {comm_text} ({steps} steps, rank 0)")
+        first = self.items[0][1].compression_stats()
+        if timed and steps and first.get("step_seconds") is not None:
+            # per step: the median step, its compute (step less compression and waiting) and the mean compression
+            line += (f"; per step {1e3 * first['step_seconds']:.2f} ms, compute {1e3 * first['compute_seconds']:.2f}"
+                     f" ms, compression {1e3 * kernels / steps:.3f} ms, communication {1e3 * comm / steps:.2f} ms")
+        return line
 
     def print_summary(self):
         line = self.summary()

@@ -22,6 +22,8 @@
 # The wheel is kept in $HVDEXT_CACHE (default ~/.cache/horovod-ext) under HVDEXT_HOROVOD_KEY (framework versions and
 # build choices), so a later set-up on the same machine with the same choices installs it without compiling.
 # HVDEXT_HOROVOD_SDIST names a horovod-0.28.1.tar.gz already on disk (a cluster without a package index).
+# HVDEXT_HOROVOD_TARGET installs into that folder (pip --target) instead of the active Python, for a second build
+# beside the first (scripts/gpu_checks.sh: one without NCCL); use it with PYTHONPATH=$HVDEXT_HOROVOD_TARGET.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PY=${PY:-python}
@@ -116,10 +118,15 @@ PATCH
   echo "[setup] Horovod $VERSION build: $HVDEXT_HOROVOD_ENV" >&2
   $PY -m pip wheel -q --no-build-isolation --no-deps "$SRC" -w "$WHEELS"
 fi
-$PY -m pip install -q --no-deps --force-reinstall "$WHEELS"/horovod-*.whl
+if [ -n "${HVDEXT_HOROVOD_TARGET:-}" ]; then
+  $PY -m pip install -q --no-deps --upgrade --target "$HVDEXT_HOROVOD_TARGET" "$WHEELS"/horovod-*.whl
+  export PYTHONPATH="$HVDEXT_HOROVOD_TARGET${PYTHONPATH:+:$PYTHONPATH}"
+else
+  $PY -m pip install -q --no-deps --force-reinstall "$WHEELS"/horovod-*.whl
+fi
 # setup_plan.py's check-build reads this: a Horovod built with an earlier revision of the edits is built again.
 echo "$HVDEXT_HOROVOD_KEY" > "$($PY -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("horovod").origin))')/horovod_ext_build"
-report=$(TF_CPP_MIN_LOG_LEVEL=3 "$($PY -c 'import os, sys; print(os.path.dirname(sys.executable))')/horovodrun" \
+report=$(TF_CPP_MIN_LOG_LEVEL=3 $PY -c 'from horovod.runner.launch import run_commandline; run_commandline()' \
          --check-build 2>/dev/null)
 echo "$report"
 if ! lacks=$(echo "$report" | $PY "$HERE/setup_plan.py" check-build "$HVDEXT_HOROVOD_WANTS"); then

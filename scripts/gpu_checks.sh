@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # The GPU checks (the team's GPU.md) in one bounded run on a machine with a CUDA GPU, nvcc and a CUDA build of torch
-# as `python3`, and no package index: everything it needs beyond that image travels in .whl/ (Horovod's sdist).
+# (and torchvision) as `python3`, and no package index: everything it needs beyond that image travels in .whl/:
+# Horovod's sdist (horovod-0.28.1.tar.gz), the wheels Horovod's build lacks there (cffi, pycparser) and Horovod's own
+# examples/pytorch/pytorch_synthetic_benchmark.py.
 #
 #   1. horovod_ext with its CUDA kernels (sm_90 only, for the build's time), tests/test_cuda.py, then
-#      benchmarks/gpu_kernels.py (what goes through horovod_ext.torch waits for Horovod);
-#   2. meanwhile Horovod 0.28.1 (with the wheels carried in .whl/) is built for that torch as set-up plans it (scripts/setup_plan.py: NCCL from the
-#      CUDA torch's nvidia-nccl wheel), then examples/pytorch_digits.py on CUDA tensors under horovodrun -np 1 with
-#      every compressor and each parameter-space optimizer (one launch each, side by side on the one GPU), and -np 2
-#      on the one GPU;
-#   3. benchmarks/perfmodel.py --quick at 2, 4 and 8 CPU ranks on shaped links, in the time that is left (where the
-#      machine has ip and tc).
+#      benchmarks/gpu_kernels.py (GraVAC's nested selection goes through horovod_ext.torch and waits for Horovod);
+#   2. meanwhile Horovod 0.28.1 is built twice for that torch as set-up plans it (scripts/setup_plan.py): with NCCL
+#      from the CUDA torch's nvidia-nccl wheel, installed, and without NCCL (HVDEXT_HOROVOD_NCCL=0: CUDA tensors go
+#      through Gloo on the host) into a folder of its own ($GLOO_HOROVOD, put first on PYTHONPATH where used);
+#   3. Horovod's pytorch_synthetic_benchmark.py (torchvision's ResNet-50, synthetic data, batch 64) under horovodrun
+#      -np 1 through `python -m horovod_ext.run --compression X`, one method after the other, with
+#      HVDEXT_SYNC_TIMING=1 so that the launcher's per-step compression seconds hold the CUDA kernels' time; then
+#      `python -m horovod_ext.perfmodel` projects the speed-up over dense at 8, 16 and 64 GPUs on 10, 25 and 100
+#      Gbit/s from the measured compute and compression seconds;
+#   4. examples/pytorch_digits.py on CUDA tensors under horovodrun -np 2 on the one GPU with the Horovod without
+#      NCCL (NCCL refuses two ranks on one device), every compressor and optimizer, one launch each, side by side:
+#      the table's "spread" column is the largest difference between the ranks' parameters (0 for data-parallel).
 #
 # Each step has its own deadline and log; after each, $OUT (default /tmp/gpu_checks) gets summary.txt (what passed),
 # the benchmarks' tables and logs.tar.gz (every log). BUDGET (seconds, default 560) is the whole run's.
@@ -53,56 +60,100 @@ step() {  # step NAME SECONDS COMMAND...: runs it with a deadline, its output in
 note "machine: $(head -n 2 "$LOG/machine.log" | tr '\n' ' ')"
 
 # Wheels the image lacks (Horovod's build needs cffi for PyTorch), carried in .whl/.
+GLOO_HOROVOD=${GLOO_HOROVOD:-/tmp/horovod_gloo}
 ls .whl/*.whl >/dev/null 2>&1 && $PY -m pip install -q --no-index --no-deps .whl/*.whl >>"$LOG/machine.log" 2>&1
 
-# Horovod, in the background (its compile is the longest step).
-(
-  eval "$($PY scripts/setup_plan.py plan system-site)"
+# Horovod twice, in the background (its compile is the longest step).
+build_horovod() {  # build_horovod NCCL(auto|0) [TARGET]
+  eval "$(HVDEXT_HOROVOD_NCCL=$1 $PY scripts/setup_plan.py plan system-site)"
   export HVDEXT_HOROVOD_KEY HVDEXT_HOROVOD_ENV HVDEXT_HOROVOD_WANTS
   echo "plan: $HVDEXT_HOROVOD_KEY | $HVDEXT_HOROVOD_ENV"
-  PY=$PY HVDEXT_HOROVOD_SDIST="$ROOT/.whl/horovod-0.28.1.tar.gz" bash scripts/build_horovod.sh
-) >"$LOG/horovod_build.log" 2>&1 &
+  PY=$PY HVDEXT_HOROVOD_TARGET=${2:-} HVDEXT_HOROVOD_SDIST="$ROOT/.whl/horovod-0.28.1.tar.gz" bash scripts/build_horovod.sh
+}
+(build_horovod auto) >"$LOG/horovod_build.log" 2>&1 &
 HOROVOD_BUILD=$!
+(build_horovod 0 "$GLOO_HOROVOD") >"$LOG/horovod_gloo_build.log" 2>&1 &
+GLOO_BUILD=$!
 
 step ext_build 240 env HVDEXT_WITH_CUDA=1 $PY setup.py build_ext --inplace
 $PY -c "from horovod_ext import _torch_ops as o; print('built_with_cuda', o.built_with_cuda())" >>"$LOG/ext_build.log" 2>&1
 # GraVAC's nested selection goes through horovod_ext.torch, which imports Horovod: it waits for the build.
 step test_cuda 150 $PY -m pytest -q -p no:cacheprovider --tb=short -rfE -k "not nested" tests/test_cuda.py
 
-while kill -0 $HOROVOD_BUILD 2>/dev/null && [ "$(left)" -gt 120 ]; do sleep 5; done
-if kill -0 $HOROVOD_BUILD 2>/dev/null; then
-  note "horovod_build: still compiling, stopped"
-  kill $HOROVOD_BUILD
+wait_build() {  # wait_build PID NAME: 0 once it built, else says why
+  while kill -0 "$1" 2>/dev/null && [ "$(left)" -gt 90 ]; do sleep 3; done
+  if kill -0 "$1" 2>/dev/null; then
+    note "$2: still compiling, stopped"
+    kill "$1"
+    return 1
+  fi
+  wait "$1"
+  local rc=$?
+  note "$2: rc $rc ($(grep -E '\[X\]|\[ \]' "$LOG/$2.log" | tr -s ' \n' ' ' | cut -c1-200))"
   pack
-  exit 1
-fi
-wait $HOROVOD_BUILD
-note "horovod_build: rc $? ($(grep -E '\[X\]|\[ \]' "$LOG/horovod_build.log" | tr -s ' \n' ' ' | cut -c1-200))"
-pack
+  return $rc
+}
+wait_build $HOROVOD_BUILD horovod_build || { pack; exit 1; }
 step test_cuda_nested 60 $PY -m pytest -q -p no:cacheprovider --tb=short -rfE -k nested tests/test_cuda.py
 (cd benchmarks && step gpu_kernels 90 $PY gpu_kernels.py)
 cp benchmarks/out/gpu_kernels.md benchmarks/out/gpu_kernels.json "$LOG/" 2>/dev/null
-HOROVODRUN="$($PY -c 'import os, sys; print(os.path.dirname(sys.executable))')/horovodrun"
+# horovodrun of whichever Horovod PYTHONPATH finds first
+HOROVODRUN="$LOG/horovodrun"
+printf '#!/bin/sh\nexec %s -c "from horovod.runner.launch import run_commandline; run_commandline()" "$@"\n' "$PY" \
+  >"$HOROVODRUN"
+chmod +x "$HOROVODRUN"
 
-# Every compressor and optimizer on CUDA tensors, one launch each, side by side.
-DIGITS=(examples/pytorch_digits.py --epochs 2)
-pids=()
-for c in none fp16 ternary ternary-shared ternary-2bit topk topk-allgather topk-1% adaptive_topk powersgd; do
-  (step "digits_np1_$c" 150 "$HOROVODRUN" -np 1 $PY "${DIGITS[@]}" --compression "$c") & pids+=($!)
+# A real model's step: Horovod's synthetic benchmark through the launcher, one method at a time on the GPU.
+SYNTHETIC=(.whl/pytorch_synthetic_benchmark.py --batch-size 64 --num-warmup-batches 10 --num-iters 5)
+for c in ${SYNTHETIC_METHODS:-none fp16 ternary topk powersgd}; do
+  step "synthetic_$c" 90 env HVDEXT_SYNC_TIMING=1 "$HOROVODRUN" -np 1 $PY -m horovod_ext.run --compression "$c" \
+    "${SYNTHETIC[@]}"
 done
-for o in lsgd multi_lsgd easgd async_lsgd async_easgd; do
-  (step "digits_np1_$o" 150 "$HOROVODRUN" -np 1 $PY "${DIGITS[@]}" --optimizer "$o") & pids+=($!)
-done
-wait "${pids[@]}"
-step digits_np2_nccl 60 env NCCL_DEBUG=WARN "$HOROVODRUN" -np 2 $PY "${DIGITS[@]}" --compression none,ternary
-sed 's/^\[[0-9,]*\]<stdout>://' "$LOG"/digits_np*.log \
-  | grep -E "^(digits|none|fp16|ternary|topk|adaptive|powersgd|lsgd|multi|easgd|async)" >"$LOG/digits_table.txt"
+$PY - "$LOG" >"$LOG/synthetic_table.md" 2>&1 <<'TABLE'
+import glob, os, re, sys
+rows = ["| method | img/s | step ms | compute ms | compression ms | of the step | ratio |", "|---" * 7 + "|"]
+perf = []
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "synthetic_*.log")), key=os.path.getmtime):
+    text, name = open(path).read(), os.path.basename(path)[10:-4]
+    img = re.search(r"Img/sec per GPU: ([0-9.]+)", text)
+    line = re.search(r"ratio ([0-9.inf]+)x.*per step ([0-9.]+) ms, compute ([0-9.]+) ms, compression ([0-9.]+) ms", text)
+    if not (img and line):
+        rows.append(f"| {name} | failed | | | | | |")
+        continue
+    step, compute, kernels = (float(line.group(i)) for i in (2, 3, 4))
+    rows.append(f"| {name} | {float(img.group(1)):.1f} | {step:.1f} | {compute:.1f} | {kernels:.2f} | "
+                f"{100 * kernels / step:.1f}% | {line.group(1)}x |")
+    perf.append((name.replace("none", "dense"), compute, kernels))
+print("\n".join(rows))
+if perf:
+    compute = dict((n, c) for n, c, _ in perf).get("dense", perf[0][1])
+    print(f"\nPERFMODEL --compute-seconds {compute / 1e3:.5f} --compression-seconds "
+          + ",".join(f"{n}={k / 1e3:.5f}" for n, c, k in perf if n not in ("dense", "fp16")))
+TABLE
+cat "$LOG/synthetic_table.md" | tee -a "$LOG/summary.txt"
+measured=$(sed -n 's/^PERFMODEL //p' "$LOG/synthetic_table.md")
+if [ -n "$measured" ]; then
+  # shellcheck disable=SC2086
+  step perfmodel_projection 30 $PY -m horovod_ext.perfmodel --model resnet50 $measured --gbit 10,25,100 \
+    --ranks 8,16,64 --methods dense,fp16,ternary,topk,powersgd
+  cp "$LOG/perfmodel_projection.log" "$LOG/perfmodel_projection.md"
+fi
 
-if command -v tc >/dev/null && command -v ip >/dev/null; then
-  (cd benchmarks && step perfmodel $(($(left) - 5)) $PY perfmodel.py --quick --ranks 2,4,8 --timeout 120)
-  cp benchmarks/out/perfmodel.md "$LOG/" 2>/dev/null
-else
-  note "perfmodel: not run (no ip or tc here to shape a link)"
+# Two ranks on one GPU: CUDA tensors through Gloo on the host.
+if wait_build $GLOO_BUILD horovod_gloo_build; then
+  DIGITS=(examples/pytorch_digits.py --epochs 2)
+  pids=()
+  for c in none fp16 ternary ternary-shared ternary-2bit topk topk-allgather topk-1% adaptive_topk powersgd; do
+    (step "digits_np2_$c" 150 env PYTHONPATH="$GLOO_HOROVOD:$PYTHONPATH" "$HOROVODRUN" -np 2 --gloo $PY \
+      "${DIGITS[@]}" --compression "$c") & pids+=($!)
+  done
+  for o in lsgd multi_lsgd easgd async_lsgd async_easgd; do
+    (step "digits_np2_$o" 150 env PYTHONPATH="$GLOO_HOROVOD:$PYTHONPATH" "$HOROVODRUN" -np 2 --gloo $PY \
+      "${DIGITS[@]}" --optimizer "$o") & pids+=($!)
+  done
+  wait "${pids[@]}"
+  sed 's/^\[[0-9,]*\]<stdout>://' "$LOG"/digits_np*.log \
+    | grep -E "^(run|digits|none|fp16|ternary|topk|adaptive|powersgd|lsgd|multi|easgd|async)" >"$LOG/digits_table.txt"
 fi
 note "done"
 pack

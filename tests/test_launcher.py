@@ -20,6 +20,8 @@ CASES = {"none": ([], 1.0), "fp16": ([], 2.0), "ternary": ([], 16.0),
 SUMMARY = re.compile(r"horovod_ext\.run: compression=(\w+) sent ([\d.]+) MB, dense-equivalent ([\d.]+) MB, "
                      r"ratio ([\d.]+)x, communication (?:([\d.]+) s|not timed \(TensorFlow[^)]*\)) "
                      r"\((\d+) steps, rank 0\)")
+PER_STEP = re.compile(r"\(\d+ steps, rank 0\); per step ([\d.]+) ms, compute ([\d.]+) ms, compression ([\d.]+) ms, "
+                      r"communication ([\d.]+) ms")
 
 
 def launch(script, compression, extra, steps=20, env=None):
@@ -48,8 +50,10 @@ def test_unmodified_script_runs_compressed(script, compression):
     if "torch" in script:
         assert "horovod_ext optimizer True" in output  # the script's optimizer is horovod_ext's
         assert float(comm) > 0
+        (step, compute, kernels, waiting), = (tuple(map(float, m.groups())) for m in PER_STEP.finditer(output))
+        assert 0 < compute <= step and waiting > 0 and (kernels == 0) == (compression == "none"), output[-3000:]
     else:
-        assert comm is None  # said to be untimed, not reported as 0
+        assert comm is None and not PER_STEP.search(output)  # said to be untimed, not reported as 0
 
 
 def test_ternary_ratio_matches_the_wire_format():

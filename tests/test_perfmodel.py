@@ -240,3 +240,29 @@ def test_command_prints_speedups_and_plots(tmp_path, capsys):
     assert all(f"| {m} |" in out for m in METHODS) and png.stat().st_size > 5000
     with pytest.raises(SystemExit):
         main(["--model", "vgg16", "--methods", "dense,zip"])
+
+
+def test_command_takes_measured_compression_seconds(capsys):
+    """--compression-seconds replaces the THROUGHPUT estimate: measured at 1 rank, an allgather method's seconds grow
+    with the ranks as its encode and per-payload decode do; a method without THROUGHPUT keeps them as measured."""
+    from horovod_ext.perfmodel.__main__ import main, scaled_compression
+    from horovod_ext.perfmodel.predict import compression_seconds_of
+
+    elements = 1_000_000
+    at_8 = scaled_compression("ternary", 0.01, elements, 1, 8)
+    assert at_8 == pytest.approx(0.01 * compression_seconds_of("ternary", elements, 8)
+                                 / compression_seconds_of("ternary", elements, 1))
+    assert at_8 > 0.01 and scaled_compression("powersgd", 0.02, elements, 1, 64) == 0.02
+
+    def step_ms(seconds):
+        main(["--model", "resnet50", "--compute-seconds", "0.05", "--ranks", "8", "--gbit", "10",
+              "--methods", "dense,powersgd", "--compression-seconds", f"powersgd={seconds}"])
+        row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| powersgd |")][0]
+        return float(row.split("|")[-2])
+
+    assert step_ms(0.1) - step_ms(0.0) == pytest.approx(100, abs=1)  # powersgd's 100 ms of kernels, added whole
+    for bad in (["--compression-seconds", "zip=1"], ["--compression-seconds", "ternary=-1"],
+                ["--measured-ranks", "0"]):
+        with pytest.raises(SystemExit):
+            main(["--model", "resnet50", "--compute-seconds", "0.05"] + bad)
+    assert "unknown method 'zip'" in capsys.readouterr().err

@@ -4,13 +4,14 @@ Prints, for each link, the speed-up over dense (float32 allreduce) of every comp
 ranks, with the step time at the largest, and writes TernGrad-style plots (speed-up against ranks, one line per
 method, one panel per link). Compute per step: --compute-seconds, else the model file's assumed value."""
 import argparse
+import math
 import os
 import sys
 
 from .catalog import NAMES, load
 from .collectives import Cluster, Link
 from .plans import METHODS
-from .predict import predict
+from .predict import THROUGHPUT, compression_seconds_of, predict
 
 RANKS = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 
@@ -22,8 +23,35 @@ def _numbers(text, kind):
         raise argparse.ArgumentTypeError(f"a comma-separated list of numbers, got {text!r}") from None
 
 
-def speedups(model, compute, gbits, ranks, latency, per_node, methods, hierarchical=False, kernel_speedup=1.0):
-    """{gbit: {method: [Prediction per rank count]}}."""
+def _measured(text):
+    """METHOD=SECONDS[,METHOD=SECONDS...] -> {method: seconds}."""
+    out = {}
+    for item in (x for x in text.split(",") if x):
+        name, sep, value = item.partition("=")
+        try:
+            out[name.strip()] = float(value) if sep else None
+        except ValueError:
+            out[name.strip()] = None
+        if out[name.strip()] is None or out[name.strip()] < 0:
+            raise argparse.ArgumentTypeError(f"METHOD=SECONDS pairs (seconds >= 0), got {item!r}")
+    return out
+
+
+def scaled_compression(method, seconds, elements, measured_ranks, ranks):
+    """A method's kernel seconds per step measured at measured_ranks, at `ranks`: scaled as THROUGHPUT's encode and
+    per-payload decode scale (an allgather method decodes one payload per rank), constant for other methods."""
+    if method not in THROUGHPUT:
+        return seconds
+    return seconds * compression_seconds_of(method, elements, ranks) / compression_seconds_of(method, elements,
+                                                                                              measured_ranks)
+
+
+def speedups(model, compute, gbits, ranks, latency, per_node, methods, hierarchical=False, kernel_speedup=1.0,
+             measured=None, measured_ranks=1):
+    """{gbit: {method: [Prediction per rank count]}}. measured: {method: kernel seconds per step at measured_ranks}
+    in place of THROUGHPUT / kernel_speedup for those methods."""
+    measured = measured or {}
+    elements = sum(math.prod(s) if isinstance(s, tuple) else int(s) for s in model["shapes"])
     out = {}
     for gbit in gbits:
         out[gbit] = {m: [] for m in methods}
@@ -32,7 +60,10 @@ def speedups(model, compute, gbits, ranks, latency, per_node, methods, hierarchi
             cluster = Cluster(n, Link(gbit, latency), intra=Link(max(gbit, 100.0), latency), ranks_per_node=g,
                               hierarchical=hierarchical)
             for m in methods:
-                out[gbit][m].append(predict(m, model["shapes"], compute, cluster, kernel_speedup=kernel_speedup))
+                kernels = (scaled_compression(m, measured[m], elements, measured_ranks, n) if m in measured
+                           else None)
+                out[gbit][m].append(predict(m, model["shapes"], compute, cluster, compression_seconds=kernels,
+                                            kernel_speedup=kernel_speedup))
     return out
 
 
@@ -84,6 +115,13 @@ def main(argv=None):
     parser.add_argument("--kernel-speedup", type=float, default=1.0,
                         help="how much faster your compression kernels run than one CPU thread of the machine "
                              "perfmodel.THROUGHPUT was measured on (a GPU: 50-100)")
+    parser.add_argument("--compression-seconds", type=_measured, default={}, metavar="METHOD=SECONDS,...",
+                        help="each method's measured kernel seconds per step (compression_stats()' compress and "
+                             "decompress seconds, or the launcher's 'compression' figure), in place of the "
+                             "--kernel-speedup estimate")
+    parser.add_argument("--measured-ranks", type=int, default=1,
+                        help="the ranks --compression-seconds was measured at (allgather methods decode one "
+                             "payload per rank, so theirs grows with the ranks)")
     parser.add_argument("--plot", metavar="PNG", help="write the speed-up plot there")
     args = parser.parse_args(argv)
     try:
@@ -93,12 +131,18 @@ def main(argv=None):
     unknown = [m for m in args.methods if m not in METHODS]
     if unknown:
         parser.error(f"--methods: unknown {unknown}; allowed values are {', '.join(sorted(METHODS))}")
+    unknown = [m for m in args.compression_seconds if m not in METHODS]
+    if unknown:
+        parser.error(f"--compression-seconds: unknown method {unknown[0]!r}; allowed values are "
+                     f"{', '.join(sorted(METHODS))}")
+    if args.measured_ranks < 1:
+        parser.error(f"--measured-ranks must be >= 1, got {args.measured_ranks}")
     compute = args.compute_seconds if args.compute_seconds is not None else model["compute_seconds"]
     if compute is None:
         parser.error(f"--compute-seconds is needed: {args.model} does not give a compute time")
     per_node = args.ranks_per_node or 1
     results = speedups(model, compute, args.gbit, args.ranks, args.latency, per_node, args.methods,
-                       args.hierarchical, args.kernel_speedup)
+                       args.hierarchical, args.kernel_speedup, args.compression_seconds, args.measured_ranks)
     print(markdown(model, compute, results, args.ranks))
     if model.get("compute_note") and args.compute_seconds is None:
         print(f"\ncompute: {model['compute_note']}")

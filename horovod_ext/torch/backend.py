@@ -3,6 +3,7 @@ asynchronous collectives (a future is a handle, waited for in ``wait``), the nat
 errors collected eagerly and raised by the optimizer once the step is finished."""
 import contextlib
 import math
+import os
 import time
 
 import horovod.torch as hvd
@@ -50,13 +51,25 @@ def numpy_allgather(process_set=None):
     return allgather
 
 
+# HVDEXT_SYNC_TIMING=1: timed blocks wait for the GPU at their start and end, so that compress_seconds and
+# decompress_seconds hold the CUDA kernels' time rather than their launch's (each wait costs the overlap it removes).
+SYNC_TIMING = os.environ.get("HVDEXT_SYNC_TIMING", "0") == "1"
+
+
+def _device_barrier():
+    if SYNC_TIMING and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 @contextlib.contextmanager
 def timed_into(stats, field):
-    """Add the seconds the block lasts to statistics field `field`."""
+    """Add the seconds the block lasts to statistics field `field` (with HVDEXT_SYNC_TIMING=1, its GPU work's too)."""
+    _device_barrier()
     start = time.perf_counter()
     try:
         yield
     finally:
+        _device_barrier()
         stats.add(**{field: time.perf_counter() - start})
 
 
