@@ -87,6 +87,8 @@ class Registry:
         self.items = []
 
     def add(self, rank, obj, timed=True):
+        if not hasattr(obj, "compression_stats"):  # Horovod's own Adasum optimizer: nothing of ours to report
+            return
         if not self.items:
             # registered after hvd.init(), so it runs before Horovod's own atexit shutdown (atexit is LIFO)
             atexit.register(self.print_summary)

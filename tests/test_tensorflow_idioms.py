@@ -67,3 +67,15 @@ def test_join_with_uneven_batches_eagerly(results, name):
     assert len(b["errors"]) == 2
     assert max(b["errors"]) <= (2e-3 if name == "fp16" else 1e-6), b["errors"]
     assert b["residual_left"] == 0.0
+
+
+@pytest.mark.parametrize("name", ["none", "fp16", "ternary", "topk", "adaptive_topk"])
+@pytest.mark.parametrize("kind", ["tape", "fit"])
+def test_a_rank_outside_the_process_set_keeps_its_own_gradients(results, name, kind):
+    """As Horovod's tape and Keras optimizer there: the rank trains alone (bit for bit the unwrapped run) and hangs
+    nobody; the set's members agree bit for bit."""
+    for r in results:
+        rec = r["process_set"][name][kind]
+        assert rec["set_identical"], (r["rank"], rec)
+        if r["rank"] % 2 == 1:
+            assert rec["equals_local"], (r["rank"], rec)

@@ -122,3 +122,23 @@ def test_join_every_epoch_does_not_hang(name):
     results, _ = horovodrun(2, "tests/workers/join_twice_worker.py", name, timeout=180)
     assert [r["steps"] for r in results] == [6, 10]
     assert [r["join_dense_steps"] for r in results] == [0, 4]
+
+
+@pytest.mark.parametrize("name", COMPRESSIONS)
+def test_a_rank_outside_the_process_set_steps_on_its_own_gradients(results, name):
+    """Horovod's optimizer on a rank outside its process_set registers no hooks: that rank trains alone (bit for bit
+    plain SGD) and hangs nobody; the set's members average among themselves and agree bit for bit."""
+    for r in results:
+        rec = r["process_set"][name]
+        assert rec["set_identical"], (r["rank"], rec)
+        if r["rank"] % 2 == 1:
+            assert rec["equals_local"], (r["rank"], rec)
+
+
+@pytest.mark.parametrize("name", ["none", "fp16"])
+def test_adasum_is_horovods_adasum_optimizer(results, name):
+    """op=hvd.Adasum takes Horovod's Adasum path (a local step, then Adasum of the parameters' change), not a plain
+    allreduce of the gradients with op=Adasum."""
+    for r in results:
+        rec = r["adasum"][name]
+        assert rec["horovods_class"] and not rec["ours"], (r["rank"], rec)

@@ -48,3 +48,13 @@ def check_named_parameters(named_parameters, params, what):
                              f"(pass model.named_parameters() of the model whose parameters it holds); "
                              f"{len(unnamed)} of {len(params)} are not named (positions {unnamed[:8]})")
     return by_id
+
+
+def outside_process_set(process_set):
+    """Whether this rank is outside ``process_set``. Horovod's DistributedOptimizer registers no hooks there and its
+    tape returns the local gradients: such a rank takes no part in the set's collectives and steps on its own
+    gradients. Every rank is in the global set (whose included() can read False when both frameworks were
+    imported: horovod_ext/consensus/init.py)."""
+    from horovod.common.process_sets import global_process_set
+
+    return process_set is not global_process_set and not process_set.included()

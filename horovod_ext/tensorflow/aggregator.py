@@ -15,7 +15,7 @@ from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_
 from horovod_ext.compression.consistency import agree, allgather_blobs, optimizer_settings
 from horovod_ext.compression.driver import StepDriver
 from horovod_ext.compression.generation import named
-from horovod_ext.compression.horovod_args import check_predivide
+from horovod_ext.compression.horovod_args import check_predivide, outside_process_set
 from horovod_ext.compression.specs import check_tensor, describe_compression, element_limit, resolved_for
 from .backend import TFBackend, collective_name, numpy_allgather
 from .elastic_state import assign_all, broadcast_variables, numpy_values
@@ -65,6 +65,7 @@ class GradientAggregator(tf.Module):
         self.compression = compression
         self.op = op
         self.process_set = process_set
+        self.outside = outside_process_set(process_set)  # then the gradients stay local, as Horovod's tape leaves them
         # Created eagerly even when the first wrap happens inside a tf.function: variables created while tracing
         # make tf.function trace and run the step twice (and Horovod rejects the second, same-named collectives).
         with tf.init_scope():
@@ -119,6 +120,8 @@ class GradientAggregator(tf.Module):
         """The averaged (or summed) gradients, in the order given; None gradients stay None. Gradients of local
         variables stay local; IndexedSlices travel by Horovod's sparse allreduce unless sparse_as_dense."""
         out = list(grads)
+        if self.outside:
+            return out
         local = [i for i, v in enumerate(variables) if id(v) in self._local_refs and grads[i] is not None]
         sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices) and not self.sparse_as_dense
                   and i not in local]

@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from horovod_ext.compression.backend import Backend
+from horovod_ext.compression.horovod_args import outside_process_set
 from horovod_ext.compression.generation import named
 from hvdext_reference import philox
 from .ops import TFKernels, seed_tensor
@@ -74,7 +75,8 @@ class TFBackend(Backend):
     def __init__(self, module, process_set, op, predivide, stats):
         self.module = module  # the tf.Module that tracks the residual variables (checkpoints)
         self.process_set, self.stats = process_set, stats
-        self.nranks, self.rank = process_set.size(), process_set.rank()
+        # this rank's place in the set (None outside it, where Horovod raises and nothing is communicated)
+        self.nranks, self.rank = process_set.size(), None if outside_process_set(process_set) else process_set.rank()
         self.op, self.predivide = op, predivide
         self.divisor = float(self.nranks) if op == hvd.Average else 1.0
         self.step = self.seed = None

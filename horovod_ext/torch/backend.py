@@ -12,6 +12,7 @@ import torch
 from horovod.common.exceptions import HorovodInternalError
 
 from horovod_ext.compression.backend import Backend
+from horovod_ext.compression.horovod_args import outside_process_set
 from horovod_ext.compression.generation import named, stale_names_reset
 from hvdext_reference import philox
 from horovod_ext.compression.plan import k_of
@@ -95,7 +96,8 @@ class TorchBackend(Backend):
 
     def __init__(self, process_set, op, predivide, stats):
         self.process_set, self.stats = process_set, stats
-        self.nranks, self.rank = process_set.size(), process_set.rank()
+        # this rank's place in the set (None outside it, where Horovod raises and nothing is communicated)
+        self.nranks, self.rank = process_set.size(), None if outside_process_set(process_set) else process_set.rank()
         self.op = op
         self.divisor = float(self.nranks) if op == hvd.Average else 1.0
         if op == hvd.Average and predivide != 1.0:

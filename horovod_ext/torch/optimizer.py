@@ -24,7 +24,8 @@ from horovod_ext import __version__
 from horovod_ext.compression import CompressionStats, SettingsMismatchError, generation, is_payload_compressor
 from horovod_ext.compression.consistency import allgather_blobs, exchange, optimizer_settings
 from horovod_ext.compression.driver import StepDriver
-from horovod_ext.compression.horovod_args import check_groups, check_named_parameters, check_predivide
+from horovod_ext.compression.horovod_args import (check_groups, check_named_parameters, check_predivide,
+                                                  outside_process_set)
 from horovod_ext.compression.plan import Item
 from horovod_ext.compression.resume import adopted_offer, residuals_for, split_checkpoint
 from horovod_ext.compression.specs import describe_compression, element_limit, resolved_for
@@ -66,9 +67,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_backward_passes = int(backward_passes_per_step)
         if self._hx_backward_passes < 1:
             raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}")
-        if op == hvd.Adasum and is_payload_compressor(compression):
-            raise ValueError(f"op=hvd.Adasum cannot be combined with Compression.{compression.name}; "
-                             f"use hvd.Average or hvd.Sum")
 
         all_params = [p for group in self.param_groups for p in group["params"]]
         by_id = check_named_parameters(named_parameters, all_params, "DistributedOptimizer")
@@ -101,7 +99,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
         self._hx_should_synchronize = True
         self._hx_synchronized = False
-        self._hx_hooks = [p.register_post_accumulate_grad_hook(self._hx_hook) for p in self._hx_params]
+        # a rank outside the process set steps on its own gradients, as Horovod's optimizer does there
+        self._hx_outside = outside_process_set(process_set)
+        self._hx_hooks = [] if self._hx_outside else [p.register_post_accumulate_grad_hook(self._hx_hook)
+                                                      for p in self._hx_params]
 
     # ----------------------------------------------------------------------------------------------- agreement
     def _hx_allgather_blobs(self, blob):
@@ -233,9 +234,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self):
         """Finish every gradient's communication and write the averaged gradients into .grad."""
-        # Only a rank outside the process set skips (every rank is in the global one: Horovod's included() can
-        # read False for it when horovod.tensorflow was imported too, see horovod_ext.consensus.init).
-        if self._hx_process_set is not global_process_set and not self._hx_process_set.included():
+        if self._hx_outside:
             self._hx_synchronized = True
             return
         self._hx_agree()
@@ -379,7 +378,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
 
     The signature is horovod.torch.DistributedOptimizer's. ``compression`` takes hvd.Compression.none (default),
     fp16 (both by allreduce) or ternary (packed, by allgather; see horovod_ext.compression.Ternary).
-    ``op`` is hvd.Average (default) or hvd.Sum (hvd.Adasum too with linear compressors). ``num_groups`` and
+    ``op`` is hvd.Average (default) or hvd.Sum. ``op=hvd.Adasum`` with hvd.Compression.none or fp16 returns Horovod's
+    own Adasum optimizer (on more than one rank it allreduces each parameter's change after a local step, not the
+    gradients), as horovod.torch.DistributedOptimizer does; the payload compressors refuse it. ``num_groups`` and
     ``groups`` (Horovod's grouping of allreduces) only tune how Horovod batches messages; Horovod's tensor fusion
     batches them here, so they are checked as Horovod checks them and change no result. Sparse gradients
     (``nn.Embedding(sparse=True)``) travel as Horovod sends them, by allgather of indices and values, or densified
@@ -391,6 +392,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
         op = hvd.Average
     check_predivide(gradient_predivide_factor, op == hvd.Average)
     check_groups(num_groups, groups)
+    if op == hvd.Adasum:
+        if is_payload_compressor(compression):
+            raise ValueError(f"op=hvd.Adasum cannot be combined with Compression.{compression.name}; use hvd.Average "
+                             f"or hvd.Sum with it, or Adasum with hvd.Compression.none or fp16")
+        if hvd.size() > 1:
+            return _horovod_adasum_optimizer(optimizer, named_parameters, compression, backward_passes_per_step,
+                                             process_set)
     body = dict(_DistributedOptimizer.__dict__)
     # Horovod's broadcast_optimizer_state recognizes its distributed optimizers by this module and, on a rank whose
     # optimizer has no state yet, then runs the wrapped optimizer's own step() (no collective) to create it.
@@ -401,3 +409,16 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     wrapped.defaults = optimizer.defaults
     wrapped.state.update(optimizer.state)
     return wrapped
+
+
+def _horovod_adasum_optimizer(optimizer, named_parameters, compression, backward_passes_per_step, process_set):
+    """Horovod's _DistributedAdasumOptimizer, made as horovod.torch.DistributedOptimizer makes it for op=hvd.Adasum."""
+    from horovod.torch.optimizer import _DistributedAdasumOptimizer
+
+    if process_set is not global_process_set:
+        raise NotImplementedError("op=hvd.Adasum does not support a process_set other than the global one (as in "
+                                  "Horovod)")
+    if int(backward_passes_per_step) < 1:
+        raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedAdasumOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compression, int(backward_passes_per_step))

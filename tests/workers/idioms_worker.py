@@ -3,7 +3,9 @@
 - resume: Horovod's pattern (rank 0 loads the checkpoint, then broadcast_parameters and broadcast_optimizer_state)
   and the load-on-every-rank pattern, against an uninterrupted run of the same steps;
 - join: uneven numbers of batches per rank, the ranks that run out call hvd.join();
-- sparse: nn.Embedding(sparse=True) with SparseAdam, and with sparse_as_dense=True and Adam.
+- sparse: nn.Embedding(sparse=True) with SparseAdam, and with sparse_as_dense=True and Adam;
+- process_set: every rank wraps with the even ranks' set; the odd ranks, outside it, step on their own gradients;
+- adasum: op=hvd.Adasum against Horovod's own Adasum optimizer.
 Each rank records what it saw; tests/test_torch_idioms.py asserts on every rank's record.
 """
 import os
@@ -248,6 +250,50 @@ def check_sparse(name, sparse_as_dense):
             "weights": embedding.weight.detach().reshape(-1)[:64].tolist()}
 
 
+def check_process_set(name, even_set, odd_set):
+    """Horovod's test_optimizer_process_sets: every rank wraps its optimizer with process_set=even_set. The even ranks
+    average over their set; an odd rank (outside it) steps on its own gradients, as plain SGD does, and nobody
+    waits. Records this rank's weights, those of the plain SGD run of the same batches, and its set's weights."""
+    this_set = even_set if RANK % 2 == 0 else odd_set
+
+    def run(distributed):
+        model = mlp(seed=3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        if distributed:
+            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                           compression=COMPRESSIONS[name](), process_set=even_set)
+        for step in range(3):
+            gen = torch.Generator().manual_seed(100 * step + RANK)
+            x, y = torch.randn(16, 40, generator=gen), torch.randint(0, 10, (16,), generator=gen)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return model[2].weight.detach().reshape(-1)
+
+    weights, local = run(True), run(False)
+    members = hvd.allgather(weights.reshape(1, -1), process_set=this_set, name=f"check.process_set.{name}")
+    return {"equals_local": bool(torch.equal(weights, local)),
+            "set_identical": all(bool(torch.equal(m, weights)) for m in members), "set_size": this_set.size()}
+
+
+def check_adasum():
+    """op=hvd.Adasum with a linear compressor returns Horovod's own Adasum optimizer, as horovod.torch's
+    DistributedOptimizer does (its class's step: a local step, then Adasum of the parameters' change). Not stepped
+    here: Horovod has no Adasum operation under Gloo's controller ("No Adasum operation enabled", in both)."""
+    from horovod.torch.optimizer import _DistributedAdasumOptimizer
+
+    out = {}
+    for name in ("none", "fp16"):
+        model = mlp(seed=4)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(),
+                                       compression=getattr(hvd.Compression, name), op=hvd.Adasum)
+        step = type(opt).step  # torch.optim wraps a class's step (profiling hooks): compare what it wraps
+        out[name] = {"horovods_class": getattr(step, "__wrapped__", step) is _DistributedAdasumOptimizer.step,
+                     "ours": hasattr(opt, "_hx_id")}
+    return out
+
+
 def main():
     result = {"rank": RANK, "parameter_names": None}
     with warnings.catch_warnings(record=True) as caught:
@@ -260,6 +306,13 @@ def main():
     result["join"] = {name: check_join(name) for name in COMPRESSIONS}
     result["sparse"] = {f"{name}.{dense}": check_sparse(name, dense) for name in COMPRESSIONS
                         for dense in (False, True)}
+    even_set = hvd.add_process_set([r for r in range(SIZE) if r % 2 == 0])
+    odd_set = hvd.add_process_set([r for r in range(SIZE) if r % 2 == 1])
+    result["process_set"] = {name: check_process_set(name, even_set, odd_set) for name in COMPRESSIONS}
+    hvd.barrier()  # the odd ranks communicate nothing: they must not remove the sets while an even rank uses them
+    hvd.remove_process_set(odd_set)
+    hvd.remove_process_set(even_set)
+    result["adasum"] = check_adasum()
     model, opt = make("ternary", seed=0)
     result["parameter_names"] = sorted(opt._parameter_names.values())
     hvd.barrier()

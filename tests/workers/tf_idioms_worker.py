@@ -1,6 +1,7 @@
 """Horovod's documented TensorFlow/Keras idioms against horovod_ext (run by horovodrun -np 2): gradient accumulation
 (backward_passes_per_step, average_aggregated_gradients) in model.fit, in a tf.function loop and eagerly, for every
-compressor; sparse gradients (IndexedSlices) with and without sparse_as_dense; local variables.
+compressor; sparse gradients (IndexedSlices) with and without sparse_as_dense; local variables; a tape and a Keras
+optimizer on a rank outside their process_set.
 Each rank records what it saw; tests/test_tensorflow_idioms.py asserts on every rank's record."""
 import os
 import sys
@@ -173,11 +174,54 @@ def check_join(name, graph):
             "residual_left": max([float(np.abs(v.numpy()).max()) for v in aggregator.residuals.values()] or [0.0])}
 
 
+def check_process_set(name, even_set, odd_set):
+    """Horovod's test_optimizer_process_sets in TensorFlow: every rank wraps its tape, and its Keras optimizer, with
+    process_set=even_set. An odd rank (outside the set) keeps its own gradients, as with no wrapper at all, and
+    nobody waits; the set's members agree. Records, per wrapper: equals the unwrapped run, identical in the set."""
+    this_set = even_set if RANK % 2 == 0 else odd_set
+    x, y = data()
+    kwargs = {"compression": COMPRESSIONS[name](), "process_set": even_set}
+
+    def tape_run(wrapped):
+        m = model(seed=5)
+        opt = keras.optimizers.SGD(0.1)
+        for i in range(3):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                    y[8 * i:8 * i + 8], m(x[8 * i:8 * i + 8]), from_logits=True))
+            tape = hvd.DistributedGradientTape(tape, **kwargs) if wrapped else tape
+            opt.apply_gradients(zip(tape.gradient(loss, m.trainable_variables), m.trainable_variables))
+        return weights(m)
+
+    def fit_run(wrapped):
+        m = model(seed=5)
+        opt = keras.optimizers.SGD(0.1)
+        m.compile(optimizer=hvd_keras.DistributedOptimizer(opt, **kwargs) if wrapped else opt,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        m.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        return weights(m)
+
+    out = {}
+    for kind, run in (("tape", tape_run), ("fit", fit_run)):
+        mine, local = run(True), run(False)
+        members = hvd.allgather(tf.constant(mine[None]), process_set=this_set, name=f"check.ps.{name}.{kind}")
+        out[kind] = {"equals_local": bool(np.array_equal(mine, local)),
+                     "set_identical": bool(all(np.array_equal(row, mine) for row in members.numpy()))}
+    return out
+
+
 def main():
     result = {"rank": RANK, "accumulation": check_accumulation(), "local": check_local_variables()}
     result["join"] = {name: check_join(name, graph=False) for name in COMPRESSIONS}
     result["sparse"] = {f"{name}.{dense}.{graph}": check_sparse(name, dense, graph)
                         for name in ("none", "ternary", "topk") for dense in (False, True) for graph in (False, True)}
+    even_set = hvd.add_process_set([r for r in range(SIZE) if r % 2 == 0])
+    odd_set = hvd.add_process_set([r for r in range(SIZE) if r % 2 == 1])
+    result["process_set"] = {name: check_process_set(name, even_set, odd_set) for name in COMPRESSIONS}
+    # a barrier: the odd ranks communicate nothing, and must not remove the sets while an even rank uses them
+    hvd.allreduce(tf.constant(0.0), name="process_set.done")
+    hvd.remove_process_set(odd_set)
+    hvd.remove_process_set(even_set)
     write_result(RANK, result)
     hvd.allreduce(tf.constant(0.0), name="done")
 
