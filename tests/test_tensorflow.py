@@ -83,6 +83,8 @@ TF_ERRORS = {
     "adaptive_inf": ("FloatingPointError", ["NaN or Inf"]),
     "packing": ("ValueError", ["'entropy', 'base3', '2bit'"]),
     "clip": ("ValueError", ["clip must be > 0.0"]),
+    "tape_groups": ("ValueError", ["groups=2", "does not group allreduces explicitly", "leave groups=None"]),
+    "keras_num_groups": ("ValueError", ["num_groups=2", "does not group allreduces explicitly"]),
 }
 
 

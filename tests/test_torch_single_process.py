@@ -166,6 +166,12 @@ def test_misuse_errors():
                                  compression=hvd.Compression.ternary, op=hvd.Adasum)
     with pytest.raises(TypeError, match="compression must be one of"):
         hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), compression="ternary")
+    for grouping, named in (({"groups": 2}, "groups=2"), ({"num_groups": 3}, "num_groups=3"),
+                            ({"groups": [list(m.parameters())]}, "groups=")):
+        with pytest.raises(ValueError, match=f"{named}.*does not group allreduces explicitly.*leave groups=None"):
+            hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), **grouping)
+    with pytest.raises(ValueError, match="groups must be a positive integer"):
+        hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), groups=0)
     with pytest.raises(ValueError, match="backward_passes_per_step must be an integer >= 1"):
         hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), backward_passes_per_step=0)
     with pytest.raises(ValueError, match="duplicate names"):

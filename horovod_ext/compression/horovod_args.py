@@ -14,14 +14,21 @@ def check_predivide(gradient_predivide_factor, op_is_average):
 
 
 def check_groups(num_groups, groups):
-    """Horovod's allreduce grouping: num_groups (deprecated) or groups, a positive integer or a list of lists of
-    parameters/variables. Grouping only batches allreduces into one fused collective (Horovod's tensor fusion
-    batches them here too), so a valid value changes no result."""
+    """Horovod's explicit allreduce grouping, num_groups (deprecated) or groups: a positive integer or a list of lists
+    of parameters/variables, whose gradients Horovod allreduces as one grouped collective. horovod_ext sends each
+    gradient by its compressor's own collectives (Horovod's tensor fusion batches the dense ones), so it refuses a
+    grouping rather than ignore it. The defaults (0, None) pass."""
     if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
         raise ValueError(f"num_groups must be a non-negative integer, got {num_groups!r}")
     if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and not
                                                                 isinstance(groups, bool) and groups > 0)):
         raise ValueError(f"groups must be a positive integer or a list of lists of parameters, got {groups!r}")
+    if num_groups or groups is not None:
+        given = (f"groups=<a list of {len(groups)} groups>" if isinstance(groups, list) else f"groups={groups!r}"
+                 if groups is not None else f"num_groups={num_groups!r}")
+        raise ValueError(f"{given}: horovod_ext does not group allreduces explicitly (Horovod's tensor fusion batches "
+                         f"its dense collectives; HOROVOD_FUSION_THRESHOLD sets the batch); leave groups=None and "
+                         f"num_groups=0, or use Horovod's own optimizer for explicit groups")
 
 
 def check_named_parameters(named_parameters, params, what):

@@ -28,7 +28,7 @@ class DistributedGradientTape:
     Use as with Horovod: ``tape = hvd.DistributedGradientTape(tape, compression=hvd.Compression.ternary)``. The
     signature is Horovod 0.28.1's; ``sparse_as_dense``, ``gradient_predivide_factor``, ``device_dense``,
     ``device_sparse`` and ``scale_local_gradients`` have Horovod's meaning (see GradientAggregator); ``num_groups``
-    and ``groups`` are checked as Horovod checks them and only batch allreduces (tensor fusion batches them here).
+    and ``groups`` (explicit grouping) are refused with an error that says what to do (tensor fusion batches here).
     Everything else of the wrapped tape (watch, stop_recording, ...) is reached through this object.
     """
 

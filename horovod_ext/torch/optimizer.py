@@ -381,8 +381,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     ``op`` is hvd.Average (default) or hvd.Sum. ``op=hvd.Adasum`` with hvd.Compression.none or fp16 returns Horovod's
     own Adasum optimizer (on more than one rank it allreduces each parameter's change after a local step, not the
     gradients), as horovod.torch.DistributedOptimizer does; the payload compressors refuse it. ``num_groups`` and
-    ``groups`` (Horovod's grouping of allreduces) only tune how Horovod batches messages; Horovod's tensor fusion
-    batches them here, so they are checked as Horovod checks them and change no result. Sparse gradients
+    ``groups`` (Horovod's explicit grouping of allreduces) are refused with an error that says what to do; Horovod's
+    tensor fusion batches the dense collectives. Sparse gradients
     (``nn.Embedding(sparse=True)``) travel as Horovod sends them, by allgather of indices and values, or densified
     (and then compressed like any dense gradient) with ``sparse_as_dense=True``.
     """

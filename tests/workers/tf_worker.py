@@ -140,6 +140,9 @@ def bad_inputs():
         expect_error("adaptive_inf", lambda: tape_step(hvd.Compression.adaptive_topk(window=3), poison=np.inf)),
         expect_error("packing", lambda: hvd.Compression.ternary(packing="3bit")),
         expect_error("clip", lambda: hvd.Compression.ternary(clip=-1)),
+        expect_error("tape_groups", lambda: hvd.DistributedGradientTape(tf.GradientTape(), groups=2)),
+        expect_error("keras_num_groups", lambda: hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1),
+                                                                                num_groups=2)),
     ]
     after = check_mean(hvd.Compression.ternary(min_size=0, seed=9), graph=False)
     return {"cases": cases, "after": after["mismatches"]}
