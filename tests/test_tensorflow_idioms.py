@@ -69,7 +69,7 @@ def test_join_with_uneven_batches_eagerly(results, name):
     assert b["residual_left"] == 0.0
 
 
-@pytest.mark.parametrize("name", ["none", "fp16", "ternary", "topk", "adaptive_topk"])
+@pytest.mark.parametrize("name", ["none", "fp16", "ternary", "topk", "adaptive_topk", "powersgd"])
 @pytest.mark.parametrize("kind", ["tape", "fit"])
 def test_a_rank_outside_the_process_set_keeps_its_own_gradients(results, name, kind):
     """As Horovod's tape and Keras optimizer there: the rank trains alone (bit for bit the unwrapped run) and hangs
