@@ -13,7 +13,7 @@
 #   - horovod/torch/mpi_ops_v2.cc: the torch collectives' enqueue functions (DoAllreduce, DoAllgather, ...) run
 #     without the GIL (pybind11's call_guard). Horovod's background thread, finalizing after a peer's death in
 #     elastic mode, holds the process-set table's mutex while it releases queued torch tensors, which needs the
-#     GIL; an enqueue that held the GIL while it waited for that mutex deadlocked the rank (README, elastic).
+#     GIL; an enqueue that held the GIL while it waited for that mutex deadlocked the rank (docs/elastic.md).
 #   - horovod/common/tensor_queue.*, operations.cc: a tensor queue refuses entries (Horovod's shut-down error) from
 #     the moment the background thread finalizes it, after a peer's death, until Horovod is initialized again.
 #     The enqueue functions test Horovod's shut_down flag before they take the queue's mutex, so an entry added

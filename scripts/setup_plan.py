@@ -1,6 +1,6 @@
 """What scripts/setup.sh does on this machine, decided from what the machine has.
 
-The rules (README "Set-up"):
+The rules (docs/setup.md):
 
 - **The environment.** An active one (``VIRTUAL_ENV`` or ``CONDA_PREFIX``) is used as it is: its frameworks are the
   user's, and set-up builds for them. Otherwise ``.venv/`` at the repo root: where the base interpreter (``python3``)

@@ -40,7 +40,7 @@ def test_resume_pattern_leaves_every_rank_with_the_same_state(results, name):
 def test_resume_pattern_continues_as_the_uninterrupted_run(results, name):
     """Rank 0 loads, broadcasts: the continuation equals the uninterrupted run bit for bit. With error feedback the
     other ranks' residuals are not in rank 0's checkpoint: they restart from zero, and the run equals the
-    uninterrupted run with those residuals zeroed at the checkpoint (README, "Checkpoints")."""
+    uninterrupted run with those residuals zeroed at the checkpoint (docs/horovod-idioms.md, "Checkpoints")."""
     for r in results:
         rec = r["resume"][name]
         assert rec["rank0_pattern"] == rec["rank0_reference"], r["rank"]
