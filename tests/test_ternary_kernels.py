@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from horovod_ext import _torch_ops as ops
+from horovod_ext.compression.sizes import PACKING_IDS
 from hvdext_reference import terngrad as ref
 
 SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 9, 19, 20, 21, 1000, 3999, 4000, 4001, 8021, 65537, 1000003]
-PACKING_IDS = {"2bit": 0, "base3": 1}
 
 
 def gradient(n, seed=0, dist="normal"):

@@ -4,10 +4,9 @@ import pytest
 import torch
 
 from horovod_ext import _torch_ops as ops
+from horovod_ext.compression.sizes import PACKING_IDS
 from horovod_ext.compression.two_phase import TwoPhasePlan, choose_transport, level_bits
 from hvdext_reference import terngrad, two_phase as ref
-
-PACKING_IDS = {"2bit": 0, "base3": 1}
 
 
 def random_codes(nranks, count, seed):

@@ -5,6 +5,7 @@ core) and the method (its transports: allgather, or two-phase with a shared scal
 cpp/include/hvdext/ternary.h and two_phase.h; its definition in python/hvdext_reference/terngrad.py, two_phase.py.
 """
 from . import sizes
+from .sizes import PACKING_IDS
 from .plan import Allgather, Codec, DenseSplit, EncodeRecord, count_dense, stream_of
 from .specs import CompressorSpec, SEED_LIMIT, check_bool, check_choice, check_int, check_real
 from .two_phase import TwoPhasePlan, choose_transport, scale_sharing_bytes
@@ -12,7 +13,6 @@ from .wire import tensor_key
 
 PACKINGS = ("auto", "entropy", "base3", "2bit")
 TRANSPORTS = ("auto", "allgather", "two_phase")
-PACKING_IDS = {"2bit": 0, "base3": 1, "entropy": 2}  # the ids the C++ core takes (hvdext::Packing)
 ENTROPY = PACKING_IDS["entropy"]
 FIXED_OF = {"2bit": "2bit", "base3": "base3", "entropy": "base3"}  # the fixed packing inside two-phase's sums
 

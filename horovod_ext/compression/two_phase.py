@@ -6,10 +6,10 @@ The step's compressed tensors, in parameter order, form one flat stream of T cod
 allgather of each rank's chunk sums re-encoded at b = ceil(log2(2N+1)) bits.
 """
 from . import sizes as sizes_
+from .sizes import PACKING_IDS
 from .wire import allgather_wire_bytes, allreduce_wire_bytes
 
 CODES_PER_BYTE = {"2bit": 4, "base3": 5}  # the closed form below only; counts come from the C++ core
-PACKING_IDS = {"2bit": 0, "base3": 1}  # hvdext::Packing
 
 
 def packed_bytes(count, packing):

@@ -13,10 +13,11 @@ from horovod_ext.compression import sizes as sizes_
 from horovod_ext.compression.join import JOIN_CHECK_BYTES
 from horovod_ext.compression.plan import k_of
 from horovod_ext.compression.powersgd import VALUE_DTYPES, PowerSGD, matrix_layout
+from horovod_ext.compression.sizes import PACKING_IDS
 from horovod_ext.compression.sparse_reduce import planned_bytes as sparse_planned_bytes
 from horovod_ext.compression.ternary import Ternary
 from horovod_ext.compression.topk import TopK
-from horovod_ext.compression.two_phase import PACKING_IDS, TwoPhasePlan
+from horovod_ext.compression.two_phase import TwoPhasePlan
 from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes, broadcast_wire_bytes
 from horovod_ext.consensus import LeaderSync
 
