@@ -31,7 +31,7 @@ class StepDriver:
     """The compressor's method (registry.method_for) over one backend, and the step's join check and errors."""
 
     def __init__(self, compression, backend, sizes, tag):
-        self.compression, self.be = compression, backend
+        self.be = backend
         self.method = method_for(compression)(compression, backend, sizes)
         self.tag = tag  # makes the join check's collective name unique per optimizer
         self.dense = False  # this step goes dense: some rank has called hvd.join()

@@ -98,7 +98,6 @@ class TorchBackend(Backend):
         self.process_set, self.stats = process_set, stats
         # this rank's place in the set (None outside it, where Horovod raises and nothing is communicated)
         self.nranks, self.rank = process_set.size(), None if outside_process_set(process_set) else process_set.rank()
-        self.op = op
         self.divisor = float(self.nranks) if op == hvd.Average else 1.0
         if op == hvd.Average and predivide != 1.0:
             # Same mean, summed at a smaller magnitude (Horovod's fp16 overflow guard).
