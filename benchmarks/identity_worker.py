@@ -1,6 +1,10 @@
 """One rank of the identity check (benchmarks/identity.py): trains a small model a few steps with every compressor
 and both leader optimizers (sync and async), in PyTorch and in TensorFlow (eager and tf.function), on fixed seeds,
-and writes the SHA-256 of this rank's parameters after each configuration. argv[1]: the JSON output path prefix."""
+and writes the SHA-256 of this rank's parameters after each configuration. Two lifecycles are run besides a plain
+run, for the compressors with state (LIFECYCLE): "resume", a checkpoint written after half the steps and loaded into
+a new model and optimizer (Horovod's idiom: rank 0 loads, then broadcast_parameters and broadcast_optimizer_state);
+"reset", Horovod's elastic reset after half the steps (commit, one step rolled back by restore, shutdown and init,
+on_reset, sync), as horovod_ext's elastic run loop does it. argv[1]: the framework; argv[2]: the output prefix."""
 import hashlib
 import json
 import os
@@ -34,6 +38,9 @@ def compressors(hvd):
         "powersgd-fp16-batched-qr-cold": C.powersgd(rank=2, start_iter=2, seed=5, value_dtype="fp16",
                                                     batch_tensors=True, orthogonalization="qr", warm_start=False),
     }
+
+
+LIFECYCLE = ("ternary", "ternary-two_phase-ef", "topk", "adaptive_topk-sparse_reduce", "powersgd")
 
 
 def digest(arrays):
@@ -72,9 +79,60 @@ def run_torch(out):
             opt.step()
         return digest(p.detach().numpy() for p in m.parameters())
 
+    def step(m, opt, x, y):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(m(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+        opt.step()
+
+    def resumed(make_opt):
+        """Half the steps, a checkpoint, then a new model and optimizer: rank 0 loads it and broadcasts."""
+        data, half = batches(rank), STEPS // 2
+        m = model()
+        opt = make_opt(m)
+        for x, y in data[:half]:
+            step(m, opt, x, y)
+        checkpoint = {"model": m.state_dict(), "optimizer": opt.state_dict()}
+        m2 = model()
+        with torch.no_grad():
+            for p in m2.parameters():
+                p.add_(1.0)  # differs from the checkpoint: the broadcast must bring it back
+        opt2 = make_opt(m2)
+        if rank == 0:
+            m2.load_state_dict(checkpoint["model"])
+            opt2.load_state_dict(checkpoint["optimizer"])
+        hvd.broadcast_parameters(m2.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(opt2, root_rank=0)
+        for x, y in data[half:]:
+            step(m2, opt2, x, y)
+        return digest(p.detach().numpy() for p in m2.parameters())
+
+    def reset(make_opt):
+        """Half the steps, a commit, one step rolled back (restore), Horovod's elastic reset, on_reset, sync."""
+        from horovod_ext.torch import elastic
+        data, half = batches(rank), STEPS // 2
+        m = model()
+        opt = make_opt(m)
+        state = elastic.TorchState(model=m, optimizer=opt)
+        for x, y in data[:half]:
+            step(m, opt, x, y)
+        state.save()
+        step(m, opt, *data[half])
+        state.restore()
+        elastic._reset()
+        state.on_reset()
+        state.sync()
+        for x, y in data[half:]:
+            step(m, opt, x, y)
+        return digest(p.detach().numpy() for p in m.parameters())
+
     for name, comp in compressors(hvd).items():
-        out[f"torch/{name}"] = train(lambda m: hvd.DistributedOptimizer(
-            torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), m.named_parameters(), compression=comp))
+        def make(m, comp=comp):
+            return hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                            m.named_parameters(), compression=comp)
+        out[f"torch/{name}"] = train(make)
+        if name in LIFECYCLE:
+            out[f"torch/resume/{name}"] = resumed(make)
+            out[f"torch/reset/{name}"] = reset(make)
     leaders = {
         "lsgd": dict(groups=None, period=2),
         "lsgd-node": dict(groups="node", period=2, global_period=4),
@@ -110,8 +168,40 @@ def run_tf(out):
     def loss_of(vs, x, y):
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, forward(vs, x)))
 
+    def keras_lifecycle(comp, graph):
+        """Keras 3 DistributedOptimizer: half the steps, a commit of every variable and of horovod_ext's state,
+        one step rolled back, Horovod's elastic reset, elastic_reset and elastic_sync, then the rest."""
+        from horovod_ext.tensorflow.keras import elastic
+        vs, data, half = variables(), batches(rank), STEPS // 2
+        opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), compression=comp)
+
+        def make_step():
+            def step(x, y):
+                with tf.GradientTape() as tape:
+                    loss = loss_of(vs, x, y)
+                opt.apply(tape.gradient(loss, vs), vs)
+            return tf.function(step) if graph else step
+
+        fn = make_step()
+        for x, y in data[:half]:
+            fn(tf.constant(x), tf.constant(y))
+        saved = [v.numpy() for v in vs + list(opt.variables)], opt.horovod_ext.elastic_commit()
+        fn(*map(tf.constant, data[half]))
+        for v, value in zip(vs + list(opt.variables), saved[0]):
+            v.assign(value)
+        opt.horovod_ext.elastic_restore(saved[1])
+        elastic._reset()
+        opt.horovod_ext.elastic_reset()
+        opt.horovod_ext.elastic_sync()
+        fn = make_step()
+        for x, y in data[half:]:
+            fn(tf.constant(x), tf.constant(y))
+        return digest(v.numpy() for v in vs)
+
     for graph in (False, True):
         mode = "graph" if graph else "eager"
+        for name in LIFECYCLE:
+            out[f"tf-{mode}/reset/{name}"] = keras_lifecycle(compressors(hvd)[name], graph)
         for name, comp in compressors(hvd).items():
             vs = variables()
 

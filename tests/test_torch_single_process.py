@@ -154,9 +154,9 @@ def test_resume_from_checkpoint_continues_bit_identically():
 def test_resume_keeps_the_seed_rank_0_drew():
     m_half, opt_half = train(2, hvd.Compression.ternary(min_size=0))
     checkpoint = {"model": m_half.state_dict(), "opt": opt_half.state_dict()}
-    assert checkpoint["opt"]["horovod_ext"]["seed"] == opt_half._hx_seed is not None
+    assert checkpoint["opt"]["horovod_ext"]["seed"] == opt_half._hx_run.counters.seed is not None
     _, opt_resumed = train(1, hvd.Compression.ternary(min_size=0), resume_from=checkpoint, first_batch=2)
-    assert opt_resumed._hx_seed == opt_half._hx_seed
+    assert opt_resumed._hx_run.counters.seed == opt_half._hx_run.counters.seed
 
 
 def test_misuse_errors():

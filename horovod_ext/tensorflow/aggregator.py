@@ -11,11 +11,11 @@ import tensorflow as tf
 from horovod.tensorflow.functions import broadcast_object
 
 from horovod_ext import __version__
-from horovod_ext.compression import CompressionStats, SettingsMismatchError, is_payload_compressor
-from horovod_ext.compression.consistency import agree, allgather_blobs, optimizer_settings
-from horovod_ext.compression.driver import StepDriver
+from horovod_ext.compression import CompressionStats, is_payload_compressor
+from horovod_ext.compression.consistency import allgather_blobs, optimizer_settings
 from horovod_ext.compression.generation import named
 from horovod_ext.compression.horovod_args import check_predivide, outside_process_set
+from horovod_ext.compression.lifecycle import TrainingRun
 from horovod_ext.compression.specs import check_tensor, describe_compression, element_limit, resolved_for
 from .backend import TFBackend, collective_name, numpy_allgather
 from .elastic_state import assign_all, broadcast_variables, numpy_values
@@ -34,6 +34,34 @@ def variable_names(variables):
         seen[name] = count + 1
         names.append(name if count == 0 else f"{name}.{count}")
     return names
+
+
+class VariableCounters:
+    """The step counter and the seed in tf.Variables (what tf.train.Checkpoint restores and a graph reads), for
+    TrainingRun (compression/lifecycle.py). The seed reads None until it is chosen: at step 0 before this process
+    first agreed; a run restored from a checkpoint (step > 0) keeps the checkpoint's."""
+
+    def __init__(self, step, seed):
+        self.step_variable, self.seed_variable, self.chosen = step, seed, False
+
+    @property
+    def step(self):
+        return int(self.step_variable.numpy())
+
+    @step.setter
+    def step(self, value):
+        self.step_variable.assign(value)
+
+    @property
+    def seed(self):
+        if not self.chosen and self.step == 0:
+            return None
+        return int(self.seed_variable.numpy())
+
+    @seed.setter
+    def seed(self, value):
+        self.seed_variable.assign(seed_tensor(value))
+        self.chosen = True
 
 
 class GradientAggregator(tf.Module):
@@ -62,7 +90,6 @@ class GradientAggregator(tf.Module):
                             f"Compressor), got {compression!r}")
         if is_payload_compressor(compression) and op not in (hvd.Average, hvd.Sum):
             raise ValueError(f"op must be hvd.Average or hvd.Sum with Compression.{compression.name}, got {op!r}")
-        self.compression = compression
         self.op = op
         self.process_set = process_set
         self.outside = outside_process_set(process_set)  # then the gradients stay local, as Horovod's tape leaves them
@@ -75,40 +102,33 @@ class GradientAggregator(tf.Module):
             # so that restoring a checkpoint restores it (TFBackend.shared_state_read / shared_state_written)
             self.method_state = tf.Variable("", dtype=tf.string, trainable=False, name="method_state")
         self.residuals = {}  # error feedback's tf.Variables, by tensor name (tracked for tf.train.Checkpoint)
-        self._agreed = None
         self.stats = CompressionStats(getattr(compression, "name", getattr(compression, "__name__", "custom")),
                                       timed=False)
         self.backend = TFBackend(self, process_set, op, self.predivide, self.stats)
-        self.driver = None  # the compressor's step (compression/driver.py), made at the first step
-        self._carried_residuals = None  # this rank's residuals across an elastic reset, into the next driver
+        # agreement, seed, elastic resets and the method (made at the first step, once the settings are agreed)
+        self.run = TrainingRun(compression, self.stats, VariableCounters(self.step, self.seed), self.name,
+                               what="horovod_ext (TensorFlow)")
+        self._agreed_names = None  # the tensors the settings were agreed for
 
     # --------------------------------------------------------------------------------------------- agreement
-    def _allgather_blobs(self, blob):
-        return allgather_blobs(blob, numpy_allgather(self.process_set), f"horovod_ext.settings.{self.name}")
-
     def _agree(self, names, grads):
-        if self._agreed == names:
+        """Exchange settings, eagerly (also while a tf.function is traced), before the first step and whenever the
+        tensors change (compression/lifecycle.py): SettingsMismatchError on every rank if they differ."""
+        run = self.run
+        if self._agreed_names != names:
+            run.agree_again()
+        if run.agreed:
             return
-        if isinstance(self._agreed, Exception):
-            raise self._agreed
         # packing="auto": the TensorFlow ops run on the host whatever the gradients' device
-        self.compression = resolved_for(self.compression, "cpu")
+        run.compression = resolved_for(run.compression, "cpu")
         tensors = [(n, tuple(g.shape.as_list()), g.dtype.name) for n, g in zip(names, grads)]
-        settings = optimizer_settings(describe_compression(self.compression), OP_NAMES.get(self.op, str(self.op)),
+        settings = optimizer_settings(describe_compression(run.compression), OP_NAMES.get(self.op, str(self.op)),
                                       tensors, self.process_set.size(), __version__)
-        with tf.init_scope():  # eager, also while a tf.function is being traced
-            try:
-                proposal = agree(settings, self._allgather_blobs, "horovod_ext (TensorFlow)")
-            except SettingsMismatchError as exc:
-                self._agreed = exc
-                raise
-            self.backend.generation = proposal["generation"]
-            if is_payload_compressor(self.compression) and self._agreed is None:
-                given = getattr(self.compression, "seed", None)
-                seed = given if given is not None else proposal["seed"]
-                if int(self.step.numpy()) == 0:  # a run restored from a checkpoint keeps its seed
-                    self.seed.assign(seed_tensor(seed))
-        self._agreed = names
+        blobs = lambda blob: allgather_blobs(blob, numpy_allgather(self.process_set),  # noqa: E731
+                                             f"horovod_ext.settings.{self.name}")
+        with tf.init_scope():
+            run.agree(settings, blobs, self.backend, [g.shape.num_elements() for g in grads])
+        self._agreed_names = names
 
     # ------------------------------------------------------------------------------------------ aggregation
     def register_local_var(self, var):
@@ -149,17 +169,11 @@ class GradientAggregator(tf.Module):
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         names = variable_names([v for _, v in pairs])
         present = [g for g, _ in pairs]
-        if is_payload_compressor(self.compression):
-            what, limit = f"Compression.{self.compression.name}", element_limit(self.compression)
+        if is_payload_compressor(self.run.compression):
+            what, limit = f"Compression.{self.run.compression.name}", element_limit(self.run.compression)
             for name, g in zip(names, present):
                 check_tensor(what, name, g.dtype.name, g.shape.num_elements(), g.shape.as_list(), **limit)
         self._agree(names, present)
-        if self.driver is None:
-            self.driver = StepDriver(self.compression, self.backend, [g.shape.num_elements() for g in present],
-                                     self.name)
-            if self._carried_residuals:
-                self.driver.method.load_state(self.backend, self._carried_residuals)
-            self._carried_residuals = None
         out = self._communicate(names, present)
         result, it = [], iter(out)
         for g in grads:
@@ -170,7 +184,7 @@ class GradientAggregator(tf.Module):
         """The step driver over every gradient (compression/driver.py): dense if some rank has called hvd.join()
         (asked eagerly only, see horovod_ext.compression.join); its errors raise on every rank when eager, and
         fail the step through assertions in a graph."""
-        be, driver = self.backend, self.driver
+        be, driver = self.backend, self.run.driver
         step = self.step.read_value()
         driver.begin(step, self.seed.read_value())
         items = [driver.item(i, name, g, g.shape.num_elements(), g.dtype.size)
@@ -192,11 +206,8 @@ class GradientAggregator(tf.Module):
         exchange made as at start; the method takes on its shared state from ``method_state`` (GraVAC's EWMA weight
         set for the new N, sparse_reduce's regions rebalanced) and this rank's residuals, whatever its new rank.
         The step's function must be traced again (KerasState drops the model's)."""
-        if self.driver is not None:
-            self._carried_residuals = self.driver.method.state(self.backend)
-            self.driver = None
+        self.run.elastic_reset(keep_shared=False)  # the shared part is in variables, which elastic_sync() sets
         self.backend = TFBackend(self, self.process_set, self.op, self.predivide, self.stats)
-        self._agreed = None
 
     def elastic_commit(self):
         """This rank's state at a commit: the step counter, the seed, the method's shared state and this rank's
@@ -231,8 +242,7 @@ class GradientAggregator(tf.Module):
         total = {k: be.per_step.get(k, 0) * steps + be.decided_total.get(k, 0) + be.runtime_total.get(k, 0)
                  for k in fields}
         stats = self.stats.as_dict()
-        if self.driver is not None:
-            stats.update(self.driver.method.observations())
+        stats.update(self.run.observations())
         stats.update(steps=steps, ranks=self.process_set.size(), seed=int(self.seed.numpy()) % 2 ** 64,
                      last_step=CompressionStats._summary({**last, **seconds}),
                      total=CompressionStats._summary({**total, **seconds}))

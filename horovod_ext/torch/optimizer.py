@@ -12,7 +12,6 @@ raises SettingsMismatchError. A NaN/Inf gradient raises FloatingPointError on ev
 """
 import contextlib
 import itertools
-import random
 import warnings
 import weakref
 
@@ -21,13 +20,12 @@ import torch
 from horovod.common.process_sets import global_process_set
 
 from horovod_ext import __version__
-from horovod_ext.compression import CompressionStats, SettingsMismatchError, generation, is_payload_compressor
-from horovod_ext.compression.consistency import allgather_blobs, exchange, optimizer_settings
-from horovod_ext.compression.driver import StepDriver
+from horovod_ext.compression import CompressionStats, generation, is_payload_compressor
+from horovod_ext.compression.consistency import allgather_blobs, optimizer_settings
+from horovod_ext.compression.lifecycle import HostCounters, TrainingRun
 from horovod_ext.compression.horovod_args import (check_groups, check_named_parameters, check_predivide,
                                                   outside_process_set)
 from horovod_ext.compression.plan import Item
-from horovod_ext.compression.resume import adopted_offer, residuals_for, split_checkpoint
 from horovod_ext.compression.specs import describe_compression, element_limit, resolved_for
 from .backend import TorchBackend, drain, numpy_allgather
 from .kernels import check_gradient
@@ -41,8 +39,7 @@ def complete_in_flight():
     next step otherwise). hvd.join() calls it first: with GraVAC's readings still pending on the rank that
     joined, the step after the join hung in about 1 run in 12 (tests/workers/join_twice_worker.py)."""
     for optimizer in list(_LIVE_OPTIMIZERS):
-        if optimizer._hx_driver is not None:
-            optimizer._hx_driver.method.complete_in_flight()
+        optimizer._hx_run.complete_in_flight()
 
 
 STATE_KEY = "horovod_ext"
@@ -60,7 +57,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         self._hx_id = next(_optimizer_ids)
         _LIVE_OPTIMIZERS.add(self)
-        self._hx_compression = compression
         self._hx_op = op
         self._hx_process_set = process_set
         self._hx_predivide = float(gradient_predivide_factor)
@@ -85,14 +81,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                             f"Compressor), got {compression!r}")
 
         self._hx_stats = CompressionStats(getattr(compression, "name", getattr(compression, "__name__", "custom")))
-        self._hx_driver = None  # the compressor's step, made after the settings check (the seed may come from rank 0)
         self._hx_backend = TorchBackend(process_set, op, self._hx_predivide, self._hx_stats)
-        self._hx_agreement = None  # None: not checked yet; True: agreed; an exception: re-raised
-        self._hx_seed = None
-        self._hx_step = 0
-        self._hx_loaded = None  # the shared part of a loaded checkpoint, offered to every rank at the next agreement
-        self._hx_residuals = None  # this rank's residuals from a checkpoint, restored once the method exists
-        self._hx_method_state = None  # a checkpoint's method shared state, restored once the method exists
+        # agreement, seed, checkpoints, elastic resets and the method (made once the settings are agreed)
+        self._hx_run = TrainingRun(compression, self._hx_stats, HostCounters(), self._hx_id)
         self._hx_pending = {}
         self._hx_begun = False  # the driver has begun this step (at its first launch)
         self._hx_densified = set()  # parameters whose sparse gradient this step sends dense (sparse_as_dense)
@@ -105,81 +96,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                                       for p in self._hx_params]
 
     # ----------------------------------------------------------------------------------------------- agreement
-    def _hx_allgather_blobs(self, blob):
-        return allgather_blobs(blob, numpy_allgather(self._hx_process_set), f"horovod_ext.settings.{self._hx_id}")
-
     def _hx_agree(self):
-        """Exchange settings (two small allgathers) before the first collective, and again after a checkpoint was
-        loaded: raise SettingsMismatchError on every rank if they differ; adopt the seed proposed by rank 0, and the
-        shared state of the lowest rank that loaded a checkpoint (horovod_ext.compression.resume)."""
-        if self._hx_agreement is True:
+        """Exchange settings before the first collective, and again after a checkpoint was loaded or an elastic
+        reset (compression/lifecycle.py): SettingsMismatchError on every rank if they differ."""
+        run = self._hx_run
+        if run.agreed:
             return
-        if isinstance(self._hx_agreement, Exception):
-            raise self._hx_agreement
-        if self._hx_driver is None:  # packing="auto": for where the parameters are now (a model moved to the GPU
+        if run.driver is None:  # packing="auto": for where the parameters are now (a model moved to the GPU
             # after the optimizer was made included)
             on_gpu = bool(self._hx_params) and all(p.is_cuda for p in self._hx_params)
-            self._hx_compression = resolved_for(self._hx_compression, "cuda" if on_gpu else "cpu")
+            run.compression = resolved_for(run.compression, "cuda" if on_gpu else "cpu")
         tensors = [(self._hx_names[p], tuple(p.shape), str(p.dtype)) for p in self._hx_params]
-        settings = optimizer_settings(describe_compression(self._hx_compression), _op_name(self._hx_op), tensors,
+        settings = optimizer_settings(describe_compression(run.compression), _op_name(self._hx_op), tensors,
                                       self._hx_process_set.size(), __version__,
                                       backward_passes_per_step=self._hx_backward_passes,
                                       gradient_predivide_factor=self._hx_predivide,
                                       sparse_as_dense=self._hx_sparse_as_dense)
-        local = {"seed": random.SystemRandom().getrandbits(63), "offer": self._hx_loaded,
-                 "generation": generation.proposal()}
-        try:
-            proposals = exchange(settings, local, self._hx_allgather_blobs)
-        except SettingsMismatchError as exc:
-            self._hx_agreement = exc
-            raise
-        self._hx_backend.generation = generation.agreed([p["generation"] for p in proposals])
-        offer = adopted_offer([p["offer"] for p in proposals])
-        if offer is not None:
-            self._hx_adopt(offer)
-        if self._hx_seed is None:
-            seed = getattr(self._hx_compression, "seed", None)
-            self._hx_seed = seed if seed is not None else proposals[0]["seed"]
-        if self._hx_driver is None:
-            self._hx_driver = self._hx_make_driver()
-        self._hx_restore_method_state(offer)
-        self._hx_loaded = None
-        self._hx_agreement = True
-
-    def _hx_shared_state(self):
-        """The shared state: a loaded checkpoint's until the next agreement has adopted it, else this rank's."""
-        if self._hx_loaded is not None:
-            return dict(self._hx_loaded)
-        method = self._hx_driver.method.shared_state() if self._hx_driver is not None else self._hx_method_state
-        return {"step": self._hx_step, "seed": self._hx_seed, "stats": self._hx_stats.state(), "method": method}
-
-    def _hx_adopt(self, shared):
-        """Take on a checkpoint's shared state (step counter, seed, statistics, the method's shared state)."""
-        self._hx_step = int(shared["step"])
-        if shared.get("seed") is not None:
-            self._hx_seed = int(shared["seed"])
-            self._hx_set_seed(self._hx_seed)
-        if shared.get("stats") is not None:
-            self._hx_stats.load_state(shared["stats"])
-        self._hx_method_state = shared.get("method")
-
-    def _hx_restore_method_state(self, offer):
-        method = self._hx_driver.method
-        if offer is not None:
-            method.load_shared_state(offer.get("method"))
-        if self._hx_residuals is not None:
-            method.load_state(self._hx_backend, self._hx_residuals)
-            self._hx_residuals = None
-
-    def _hx_make_driver(self):
-        """The compressor's step (compression/driver.py): the same method TensorFlow runs, on the torch backend."""
-        self._hx_set_seed(self._hx_seed)
-        return StepDriver(self._hx_compression, self._hx_backend, [p.numel() for p in self._hx_params], self._hx_id)
-
-    def _hx_set_seed(self, seed):
-        self._hx_backend.seed = seed
-        if "seed" in getattr(self._hx_compression, "settings", {}):
-            self._hx_stats.extra["seed"] = seed
+        blobs = lambda blob: allgather_blobs(blob, numpy_allgather(self._hx_process_set),  # noqa: E731
+                                             f"horovod_ext.settings.{self._hx_id}")
+        run.agree(settings, blobs, self._hx_backend, [p.numel() for p in self._hx_params])
 
     def _hx_base_step(self, closure=None):
         """The wrapped optimizer's own step, without any collective (Horovod's state-creating step)."""
@@ -188,12 +123,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _hx_broadcast_state(self, root_rank):
         """horovod_ext's part of broadcast_optimizer_state: every rank takes root_rank's shared state now (one
         broadcast_object), and re-agrees settings at its next step. Residuals stay per rank (see resume.py)."""
-        shared = hvd.broadcast_object(self._hx_shared_state(), root_rank=root_rank,
+        shared = hvd.broadcast_object(self._hx_run.shared_state(), root_rank=root_rank,
                                       name=f"horovod_ext.state.{self._hx_id}", process_set=self._hx_process_set)
-        self._hx_adopt(shared)
-        self._hx_loaded = shared
-        if self._hx_agreement is True:
-            self._hx_agreement = None
+        self._hx_run.offer_shared(shared)
 
     # -------------------------------------------------------------------------------------------- communication
     def _hx_launch(self, p):
@@ -202,9 +134,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         ``sparse_as_dense=True`` (an ordinary dense gradient then, compressed like any other, made sparse again
         once averaged, as Horovod does: optimizers such as SparseAdam take only sparse gradients). In a step after
         some rank called hvd.join(), every gradient goes dense by allreduce (the driver's join check)."""
-        driver = self._hx_driver
+        driver = self._hx_run.driver
         if not self._hx_begun:
-            driver.begin(self._hx_step, self._hx_seed)
+            driver.begin(self._hx_run.counters.step, self._hx_run.counters.seed)
             self._hx_begun = True
         if p.grad is not None and p.grad.is_sparse:
             if not (self._hx_sparse_as_dense or driver.dense):
@@ -249,14 +181,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         sparse = [item for item in ordered if item.kind == "sparse"]
         ordered = [item for item in ordered if item.kind != "sparse"]
         densified, self._hx_densified, self._hx_begun = self._hx_densified, set(), False
+        counters = self._hx_run.counters
         try:
-            self._hx_driver.finish(ordered, self._hx_step)
+            self._hx_run.driver.finish(ordered, counters.step)
             for p in densified:
                 p.grad = p.grad.to_sparse()
         finally:
             for item in sparse:
                 item.param.grad = item.future()
-            self._hx_step += 1
+            counters.step += 1
             self._hx_stats.end_step()
             self._hx_synchronized = True
 
@@ -292,9 +225,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         step, "planned_cf" (what the next step sends), "log": one entry per step (step, cf, path, gain_min, gain_c, theta_min, candidate_cf, step_seconds)
         to plot, and "throughput": the table the controller settles from ({cf sent: (mean gain x steps/s, steps)}),
         with "theta_ideal", the CF it settled on (None while exploring)."""
-        observations = self._hx_driver.method.observations() if self._hx_driver is not None else {}
+        run = self._hx_run
+        observations = run.observations()
         stats = self._hx_stats.as_dict()  # after the observations: GraVAC takes in its last readings there
         stats["ranks"] = self._hx_backend.nranks  # this job's, also once Horovod has shut down (at exit)
+        if "seed" in getattr(run.compression, "settings", {}):
+            stats["seed"] = run.counters.seed
         stats.update(observations)
         return stats
 
@@ -303,11 +239,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """The wrapped optimizer's state, plus horovod_ext's: the shared part (step counter, seed, statistics,
         GraVAC controller) and this rank's residuals, tagged with its rank and the job's size (see resume.py)."""
         state = super(self.__class__, self).state_dict()
-        ours = self._hx_shared_state()
-        residuals = self._hx_driver.method.state(self._hx_backend) if self._hx_driver is not None \
-            else (self._hx_residuals or {})
-        ours.update(rank=self._hx_process_set.rank(), size=self._hx_process_set.size(), residuals=residuals)
-        state[STATE_KEY] = ours
+        state[STATE_KEY] = self._hx_run.state_dict(self._hx_process_set.rank(), self._hx_process_set.size())
         return state
 
     # ------------------------------------------------------------------------------------------ elastic training
@@ -315,8 +247,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Drop every collective in flight without waiting (Horovod failed under them, or is being reset); the
         step's launched gradients are dropped too, as load_state_dict() drops them."""
         self._hx_clear_step()
-        if self._hx_driver is not None:
-            self._hx_driver.method.forget_in_flight()
+        self._hx_run.forget_in_flight()
 
     def _hx_clear_step(self):
         """No gradient of the step is pending any more: backward starts afresh."""
@@ -327,21 +258,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _hx_elastic_reset(self):
         """After Horovod's elastic reset (shutdown and init, perhaps with another N; horovod_ext.torch.elastic):
-        the backend and the method are rebuilt for the new membership at the next step, from this rank's state
-        (the last commit's after a failure, which restore() loaded; the current one at a commit's host update):
-        the shared part is offered at the next settings exchange (one allgather, as at start), the residuals
-        stay this rank's, whatever its new rank number. Everything sized by N is made again: the backend's
-        divisor, the transport choice, sparse_reduce's regions (rebalanced for the new N at the first step),
-        the two-phase plan, GraVAC's EWMA weight N/100."""
+        the backend is made for the new membership now, the method at the next step (TrainingRun.elastic_reset)."""
         self._hx_forget_in_flight()
-        if self._hx_loaded is None:
-            self._hx_loaded = self._hx_shared_state()
-        if self._hx_driver is not None:
-            if self._hx_residuals is None:
-                self._hx_residuals = self._hx_driver.method.state(self._hx_backend)
-            self._hx_driver = None
+        self._hx_run.elastic_reset()
         self._hx_backend = TorchBackend(self._hx_process_set, self._hx_op, self._hx_predivide, self._hx_stats)
-        self._hx_agreement = None
 
     def load_state_dict(self, state_dict):
         """Load a checkpoint, on every rank or (Horovod's resume pattern) on one rank before
@@ -351,24 +271,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         ours = state_dict.pop(STATE_KEY, None)
         if self._hx_pending:
             drain(list(item.future for item in self._hx_pending.values()))
-            if self._hx_driver is not None:
-                self._hx_driver.abandon_step()
+            self._hx_run.abandon_step()
         self._hx_clear_step()
         self._hx_should_synchronize = True
         super(self.__class__, self).load_state_dict(state_dict)
         if ours is None:
             return
-        shared, per_rank = split_checkpoint(ours)
         ps = self._hx_process_set
-        self._hx_residuals = residuals_for(per_rank, ps.rank(), ps.size())
-        if per_rank["residuals"] and self._hx_residuals is None:
-            warnings.warn(f"horovod_ext: this checkpoint holds the error-feedback residuals of rank "
-                          f"{per_rank['rank']} of {per_rank['size']}; rank {ps.rank()} of {ps.size()} starts from "
-                          f"zero residuals (what that rank had not yet sent is dropped once)")
-        self._hx_adopt(shared)
-        self._hx_loaded = shared
-        if self._hx_agreement is True:
-            self._hx_agreement = None  # re-agree at the next step: every rank adopts the same shared state
+        other = self._hx_run.load_state_dict(ours, ps.rank(), ps.size())
+        if other is not None:
+            warnings.warn(f"horovod_ext: this checkpoint holds the error-feedback residuals of rank {other[0]} of "
+                          f"{other[1]}; rank {ps.rank()} of {ps.size()} starts from zero residuals (what that "
+                          f"rank had not yet sent is dropped once)")
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None, backward_passes_per_step=1,

@@ -117,7 +117,7 @@ def main():
         resets.append((state.step, hvd.size(), time.time()))
         committed = state._handlers["optimizer"]._saved_optimizer_state.get("horovod_ext", {}).get("residuals")
         if committed:
-            held = opt._hx_residuals or {}
+            held = opt._hx_run.residuals or {}
             kept.append(sorted(held) == sorted(committed)
                         and all(torch.equal(held[k], committed[k]) for k in committed))
 
@@ -177,7 +177,7 @@ def main():
     if method == "ternary":
         extra["planned_wire_bytes"] = planned_two_phase_bytes(model)
     if method == "topk_sparse_reduce":
-        regions = opt._hx_driver.method.sparse.regions
+        regions = opt._hx_run.driver.method.sparse.regions
         extra["region_bounds"] = len(regions.bounds) if regions.bounds is not None else None
     result = {"rank": hvd.rank(), "size": hvd.size(), "step": state.step, "commits": state.commits,
               "started_on": started_on, "pid": os.getpid(), "resets": resets, "residuals_kept": kept,

@@ -98,7 +98,7 @@ def check_resume(name, folder):
         opt_z.load_state_dict(torch.load(os.path.join(folder, f"{name}.rank{RANK}.pt"))["opt"])
         model_z.load_state_dict(state["model"])
         if RANK != 0:
-            opt_z._hx_residuals = None
+            opt_z._hx_run.residuals = None
         train(model_z, opt_z, CKPT_STEPS, MORE_STEPS)
         reference_zeroed = snapshot(model_z, opt_z)
     train(model, opt, CKPT_STEPS, MORE_STEPS)
