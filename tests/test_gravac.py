@@ -7,7 +7,7 @@ import math
 import pytest
 
 from horovod_ext.compression.gravac import GravacController, ewma_weight, ladder
-from horovod_ext.compression.topk import AdaptiveTopK
+from horovod_ext.compression.gravac import AdaptiveTopK
 from hvdrun import horovodrun
 
 

@@ -109,7 +109,7 @@ def small_tensor_bytes(worker, nranks, label):
     """Bytes a step counts beside the transport: the payload compressors' join check (an allreduce of one int32)
     and GraVAC's allreduce of norms."""
     from horovod_ext.compression.join import join_check_wire_bytes
-    from horovod_ext.compression.topk import NORM_BYTES
+    from horovod_ext.compression.gravac import NORM_BYTES
     from horovod_ext.compression.wire import allreduce_wire_bytes
     extra = join_check_wire_bytes(nranks)
     if label == "adaptive":

@@ -1,6 +1,7 @@
 """Framework-free parts shared by the PyTorch and TensorFlow adapters: compressor specs and their argument checks,
-each compressor declared once (ternary.py, topk.py) and registered (registry.py), the per-step communication plan
-(plan.py), error feedback, wire-byte accounting, compression statistics and the cross-rank settings check."""
+each compressor declared once (ternary.py, topk.py, gravac.py, powersgd.py) and registered (registry.py), the
+per-step communication plan (plan.py), error feedback, a training run's lifecycle (lifecycle.py), wire-byte
+accounting, compression statistics and the cross-rank settings check."""
 from .specs import CompressorSpec, is_payload_compressor
 from .ternary import Ternary
 from .stats import CompressionStats

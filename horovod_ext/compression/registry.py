@@ -10,7 +10,8 @@ from .plan import Linear
 from .powersgd import PowerSGD
 from .specs import CompressorSpec
 from .ternary import Ternary
-from .topk import AdaptiveTopK, TopK
+from .gravac import AdaptiveTopK
+from .topk import TopK
 
 _compressors = {}
 _namespaces = []

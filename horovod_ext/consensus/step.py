@@ -86,6 +86,12 @@ class ConsensusStep:
     def load_shared_state(self, state):
         self.sync.load_state(state)
 
+    def complete_in_flight(self):
+        """Wait for every transfer of the rounds in flight (in_flight.py: at exit); the rounds stay pending."""
+        for r in self.rounds.pending:
+            for future in ([r.exchange] if r.exchange is not None else []) + list((r.transfers or {}).values()):
+                self.be.wait(future)
+
     # ------------------------------------------------------------------------------------------ checkpoints
     def drained_rounds(self):
         """The rounds in flight, each transfer waited for (no new collective is started, so this is safe on one

@@ -34,6 +34,8 @@ from horovod_ext.consensus.agreement import build_on_every_rank
 from horovod_ext.consensus.backend import ParameterBackend
 from horovod_ext.consensus.leader import ELASTIC_EVALUATION, LEADER_EVALUATION, check_evaluation
 from horovod_ext.consensus.step import ElasticStep, LeaderStep
+from horovod_ext.in_flight import track
+
 from .backend import numpy_allgather, timed_into
 
 STATE_KEY = "horovod_ext"
@@ -206,6 +208,7 @@ class _ParameterSync:
                                                                   sync.generation),
                                   sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params))
         self._hx_be.sets = getattr(self._hx_run, "process_sets", {})
+        track(self._hx_run)  # asynchronous rounds still in flight are completed at exit
 
     def _hx_forget_in_flight(self):
         """Drop the rounds in flight without waiting (Horovod failed under them, or is being reset)."""
