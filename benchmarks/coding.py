@@ -11,7 +11,7 @@ one run.
   scale is a separate kernel shared by every packing) and decode of 2 ranks' payloads, GB/s of fp32 input
   (encode) or output (decode), base3 vs entropy; top-k's coding (extract + decode) against its selection, int32 vs
   delta, at 1% and 0.1%.
-- link: link_worker.py's step time at 2 and 4 ranks on loopback shaped to 100 Mbit/s (horovod_ext.shaped_link;
+- link: link_worker.py's step time at 2 and 4 ranks on loopback shaped to 100 Mbit/s (benchmarks/shaped_link.py;
   root), for the 10.5M-parameter MLP: PowerSGD rank 4, ternary base3 and entropy, top-k 1% int32 and delta
   (fp16 and ternary values). Where no namespace can be made it says why and reports the rest.
 """
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from common import OUT_DIR, bar_plot, best_of, horovodrun_json, machine, markdown_table, write_outputs
 from gravac_models import build, markov_data
 from horovod_ext import _torch_ops as ops
-from horovod_ext.shaped_link import NamespaceUnavailable, shaped_namespace
+from shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASE3, ENTROPY = 1, 2

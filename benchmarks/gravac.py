@@ -24,7 +24,7 @@ import statistics
 import sys
 
 from common import OUT_DIR, horovodrun_json, line_plot, machine, markdown_table, progress, write_outputs
-from horovod_ext.shaped_link import NamespaceUnavailable, shaped_namespace
+from shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ["nplm", "cnn"]

@@ -9,7 +9,7 @@ import os
 import sys
 
 from common import OUT_DIR, bar_plot, horovodrun_json, machine, markdown_table, progress, write_outputs
-from horovod_ext.shaped_link import NamespaceUnavailable, shaped_namespace
+from shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -24,7 +24,7 @@ import sys
 
 from common import OUT_DIR, horovodrun_json, machine, markdown_table, progress, write_outputs
 from horovod_ext.perfmodel import Cluster, Link, predict
-from horovod_ext.shaped_link import NamespaceUnavailable, shaped_namespace
+from shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOSTS = {4: "localhost:2,127.0.0.1:2", 8: "localhost:4,127.0.0.1:4"}

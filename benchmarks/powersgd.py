@@ -13,7 +13,7 @@ import statistics
 import sys
 
 from common import OUT_DIR, bar_plot, horovodrun_json, machine, markdown_table, progress, write_outputs
-from horovod_ext.shaped_link import NamespaceUnavailable, shaped_namespace
+from shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOSTS = {4: "localhost:2,127.0.0.1:2"}  # two "nodes" on one machine

@@ -4,7 +4,7 @@ allreduce, horovod_ext/compression/sparse_reduce.py), and step time on a slow li
 - bytes: top-k 1% and 0.1% (delta-coded indices, fp16 values) on the link benchmark's 10.5M-parameter MLP, counted
   from real horovodrun runs at 2, 3 and 4 ranks (unshaped loopback, compression_stats()["last_step"]) and planned by
   sparse_reduce.planned_bytes (the estimate "auto" chooses by) from 2 to 1024 ranks.
-- link: link_worker.py's step time at 4 ranks on loopback shaped to 100 Mbit/s (horovod_ext.shaped_link; root):
+- link: link_worker.py's step time at 4 ranks on loopback shaped to 100 Mbit/s (benchmarks/shaped_link.py; root):
   dense allreduce, PyTorch DDP's PowerSGD (rank 4), top-k 1% and 0.1% by allgather and by sparse_reduce. Where no
   namespace can be made it says why and reports the bytes.
 """
@@ -15,7 +15,7 @@ import sys
 from common import OUT_DIR, bar_plot, horovodrun_json, line_plot, machine, markdown_table, write_outputs
 from horovod_ext.compression.sparse_reduce import planned_bytes
 from horovod_ext.compression.wire import allreduce_wire_bytes
-from horovod_ext.shaped_link import NamespaceUnavailable, shaped_namespace
+from shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLANNED_RANKS = (2, 3, 4, 8, 16, 32, 64, 128, 256, 512, 1024)

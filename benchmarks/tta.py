@@ -16,7 +16,7 @@ import sys
 import itertools
 
 from common import OUT_DIR, horovodrun_json, machine, markdown_table, progress, write_outputs
-from horovod_ext.shaped_link import NamespaceUnavailable, shaped_namespace
+from shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 METHODS = ["dense", "fp16", "ternary", "topk-10x", "topk-1000x", "adaptive_topk", "lsgd", "multi_lsgd", "easgd",

@@ -268,7 +268,7 @@ def _expect_orthogonal(rank, n, value, c):
 def _normal(c):
     be = c.be
     like = c.t([0.0])
-    return [be.normal(5, 9, 3, 77, like), be.normal(5, 9, 4, 77, like)]
+    return [be.kernels.normal(5, 9, 3, 77, like), be.kernels.normal(5, 9, 4, 77, like)]
 
 
 def _expect_normal(rank, n, value, c):

@@ -22,8 +22,8 @@ def test_staleness_defaults_and_checks():
                            ((False, 2, 4), "needs asynchronous=True")]:
         with pytest.raises(ValueError, match=fragment):
             check_staleness(*args)
-    assert LeaderSync(asynchronous=True, size=2).settings()["staleness"] == 3
-    assert ElasticSync(asynchronous=True, max_staleness=2, size=2).settings()["staleness"] == 2
+    assert LeaderSync(asynchronous=True, size=2).staleness == 3
+    assert ElasticSync(asynchronous=True, max_staleness=2, size=2).staleness == 2
 
 
 def test_rounds_schedule_and_slots():

@@ -25,7 +25,7 @@ NO_GPU = ("no GPU here: torch.cuda.is_available() is False" if not torch.cuda.is
 
 def test_there_are_cuda_sources():
     names = sorted(os.path.basename(f) for f in CU_FILES)
-    assert names == ["ternary.cu", "topk.cu"]
+    assert names == ["random.cu", "ternary.cu", "topk.cu"]
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed on this machine")
@@ -68,6 +68,17 @@ def gradient(n, seed=0, heavy=True):
     rng = np.random.default_rng(seed + n)
     g = rng.standard_t(df=2, size=n) if heavy else rng.standard_normal(n)
     return torch.from_numpy(g.astype(np.float32))
+
+
+@pytest.mark.skipif(not GPU, reason=NO_GPU)
+def test_gpu_normal_bit_identical_to_cpu():
+    """PowerSGD's draw (hvdext/random.h) on the device: the CPU kernel's bits, over 2^20 + 3 elements."""
+    n, stream = (1 << 20) + 3, torch.cuda.current_stream().cuda_stream
+    cpu, gpu = torch.empty(n), torch.empty(n, device="cuda")
+    for seed, step, tensor in ((0, 0, 0), (2 ** 64 - 1, 7, 12345), (987654321987654321, 2 ** 32 - 1, 99)):
+        ops.normal_fill(cpu, seed, step, tensor, 0)
+        ops.normal_fill(gpu, seed, step, tensor, stream)
+        assert torch.equal(gpu.cpu(), cpu)
 
 
 @pytest.mark.skipif(not GPU, reason=NO_GPU)

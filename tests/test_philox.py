@@ -26,3 +26,19 @@ def test_uniforms_in_unit_interval():
     u = philox.uniform01(100000, 1, 2, 3, 4)
     assert u.dtype == np.float32 and u.min() >= 0 and u.max() < 1
     assert abs(u.mean() - 0.5) < 0.01
+
+
+def test_native_normal_is_the_reference_draw():
+    """PowerSGD's normal draw as the C++ core computes it (cpp/include/hvdext/random.h; the runtime's only draw of
+    it) has the reference's bits, in PyTorch's binding and TensorFlow's op, odd lengths and 64-bit seeds included."""
+    import torch
+    from horovod_ext import _torch_ops as ops
+    from horovod_ext.tensorflow.ops import TFKernels
+
+    for n, seed, step, tensor in ((1, 0, 0, 0), (100001, 5, 1, 9), (4099, 2 ** 64 - 1, 2 ** 32 - 1, 0xFFFFFFFF),
+                                  (7, 987654321987654321, 12, 77)):
+        want = philox.normal(n, seed, step, tensor)
+        out = torch.empty(n)
+        ops.normal_fill(out, seed, step, tensor, 0)
+        assert np.array_equal(out.numpy(), want), (n, seed, step, tensor)
+        assert np.array_equal(TFKernels.normal(n, seed, step, tensor).numpy(), want), (n, seed, step, tensor)

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "hvdext/coding.h"
+#include "hvdext/random.h"
 
 #include "hvdext/ternary.h"
 #include "hvdext/topk.h"
@@ -215,6 +216,34 @@ class TernaryEncodeOp : public tf::OpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("HvdextTernaryEncode").Device(tf::DEVICE_CPU), TernaryEncodeOp<true>);
 REGISTER_KERNEL_BUILDER(Name("HvdextTernaryEncodeCodes").Device(tf::DEVICE_CPU), TernaryEncodeOp<false>);
+
+REGISTER_OP("HvdextNormal")
+    .Input("seed: int64")
+    .Input("step: int64")
+    .Attr("count: int")
+    .Attr("tensor_key: int")
+    .Output("values: float")
+    .SetShapeFn(CountVector)
+    .Doc("count standard normals of the counter-based generator under (seed, step, tensor_key) (hvdext/random.h).");
+
+class NormalOp : public tf::OpKernel {
+ public:
+  explicit NormalOp(tf::OpKernelConstruction* c) : OpKernel(c) {
+    Attrs(c).Int("count", &count_, 0).Int("tensor_key", &tensor_key_, 0, 0xFFFFFFFF);
+  }
+  void Compute(tf::OpKernelContext* c) override {
+    const hvdext::RandomKey key{static_cast<uint64_t>(c->input(0).scalar<tf::int64>()()),
+                                static_cast<uint32_t>(c->input(1).scalar<tf::int64>()()),
+                                static_cast<uint32_t>(tensor_key_), 0};
+    tf::Tensor* out;
+    OP_REQUIRES_OK(c, c->allocate_output(0, tf::TensorShape({count_}), &out));
+    hvdext::normal_fill(key, count_, out->flat<float>().data());
+  }
+
+ private:
+  tf::int64 count_, tensor_key_;
+};
+REGISTER_KERNEL_BUILDER(Name("HvdextNormal").Device(tf::DEVICE_CPU), NormalOp);
 
 REGISTER_OP("HvdextTernaryDecodeAverage")
     .Input("gathered: uint8")

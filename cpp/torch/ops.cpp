@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "hvdext/coding.h"
+#include "hvdext/random.h"
 #include "hvdext/ternary.h"
 #include "hvdext/topk.h"
 #include "hvdext/two_phase.h"
@@ -179,6 +180,13 @@ void ternary_encode_codes(const torch::Tensor& g, double threshold, double scale
   const hvdext::RandomKey key{seed, step, tensor, rank};
   pybind11::gil_scoped_release release;
   hvdext::ternary_encode_codes(data, g.numel(), static_cast<float>(threshold), static_cast<float>(scale), key, out);
+}
+
+void normal_fill(torch::Tensor& out, uint64_t seed, uint32_t step, uint32_t tensor, int64_t stream) {
+  TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous(), "out must be a contiguous float32 tensor");
+  const hvdext::RandomKey key{seed, step, tensor, 0};
+  dispatch(out, "normal_fill", [&] { hvdext::normal_fill(key, out.numel(), out.data_ptr<float>()); },
+           HVDEXT_GPU({ hvdext::cuda::normal_fill(key, out.numel(), out.data_ptr<float>(), as_stream(stream)); }));
 }
 
 void ternary_pack_codes(const torch::Tensor& codes, int64_t packing, torch::Tensor& out) {
@@ -494,6 +502,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ternary_decode_average", &ternary_decode_average, py::arg("gathered"), py::arg("nranks"), py::arg("n"),
         py::arg("packing"), py::arg("divisor"), py::arg("out"), py::arg("stream") = 0,
         "decode N gathered payloads and average them into out; returns -1 or the first rank with a NaN/Inf gradient");
+  m.def("normal_fill", &normal_fill, "standard normals of the counter-based generator (hvdext/random.h), in place");
   m.def("ternary_encode_codes", &ternary_encode_codes, "the unpacked codes of a gradient (same draws as encode)");
   m.def("ternary_pack_codes", &ternary_pack_codes, "pack codes into out");
   m.def("ternary_sum_reencode", &ternary_sum_reencode, "sum N packed code streams exactly, re-encode at b bits");

@@ -132,11 +132,6 @@ class Backend(abc.ABC):
         q_j = v_j / max(|v_j|, FLT_MIN) (a zero column stays zero; python/hvdext_reference/powersgd.py);
         "qr": the Q of the framework's reduced QR factorization."""
 
-    @abc.abstractmethod
-    def normal(self, n, seed, step, key, like):
-        """n float32 standard normals keyed on (seed, step, key), the same on every rank and in every framework
-        (hvdext_reference.philox.normal), on like's device."""
-
     # -------------------------------------------------------------------------------------------- collectives
     @abc.abstractmethod
     def allreduce(self, x, name, op):

@@ -213,7 +213,8 @@ class PowerSGDMethod(Method):
         return [be.reshape(part, shape) for part, shape in zip(parts, shapes)]
 
     def _drawn_q(self, be, batches):
-        return [be.concat([be.normal(q_elements(i), be.seed, be.step, tensor_key(i.name), i.work.flat) for i in b])
+        normal = be.kernels.normal
+        return [be.concat([normal(q_elements(i), be.seed, be.step, tensor_key(i.name), i.work.flat) for i in b])
                 for b in batches]
 
     def _kept_q(self, be, batches):

@@ -9,8 +9,6 @@ from . import sizes as sizes_
 from .sizes import PACKING_IDS
 from .wire import allgather_wire_bytes, allreduce_wire_bytes
 
-CODES_PER_BYTE = {"2bit": 4, "base3": 5}  # the closed form below only; counts come from the C++ core
-
 
 def packed_bytes(count, packing):
     return sizes_.ternary_packed_bytes(count, PACKING_IDS[packing])
@@ -58,13 +56,6 @@ class TwoPhasePlan:
 
     def payload_bytes(self, rank):
         return sum(self.send_splits) + self.stream_sizes[rank]
-
-
-def formula_wire_bytes(total, nranks, packing):
-    """Closed form of what a rank sends by two-phase for T elements: (N-1)/N * T/codes_per_byte (alltoall) plus
-    (N-1) * T/N * b/8 (allgather). Counts differ from it only by the rounding of each chunk to whole bytes."""
-    return (nranks - 1) / nranks * total / CODES_PER_BYTE[packing] \
-        + (nranks - 1) * total / nranks * level_bits(nranks) / 8
 
 
 def allgather_transport_bytes(tensor_sizes, nranks, packing):

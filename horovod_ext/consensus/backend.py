@@ -74,13 +74,12 @@ class ParameterBackend(abc.ABC):
         """Start an allgather of x over every rank. Returns a future of the gathered tensor."""
 
     @abc.abstractmethod
-    def broadcast(self, values, root, level, name, delayed=False):
+    def broadcast(self, values, root, level, name):
         """Start a broadcast of `values` (a list) from the rank `level.members[root]` (root: an index, a tensor in a
-        graph) within the level's process set (level None: every rank). Returns a future of the list.
-        delayed: a parameter transfer, which tests may slow down (see the adapters' transfer_delay)."""
+        graph) within the level's process set (level None: every rank). Returns a future of the list."""
 
     @abc.abstractmethod
-    def allreduce_mean(self, values, name, delayed=False):
+    def allreduce_mean(self, values, name):
         """Start the allreduce (Average over every rank) of `values` (a list of the current values, which later
         writes must not change). Returns a future of the list."""
 

@@ -40,9 +40,6 @@ class ElasticSync:
         """ElasticAveragingOptimizer's arguments by name, as both frameworks' factories take them."""
         return {"beta": beta, "period": period, "asynchronous": asynchronous, "max_staleness": max_staleness}
 
-    def settings(self):
-        return {"optimizer": self.what, "beta": self.beta, "period": self.period, "staleness": self.staleness}
-
     def due(self, step):
         return step % self.period == 0
 

@@ -107,11 +107,6 @@ class LeaderSync:
         return {"pull": pull, "global_pull": global_pull, "period": period, "global_period": global_period,
                 "groups": groups, "asynchronous": asynchronous, "max_staleness": max_staleness}
 
-    def settings(self):
-        """What every rank must share (compared across ranks before the first collective)."""
-        return {"optimizer": self.what, "pull": self.pull, "global_pull": self.global_pull, "period": self.period,
-                "global_period": self.global_period, "groups": repr(self.groups_arg), "staleness": self.staleness}
-
     def configure(self, node_keys, rank):
         """Resolve the groups from every rank's host and build this rank's levels."""
         self.groups = resolve_groups(self.groups_arg, node_keys)

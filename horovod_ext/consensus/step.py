@@ -174,7 +174,7 @@ class LeaderStep(ConsensusStep):
                 targets = be.cond(be.bit(due, i), lambda s=received[source.name]: list(s), lambda: list(current))
             else:
                 targets = be.cond(be.bit(due, i), lambda i=i, level=level: be.wait(
-                    be.broadcast(current, picked[i], level, self.name(level.name), delayed=True)),
+                    be.broadcast(current, picked[i], level, self.name(level.name))),
                     lambda: list(current))
                 received[level.name] = targets
             forces = add_pull(forces, targets, current, level.weight)
@@ -194,7 +194,7 @@ class LeaderStep(ConsensusStep):
             r.leaders = dict(sync.leaders)
             current = be.parameters()
             r.transfers = {name: be.broadcast(current, source.members.index(r.leaders[name]), source,
-                                              self.name(name, r.slot), delayed=True)
+                                              self.name(name, r.slot))
                            for name, source in sync.transfer_levels(r.due).items() if source.name == name}
         for r in rounds.applying(step):
             self.pull(r)
@@ -244,7 +244,7 @@ class ElasticStep(ConsensusStep):
         be = self.be
         started = be.when(be.center_ready(), lambda: None, otherwise=self.initialize_center)
         return be.after(started, lambda: be.when(due, lambda: self.apply(
-            be.wait(be.allreduce_mean(be.copy(be.parameters()), self.name("round", 0), delayed=True)))))
+            be.wait(be.allreduce_mean(be.copy(be.parameters()), self.name("round", 0))))))
 
     def apply(self, means):
         """From the values before the round: x += alpha (center - x); center = (1 - beta) center + beta mean."""
@@ -261,7 +261,7 @@ class ElasticStep(ConsensusStep):
         if sync.due(step):
             started = rounds.start(step, None)
             started.transfers = {"mean": be.allreduce_mean(be.copy(be.parameters()),
-                                                           self.name("round", started.slot), delayed=True)}
+                                                           self.name("round", started.slot))}
         for r in rounds.applying(step):
             self.apply(be.wait(r.transfers["mean"]))
 

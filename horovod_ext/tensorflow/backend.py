@@ -13,8 +13,7 @@ import tensorflow as tf
 from horovod_ext.compression.backend import Backend
 from horovod_ext.compression.horovod_args import outside_process_set
 from horovod_ext.compression.generation import named
-from hvdext_reference import philox
-from .ops import TFKernels, seed_tensor
+from .ops import TFKernels
 
 OPS = {"sum": hvd.Sum, "average": hvd.Average, "max": hvd.Max}
 DTYPES = {"float16": tf.float16, "float32": tf.float32, "float64": tf.float64, "int32": tf.int32,
@@ -194,15 +193,6 @@ class TFBackend(Backend):
             for i in range(j + 1, len(cols)):
                 cols[i] = cols[i] - tf.reduce_sum(col * cols[i], axis=1, keepdims=True) * col
         return tf.stack(cols, axis=2)
-
-    @staticmethod
-    def normal(n, seed, step, key, like):
-        def draw(seed_value, step_value):
-            return philox.normal(int(n), int(seed_value) % 2 ** 64, int(step_value), int(key))
-
-        seed = seed if tf.is_tensor(seed) else seed_tensor(seed)
-        values = tf.numpy_function(draw, [seed, tf.cast(step, tf.int64)], tf.float32)
-        return tf.ensure_shape(values, [n])
 
     # -------------------------------------------------------------------------------------------- collectives
     def allreduce(self, x, name, op):

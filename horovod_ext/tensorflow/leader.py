@@ -135,7 +135,7 @@ class TFParameterBackend(ParameterBackend):
     def allgather(x, name):
         return hvd.allgather(x, name=name, ignore_name_scope=True)
 
-    def broadcast(self, values, root, level, name, delayed=False):
+    def broadcast(self, values, root, level, name):
         """Horovod's broadcast takes its root as a constant: a tensor root is a tf.switch_case over the members."""
         members = list(range(self.nranks)) if level is None else level.members
         where = {} if level is None else {"process_set": self.sets[level.name]}
@@ -148,7 +148,7 @@ class TFParameterBackend(ParameterBackend):
             return from_rank(members[int(root)])
         return tf.switch_case(root, [functools.partial(from_rank, rank) for rank in members])
 
-    def allreduce_mean(self, values, name, delayed=False):
+    def allreduce_mean(self, values, name):
         return [hvd.allreduce(v, op=hvd.Average, name=collective_name(name, i, n), ignore_name_scope=True)
                 for i, (v, n) in enumerate(zip(values, self.names))]
 

@@ -21,6 +21,12 @@ class TFKernels:
     write-in-place hint, unused here."""
 
     @staticmethod
+    def normal(n, seed, step, key, like=None):
+        """n float32 standard normals keyed on (seed, step, key) (cpp/include/hvdext/random.h)."""
+        seed = seed if tf.is_tensor(seed) else seed_tensor(int(seed) % 2 ** 64)
+        return lib.hvdext_normal(seed, tf.cast(step, tf.int64), count=int(n), tensor_key=int(key))
+
+    @staticmethod
     def ternary_local_scale(flat, clip):
         return lib.hvdext_ternary_local_scale(flat, clip=clip)
 

@@ -14,7 +14,6 @@ from horovod.common.exceptions import HorovodInternalError
 from horovod_ext.compression.backend import Backend
 from horovod_ext.compression.horovod_args import outside_process_set
 from horovod_ext.compression.generation import named, stale_names_reset
-from hvdext_reference import philox
 from horovod_ext.compression.plan import k_of
 from .kernels import TorchKernels, as_float32
 
@@ -231,11 +230,6 @@ class TorchBackend(Backend):
                 rest = out[:, :, j + 1:]
                 rest -= torch.sum(col * rest, dim=1, keepdim=True) * col
         return out
-
-    @staticmethod
-    def normal(n, seed, step, key, like):
-        values = torch.from_numpy(philox.normal(int(n), int(seed) % 2 ** 64, int(step), int(key)))
-        return values.to(like.device) if like.is_cuda else values
 
     # -------------------------------------------------------------------------------------------- collectives
     def allreduce(self, x, name, op):

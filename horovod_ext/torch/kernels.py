@@ -83,6 +83,13 @@ class TorchKernels:
     """The native kernels, functional."""
 
     @staticmethod
+    def normal(n, seed, step, key, like):
+        """n float32 standard normals keyed on (seed, step, key) (cpp/include/hvdext/random.h), on like's device."""
+        out = torch.empty(int(n), dtype=torch.float32, device=like.device)
+        ops.normal_fill(out, int(seed) % 2 ** 64, _key(step), int(key), stream_of(out))
+        return out
+
+    @staticmethod
     def ternary_local_scale(flat, clip):
         return ops.ternary_local_scale(flat, clip, stream_of(flat))
 

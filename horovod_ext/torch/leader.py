@@ -20,7 +20,6 @@ moves the parameters while this rank keeps stepping. ``state_dict()`` waits for 
 with its due step, so a rank that resumes from its own checkpoint continues bit for bit.
 """
 import itertools
-import time
 
 import horovod.torch as hvd
 import torch
@@ -43,19 +42,13 @@ _ids = itertools.count()
 
 
 class _Transfer:
-    """Collectives in flight (Horovod handles); wait() returns their results, once complete.
+    """Collectives in flight (Horovod handles); wait() returns their results, once complete."""
 
-    delay: injected latency in seconds (tests slow a collective with it): the results are not handed out before
-    `delay` seconds after the start, as if the link had held them that long."""
-
-    def __init__(self, handles, delay=0.0, values=None, single=False):
-        self.handles, self.ready_at, self.values, self.single = handles, time.perf_counter() + delay, values, single
+    def __init__(self, handles, values=None, single=False):
+        self.handles, self.values, self.single = handles, values, single
 
     def wait(self):
         if self.values is None:
-            pause = self.ready_at - time.perf_counter()
-            if pause > 0:
-                time.sleep(pause)
             self.values = [hvd.synchronize(h) for h in self.handles]
             self.handles = None
         return self.values[0] if self.single else self.values
@@ -73,7 +66,6 @@ class TorchParameterBackend(ParameterBackend):
         self.step = 0
         self.loss = [0.0, 0]  # sum and count of the losses reported since the last election
         self.center_values = None  # EASGD's center, a list of tensors once initialized
-        self.transfer_delay = 0.0  # seconds of injected latency on parameter transfers (tests)
         self.sets = {}  # level name -> Horovod process set (LeaderStep's)
 
     # ------------------------------------------------------------------------------------------ optimizer state
@@ -126,7 +118,7 @@ class TorchParameterBackend(ParameterBackend):
         with stale_names_reset():
             return _Transfer([hvd.allgather_async(x, name=name)], single=True)
 
-    def broadcast(self, values, root, level, name, delayed=False):
+    def broadcast(self, values, root, level, name):
         """The root sends a copy, so that its later steps do not change what is in flight."""
         members = range(self.nranks) if level is None else level.members
         rank = members[int(root)]
@@ -134,12 +126,12 @@ class TorchParameterBackend(ParameterBackend):
         with stale_names_reset():
             handles = [hvd.broadcast_async(v.clone() if rank == self.rank else v, root_rank=rank,
                                            name=f"{name}.{i}", **where) for i, v in enumerate(values)]
-        return _Transfer(handles, self.transfer_delay if delayed else 0.0)
+        return _Transfer(handles)
 
-    def allreduce_mean(self, values, name, delayed=False):
+    def allreduce_mean(self, values, name):
         with stale_names_reset():
             handles = [hvd.allreduce_async_(v, op=hvd.Average, name=f"{name}.{i}") for i, v in enumerate(values)]
-        return _Transfer(handles, self.transfer_delay if delayed else 0.0)
+        return _Transfer(handles)
 
     @staticmethod
     def wait(future):
@@ -230,8 +222,6 @@ class _ParameterSync:
     _hx_step = property(lambda self: self._hx_be.step)
     _hx_loss = property(lambda self: self._hx_be.loss)
     _hx_center = property(lambda self: self._hx_be.center_values)
-    _hx_transfer_delay = property(lambda self: self._hx_be.transfer_delay,
-                                  lambda self, seconds: setattr(self._hx_be, "transfer_delay", seconds))
 
     def _hx_allgather_blobs(self, blob):
         return allgather_blobs(blob, numpy_allgather(), f"horovod_ext.{self._hx_what}.{self._hx_id}.settings")

@@ -61,8 +61,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_process_set = process_set
         self._hx_predivide = float(gradient_predivide_factor)
         self._hx_backward_passes = int(backward_passes_per_step)
-        if self._hx_backward_passes < 1:
-            raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}")
 
         all_params = [p for group in self.param_groups for p in group["params"]]
         by_id = check_named_parameters(named_parameters, all_params, "DistributedOptimizer")
@@ -306,6 +304,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
         op = hvd.Average
     check_predivide(gradient_predivide_factor, op == hvd.Average)
     check_groups(num_groups, groups)
+    if int(backward_passes_per_step) < 1:
+        raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}")
     if op == hvd.Adasum:
         if is_payload_compressor(compression):
             raise ValueError(f"op=hvd.Adasum cannot be combined with Compression.{compression.name}; use hvd.Average "
@@ -332,7 +332,5 @@ def _horovod_adasum_optimizer(optimizer, named_parameters, compression, backward
     if process_set is not global_process_set:
         raise NotImplementedError("op=hvd.Adasum does not support a process_set other than the global one (as in "
                                   "Horovod)")
-    if int(backward_passes_per_step) < 1:
-        raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedAdasumOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, int(backward_passes_per_step))

@@ -3,7 +3,7 @@
 Every rank records, step by step, every rank's parameters before and after the step (float64, zero gradients, so
 that only the pulls move them at a step; between steps each rank moves its parameters by its own noise, standing
 in for local progress) and how long its step() took. tests/test_async_leader.py replays the schedule with the
-NumPy reference. Parameter transfers are slowed by an injected latency (opt._hx_transfer_delay).
+NumPy reference. Parameter transfers are slowed by an injected latency (slow_transfers).
 """
 import io
 import os
@@ -72,12 +72,33 @@ def record_run(opt, m, steps, seed, center=None):
     return out
 
 
+class SlowTransfer:
+    """A parameter transfer whose results are handed out no sooner than `delay` seconds after it started, as if a
+    slow link had held them that long."""
+
+    def __init__(self, transfer, delay):
+        self.transfer, self.ready_at = transfer, time.perf_counter() + delay
+
+    def wait(self):
+        time.sleep(max(0.0, self.ready_at - time.perf_counter()))
+        return self.transfer.wait()
+
+
+def slow_transfers(opt, delay):
+    """Every parameter transfer of opt (the leaders' broadcasts, EASGD's averages) slowed by `delay` seconds."""
+    be = opt._hx_be
+    for collective in ("broadcast", "allreduce_mean"):
+        def slowed(*args, start=getattr(be, collective), **kwargs):
+            return SlowTransfer(start(*args, **kwargs), delay)
+        setattr(be, collective, slowed)
+
+
 def leader_schedule(groups, period, global_period, staleness, delay, steps, seed):
     m = model(seed=seed + RANK)
     opt = hvd.LeaderOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(), pull=0.2,
                               global_pull=0.1, period=period, global_period=global_period, groups=groups,
                               asynchronous=True, max_staleness=staleness)
-    opt._hx_transfer_delay = delay
+    slow_transfers(opt, delay)
     out = record_run(opt, m, steps, seed)
     mine = [[level.name, level.members, level.period, level.weight] for level in opt._hx_sync.levels]
     out["levels"] = hvd.allgather_object(mine, name=f"check.{next(_tags)}")
@@ -89,7 +110,7 @@ def easgd_schedule(period, staleness, delay, steps, seed, beta=0.5):
     m = model(seed=seed + RANK)
     opt = hvd.ElasticAveragingOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(), beta=beta,
                                         period=period, asynchronous=True, max_staleness=staleness)
-    opt._hx_transfer_delay = delay
+    slow_transfers(opt, delay)
     out = record_run(opt, m, steps, seed, center=True)
     out.update(alpha=opt._hx_sync.alpha, beta=beta)
     return out

@@ -56,5 +56,8 @@ void topk_extract(float* r, const int32_t* idx, int64_t k, ValueType type, uint8
 int topk_decode_average(const uint8_t* gathered, int nranks, int64_t k, int64_t n, ValueType type, float divisor,
                         float* out, int32_t* bad_rank, void* stream);
 
+// out[0..n) = the standard normals of `key` (hvdext/random.h), as the CPU normal_fill.
+void normal_fill(const RandomKey& key, int64_t n, float* out, void* stream);
+
 }  // namespace cuda
 }  // namespace hvdext

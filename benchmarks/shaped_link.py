@@ -1,8 +1,8 @@
 """A bandwidth-limited link on one machine: run a command (horovodrun and its ranks) inside a network namespace
 whose loopback is shaped by tbf, to see what compression does on the link it is for.
 
-    python -m horovod_ext.shaped_link --mbit 100 -- horovodrun -np 2 -H localhost:2 --gloo python train.py
-    python -m horovod_ext.shaped_link --mbit 100 --or-unshaped -- ...   # where no namespace can be made, say why
+    python benchmarks/shaped_link.py --mbit 100 -- horovodrun -np 2 -H localhost:2 --gloo python train.py
+    python benchmarks/shaped_link.py --mbit 100 --or-unshaped -- ...   # where no namespace can be made, say why
                                                                       # and run the command on plain loopback
 
 All ranks started inside it share that one link, like workers behind one slow switch port. It needs root and
@@ -79,7 +79,7 @@ def shaped_namespace(rate_mbit, name=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m horovod_ext.shaped_link",
+    parser = argparse.ArgumentParser(prog="benchmarks/shaped_link.py",
                                      description="Run a command inside a network namespace whose loopback is shaped "
                                                  "to a slow link (root).")
     parser.add_argument("--mbit", type=float, default=100.0, help="the link's rate in Mbit/s (default 100)")
@@ -89,7 +89,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        parser.error("no command given: python -m horovod_ext.shaped_link --mbit 100 -- horovodrun ...")
+        parser.error("no command given: python benchmarks/shaped_link.py --mbit 100 -- horovodrun ...")
     if args.mbit <= 0:
         parser.error(f"--mbit must be > 0, got {args.mbit}")
     rate = f"{args.mbit:g}"
