@@ -66,9 +66,9 @@ def choose_transport(requested, sizes, cf, nranks, value_bits=16):
     for its second collective round after backward (allgather's payloads leave during backward).
 
     Clearly fewer: at most 0.9x, so from 3 ranks on (at 2 both send about K pairs). Enough: at least 256 KB per rank
-    per step, 20 ms at 100 Mbit/s, 2 ms at 1 Gbit/s, about what one more synchronized collective costs. Below that
-    the step is latency-bound: on the 0.2M-parameter digits MLP at 4 ranks, top-k 10% trained 1.5x slower by
-    sparse_reduce (it saves 13 KB per step there), while the 10.5M MLP at 1% saves 476 KB (examples/, benchmarks/)."""
+    per step, 20 ms at 100 Mbit/s, 2 ms at 1 Gbit/s, about what one more synchronized collective costs; below that
+    the step is latency-bound and the second round costs more than it saves (benchmarks/RESULTS.md,
+    sparse_reduce)."""
     if requested != "auto":
         return requested
     if nranks < 2 or not sizes:

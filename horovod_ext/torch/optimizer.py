@@ -36,8 +36,8 @@ _LIVE_OPTIMIZERS = weakref.WeakSet()  # every DistributedOptimizer of this proce
 
 def complete_in_flight():
     """Every DistributedOptimizer takes in what its last step left in flight (GraVAC's readings, waited for at the
-    next step otherwise). hvd.join() calls it first: with GraVAC's readings still pending on the rank that
-    joined, the step after the join hung in about 1 run in 12 (tests/workers/join_twice_worker.py)."""
+    next step otherwise). hvd.join() calls it first: a rank that joins with GraVAC's readings still pending can hang
+    the others' next step (tests/workers/join_twice_worker.py)."""
     for optimizer in list(_LIVE_OPTIMIZERS):
         optimizer._hx_run.complete_in_flight()
 
