@@ -265,17 +265,6 @@ def _expect_orthogonal(rank, n, value, c):
     return close(gram[0], want) or close(zero[0], [[0, s], [0, s]]) or close(np.abs(qr[0]), np.abs(want))
 
 
-def _normal(c):
-    be = c.be
-    like = c.t([0.0])
-    return [be.kernels.normal(5, 9, 3, 77, like), be.kernels.normal(5, 9, 4, 77, like)]
-
-
-def _expect_normal(rank, n, value, c):
-    from hvdext_reference.philox import normal
-    return close(value[0], normal(5, 9, 3, 77)) or close(value[1], normal(5, 9, 4, 77))
-
-
 def _expect_require(rank, n, value, c):
     if c.graph:
         return "the failed requirement did not fail the graph"  # the worker expects the run to raise
@@ -322,7 +311,6 @@ CASES = {
     "matmul": (_matrices, lambda r, n, v, c: close(v[0], [[[14, 32], [32, 77]]])
                or close(v[1], [[[17, 22, 27], [22, 29, 36], [27, 36, 45]]])),
     "orthogonalize": (_orthogonalize, _expect_orthogonal),
-    "normal": (_normal, _expect_normal),
     "allreduce": (_allreduce, lambda r, n, v, c: close(v, [[n * (n + 1) / 2], [(n + 1) / 2], [n]])),
     "allreduce_grad": (_allreduce_grad, lambda r, n, v, c: close(v[0], [(n + 1) / 2] * 3) or close(v[1], 12)),
     "allgather": (_allgather, lambda r, n, v, c: close(v, [float(j) for j in range(n) for _ in range(2)])),
