@@ -76,6 +76,8 @@ import collections
 import math
 import time
 
+from horovod_ext.in_flight import hold, release
+
 from .plan import ErrorFeedback, Method, Record, count_dense, require_decoded, send_dense
 from .specs import CompressorSpec, check_choice, check_int, check_real
 from .topk import TOPK_MAX_ELEMENTS, AutoPacking, SparseTransport, TopKCodec, check_fraction, check_values
@@ -367,6 +369,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         """An elastic reset: the last step's readings are dropped unread; the controller keeps what it had (at a
         commit, state_dict() took them in, so the committed controller is complete)."""
         self.readings = None
+        release(self)
         self.abandon_step()
 
     def shared_state(self):
@@ -399,6 +402,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         """The previous step's averaged readings, left in flight by finish(), into the controller."""
         if self.readings is not None:
             readings, self.readings = self.readings, None
+            release(self)
             self._agree(self.be, self.be.wait(readings), " at the previous step")
 
     def _decide(self, agreed):
@@ -441,6 +445,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         be.host(self._step_ended, [], ("int32",))
         if be.carries_futures:
             self.readings = agreement
+            hold(self)  # taken in at the next step, or at exit (in_flight.py)
         else:
             self._agree(be, be.wait(agreement), "")  # a graph's tensors end with the step
 

@@ -20,8 +20,6 @@ through this object and the step driver.
 """
 import random
 
-from horovod_ext.in_flight import track
-
 from . import generation
 from .consistency import SettingsMismatchError, exchange
 from .driver import StepDriver
@@ -79,7 +77,6 @@ class TrainingRun:
             self.counters.seed = given if given is not None else proposals[0]["seed"]
         if self.driver is None:
             self.driver = StepDriver(self.compression, backend, sizes, self.tag)
-            track(self)  # what the method leaves in flight past a step is completed at exit
         method = self.driver.method
         if offer is not None:
             method.load_shared_state(offer.get("method"))

@@ -19,6 +19,8 @@ A level whose leader is this rank, or that is not due, adds (x - x) * w = 0: the
 """
 import contextlib
 
+from horovod_ext.in_flight import hold, release
+
 from .accounting import account_dense_reference
 from .rounds import Round, Rounds
 
@@ -52,6 +54,7 @@ class ConsensusStep:
             if self.rounds.asynchronous:  # eager: Python values
                 self.schedule(step, *self.schedule_inputs())
                 self.asynchronous(int(step))
+                (hold if self.rounds.pending else release)(self)  # completed at exit if still in flight
                 done = None
             else:
                 due, = be.host(self.schedule, [step, *self.schedule_inputs()], ("int32",))
@@ -85,6 +88,11 @@ class ConsensusStep:
 
     def load_shared_state(self, state):
         self.sync.load_state(state)
+
+    def forget_in_flight(self):
+        """Drop the rounds in flight without waiting (Horovod failed under them, or is being reset)."""
+        self.rounds.clear()
+        release(self)
 
     def complete_in_flight(self):
         """Wait for every transfer of the rounds in flight (in_flight.py: at exit); the rounds stay pending."""

@@ -33,8 +33,6 @@ from horovod_ext.consensus.agreement import build_on_every_rank
 from horovod_ext.consensus.backend import ParameterBackend
 from horovod_ext.consensus.leader import ELASTIC_EVALUATION, LEADER_EVALUATION, check_evaluation
 from horovod_ext.consensus.step import ElasticStep, LeaderStep
-from horovod_ext.in_flight import track
-
 from .backend import numpy_allgather, timed_into
 
 STATE_KEY = "horovod_ext"
@@ -200,11 +198,10 @@ class _ParameterSync:
                                                                   sync.generation),
                                   sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params))
         self._hx_be.sets = getattr(self._hx_run, "process_sets", {})
-        track(self._hx_run)  # asynchronous rounds still in flight are completed at exit
 
     def _hx_forget_in_flight(self):
         """Drop the rounds in flight without waiting (Horovod failed under them, or is being reset)."""
-        self._hx_run.rounds.clear()
+        self._hx_run.forget_in_flight()
 
     def _hx_elastic_reset(self):
         """After Horovod's elastic reset (horovod_ext.torch.elastic): the step is built again for the new
@@ -214,6 +211,7 @@ class _ParameterSync:
         again, from the losses reported since."""
         be = self._hx_be
         step, loss, center = be.step, list(be.loss), be.center_values
+        self._hx_run.forget_in_flight()
         self._hx_build(be.stats)
         self._hx_be.step, self._hx_be.loss, self._hx_be.center_values = step, loss, center
 

@@ -217,6 +217,24 @@ def main():
     out["center"] = check_center()
     out["bad_inputs"] = bad_inputs()
     write_result(RANK, out)
+    end_with_rounds_in_flight()
+
+
+def end_with_rounds_in_flight():
+    """The script's end with asynchronous rounds still in flight, one rank well ahead of the other: rank 0 reaches
+    the exit while rank 1 has yet to start the last round, which rank 0 has started. The rounds in flight are
+    completed at exit (horovod_ext/in_flight.py); a rank that shut Horovod down with them pending would fail rank
+    1's next collective ("Horovod has been shut down"), and this launch would exit non-zero."""
+    m = model(seed=90 + RANK)
+    opt = hvd.ElasticAveragingOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(), period=2,
+                                        asynchronous=True, max_staleness=1)
+    for step in range(1, 5):
+        if RANK == 1 and step == 4:
+            time.sleep(2.0)
+        x, y = batches(step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+        opt.step()
 
 
 if __name__ == "__main__":
