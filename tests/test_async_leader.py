@@ -89,25 +89,22 @@ def test_pulls_equal_the_reference_with_stale_leaders_bit_for_bit(results, case)
 
 
 def test_asynchronous_steps_wait_only_at_the_staleness_bound(results):
-    """Transfers take DELAY seconds from their start (LSGD: the election step, EASGD: the round's step). The steps
-    in between do not wait for them; the pull's step waits for what is left of DELAY, and no longer."""
+    """Transfers take DELAY seconds from their start (LSGD: the election step, EASGD: the round's step). A transfer
+    is first waited for at the step its pull is due, staleness 3 steps after it started, and at no step in between;
+    the pull is never applied before the transfer has arrived. (How much of the transfer the steps in between hide
+    is a speed, measured in benchmarks/tta.py: RESULTS.md, "Asynchronous LSGD and EASGD".)"""
     for r in results:
         for case, period, lag in (("lsgd_delayed", 4, 1), ("easgd_delayed", 4, 0)):
-            seconds, starts = r[case]["seconds"], r[case]["starts"]
-            waits = apply_steps(period, 3, lag, len(seconds))
-            assert waits == ([8, 12] if lag else [7, 11])
-            first_transfer = period + lag  # the step the first delayed transfer starts
-            for k, t in enumerate(seconds, start=1):
-                if k not in waits:
-                    # while a transfer is in flight, a step does not wait for it (before the first one starts there is
-                    # nothing to wait for: those steps hold only blocking set-up, EASGD's center, and scheduler noise)
-                    if k > first_transfer:
-                        assert t < 0.5 * DELAY, (case, r["rank"], k, t)
-                    continue
+            seconds, starts, waited = r[case]["seconds"], r[case]["starts"], r[case]["waits"]
+            applies = apply_steps(period, 3, lag, len(seconds))
+            assert applies == ([8, 12] if lag else [7, 11])
+            rounds = [(start, at) for start, at in waited if at != start]  # EASGD's center: waited where made
+            assert all(start == 1 for start, at in waited if at == start), (case, r["rank"], waited)
+            assert sorted({at for _, at in rounds}) == applies, (case, r["rank"], waited)
+            assert all(at - start == 3 for start, at in rounds), (case, r["rank"], waited)
+            for k in applies:
                 sent = starts[k - 3 - 1]  # the start of step k - 3, where the transfer started
-                left = sent + DELAY - starts[k - 1]
-                assert starts[k - 1] + t >= sent + DELAY, (case, r["rank"], k)  # never applied before arrival
-                assert t < max(left, 0.0) + 0.3 * DELAY, (case, r["rank"], k, t, left)  # only what was left
+                assert starts[k - 1] + seconds[k - 1] >= sent + DELAY, (case, r["rank"], k)  # never before arrival
 
 
 def test_asynchronous_easgd_applies_the_stale_mean(results):

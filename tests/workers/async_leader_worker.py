@@ -53,7 +53,9 @@ def nudge(m, rng):
 def record_run(opt, m, steps, seed, center=None):
     rng = np.random.default_rng(1000 * seed + RANK)
     out = {"xs": [], "after": [], "losses": [], "seconds": [], "starts": [], "centers": []}
+    WAITS.clear()
     for k in range(1, steps + 1):
+        STEP[0] = k
         out["xs"].append(gathered(m).tolist())
         loss = loss_at(k, RANK)
         out["losses"].append(hvd.allgather(torch.tensor([loss], dtype=torch.float64), name=f"check.{next(_tags)}")
@@ -69,17 +71,25 @@ def record_run(opt, m, steps, seed, center=None):
         if center is not None:
             out["centers"].append(torch.cat([c.reshape(-1) for c in opt._hx_center]).tolist())
         nudge(m, rng)
+    out["waits"] = list(WAITS)
     return out
+
+
+STEP = [0]  # the step record_run is taking
+WAITS = []  # (the step a slowed transfer started at, the step it was first waited for)
 
 
 class SlowTransfer:
     """A parameter transfer whose results are handed out no sooner than `delay` seconds after it started, as if a
-    slow link had held them that long."""
+    slow link had held them that long; the steps it started and was first waited at are logged in WAITS."""
 
     def __init__(self, transfer, delay):
-        self.transfer, self.ready_at = transfer, time.perf_counter() + delay
+        self.transfer, self.ready_at, self.started, self.waited = transfer, time.perf_counter() + delay, STEP[0], False
 
     def wait(self):
+        if not self.waited:
+            WAITS.append((self.started, STEP[0]))
+            self.waited = True
         time.sleep(max(0.0, self.ready_at - time.perf_counter()))
         return self.transfer.wait()
 
