@@ -41,6 +41,16 @@ def level_bits(nranks):
     return max(1, math.ceil(math.log2(2 * nranks + 1)))
 
 
+CODES_PER_BYTE = {"2bit": 4, "base3": 5}
+
+
+def formula_wire_bytes(total, nranks, packing):
+    """Closed form of what a rank sends by two-phase for T elements: (N-1)/N * T/codes_per_byte (alltoall) plus
+    (N-1) * T/N * b/8 (allgather). Counts differ from it only by the rounding of each chunk to whole bytes."""
+    return (nranks - 1) / nranks * total / CODES_PER_BYTE[packing] \
+        + (nranks - 1) * total / nranks * level_bits(nranks) / 8
+
+
 def stream_bytes(count, bits):
     return (count * bits + 7) // 8
 

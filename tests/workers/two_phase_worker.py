@@ -7,20 +7,13 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import horovod_ext.torch as hvd  # noqa: E402
 from horovod_ext.compression.join import join_check_wire_bytes  # noqa: E402
-from horovod_ext.compression.two_phase import TwoPhasePlan, level_bits, scale_sharing_bytes  # noqa: E402
+from horovod_ext.compression.two_phase import TwoPhasePlan, scale_sharing_bytes  # noqa: E402
+from hvdext_reference.two_phase import formula_wire_bytes  # noqa: E402
 from hvdrun import write_result  # noqa: E402
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
 torch.set_num_threads(1)
-CODES_PER_BYTE = {"2bit": 4, "base3": 5}
-
-
-def formula_wire_bytes(total, nranks, packing):
-    """Closed form of what a rank sends by two-phase for T elements: (N-1)/N * T/codes_per_byte (alltoall) plus
-    (N-1) * T/N * b/8 (allgather). Counts differ from it only by the rounding of each chunk to whole bytes."""
-    return (nranks - 1) / nranks * total / CODES_PER_BYTE[packing] \
-        + (nranks - 1) * total / nranks * level_bits(nranks) / 8
 
 
 class Odd(torch.nn.Module):
