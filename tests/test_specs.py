@@ -32,7 +32,7 @@ def test_invalid_arguments_name_the_argument(kwargs, fragment):
 def test_auto_packing_per_device():
     """packing="auto" (the default): entropy-coded packings for host gradients, the fixed packings that the CUDA
     kernels encode and decode for CUDA tensors; explicit packings and Horovod's compressors are left as they are."""
-    from horovod_ext.compression import topk
+    from horovod_ext.compression import gravac, topk
     from horovod_ext.compression.specs import resolved_for
     from horovod_ext.torch import Compression
 
@@ -40,7 +40,7 @@ def test_auto_packing_per_device():
     assert Ternary(packing="2bit").for_device("cpu").packing == "2bit"
     assert Ternary(clip=3.0).for_device("cuda") == Ternary(clip=3.0, packing="base3")
     assert topk.TopK().for_device("cpu").packing == "delta" and topk.TopK().for_device("cuda").packing == "int32"
-    assert topk.AdaptiveTopK().for_device("cuda").packing == "int32"
+    assert gravac.AdaptiveTopK().for_device("cuda").packing == "int32"
     # settings that need the coded indices keep them on a GPU too
     assert topk.TopK(value_dtype="ternary").for_device("cuda").packing == "delta"
     assert topk.TopK(transport="sparse_reduce").for_device("cuda").packing == "delta"
