@@ -9,8 +9,6 @@ import zlib
 
 import numpy as np
 
-from . import generation
-
 
 class SettingsMismatchError(ValueError):
     """Raised on every rank when ranks were configured differently."""
@@ -63,13 +61,16 @@ def exchange(settings, local, allgather_blobs, what="horovod_ext DistributedOpti
     return [r["proposal"] for r in per_rank]
 
 
-def agree(settings, allgather_blobs, what="horovod_ext DistributedOptimizer"):
-    """Exchange settings, a random seed proposal and the reset generation (generation.py); raise
-    SettingsMismatchError (every rank gets the same message) or return {"seed": rank 0's proposal, "generation":
-    the agreed generation}."""
-    proposals = exchange(settings, {"seed": random.SystemRandom().getrandbits(63),
-                                    "generation": generation.proposal()}, allgather_blobs, what)
-    return {"seed": proposals[0]["seed"], "generation": generation.agreed([p["generation"] for p in proposals])}
+def seed_proposal(script_seed):
+    """A rank's proposal for the draws' key (ternary's stochastic rounding, PowerSGD's initial Q) when the compressor
+    has no ``seed=``; rank 0's is used. ``script_seed`` is the seed the training script gave its framework
+    (``torch.initial_seed()``, TensorFlow's global seed) or None: a seeded script gets the same key, hence the same
+    draws and the same model, on every run; an unseeded one gets 63 bits from the operating system and varies, as
+    the script's own draws do. The key is the script's seed reduced to 63 bits (the int64 that TensorFlow's seed
+    variable holds)."""
+    if script_seed is None:
+        return random.SystemRandom().getrandbits(63)
+    return int(script_seed) % 2 ** 63
 
 
 def split_blobs(gathered, sizes):

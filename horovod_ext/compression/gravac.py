@@ -244,7 +244,7 @@ class GravacController:
         climbed, self.kept_steps = self.kept_steps >= max(1, self.spec.window // 2), 0
         if not self.settled:
             table = sorted(((t, cf) for cf, (t, _) in self.throughput_table().items()), reverse=True)
-            if len(table) >= 2:
+            if self.spec.omega > 0 and len(table) >= 2:
                 (t_a, cf_a), (t_b, cf_b) = table[0], table[1]
                 if t_a > 0 and (t_a - t_b) / t_a <= self.spec.omega:
                     self.theta_ideal = min(cf_a, cf_b)
@@ -508,7 +508,9 @@ class AdaptiveTopK(AutoPacking, CompressorSpec):
         window: steps between CF moves (>= 1): at a window's end theta_min climbs to a candidate that kept epsilon
             over the window's second half, or steps down one rung if it no longer keeps epsilon itself.
         omega: relative tolerance: settle on the lower of the two CFs whose compression throughputs are highest
-            when those are within omega; [0, 1).
+            when those are within omega; [0, 1). The throughputs are measured step times, so with omega > 0 two
+            runs of a seeded script can settle at different windows; omega=0 never settles, and every decision then
+            reads the gains alone: a seeded run repeats bit for bit.
         policy: the ladder of CFs the candidate climbs: "exponential" (min_cf x 2, 4, 16, 256, each scale the
             square of the last: CF 10, 20, 40, 160, 1000 from min_cf 10) or "geometric" (doubled each rung).
         value_dtype, packing, transport, rebalance_every: the payload's values and index coding and how the

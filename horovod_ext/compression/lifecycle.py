@@ -6,7 +6,8 @@
   exchange their settings (consistency.py: two small allgathers) and raise SettingsMismatchError on every rank if
   they differ; the same exchange carries the seed proposal, the reset generation (generation.py) and the shared
   state of a loaded checkpoint (resume.py);
-- **the seed**: the compressor's ``seed=`` if given, else rank 0's proposal, kept across checkpoints and resets;
+- **the seed**: the compressor's ``seed=`` if given, else rank 0's proposal (consistency.seed_proposal: the
+  script's own seed, so a seeded script repeats itself), kept across checkpoints and resets;
 - **the method** (registry.py, through the step driver, driver.py): made once the settings are agreed, made again
   for the new membership after an elastic reset;
 - **the method's state**: the shared part (``Method.shared_state``: GraVAC's controller, sparse_reduce's regions)
@@ -18,10 +19,8 @@ holds them in tf.Variables, which its checkpoints and graphs read): an object wi
 (``seed`` None until agreed). The adapters keep Horovod's API and the framework's hooks; they reach the method only
 through this object and the step driver.
 """
-import random
-
 from . import generation
-from .consistency import SettingsMismatchError, exchange
+from .consistency import SettingsMismatchError, exchange, seed_proposal
 from .driver import StepDriver
 from .resume import adopted_offer, residuals_for, split_checkpoint
 
@@ -40,8 +39,9 @@ class TrainingRun:
     next agreement; ``residuals``: this rank's residuals waiting for the method (from a checkpoint, or carried
     across a reset); ``method_state``: the method's shared state waiting for the method."""
 
-    def __init__(self, compression, stats, counters, tag, what="horovod_ext DistributedOptimizer"):
+    def __init__(self, compression, stats, counters, tag, script_seed, what="horovod_ext DistributedOptimizer"):
         self.compression, self.stats, self.counters, self.tag, self.what = compression, stats, counters, tag, what
+        self.script_seed = script_seed  # () -> the seed the script gave its framework, or None (unseeded)
         self.driver = None
         self.agreement = None  # None: to agree; True: agreed; an exception: raised again at every step
         self.offer = None
@@ -61,7 +61,7 @@ class TrainingRun:
             return
         if isinstance(self.agreement, Exception):
             raise self.agreement
-        local = {"seed": random.SystemRandom().getrandbits(63), "offer": self.offer,
+        local = {"seed": seed_proposal(self.script_seed()), "offer": self.offer,
                  "generation": generation.proposal()}
         try:
             proposals = exchange(settings, local, allgather_blobs, self.what)

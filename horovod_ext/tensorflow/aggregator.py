@@ -19,7 +19,7 @@ from horovod_ext.compression.lifecycle import TrainingRun
 from horovod_ext.compression.specs import check_tensor, describe_compression, element_limit, resolved_for
 from .backend import TFBackend, collective_name, numpy_allgather
 from .elastic_state import assign_all, broadcast_variables, numpy_values
-from .ops import seed_tensor
+from .ops import script_seed, seed_tensor
 
 OP_NAMES = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Adasum: "Adasum"}
 
@@ -107,7 +107,7 @@ class GradientAggregator(tf.Module):
         self.backend = TFBackend(self, process_set, op, self.predivide, self.stats)
         # agreement, seed, elastic resets and the method (made at the first step, once the settings are agreed)
         self.run = TrainingRun(compression, self.stats, VariableCounters(self.step, self.seed), self.name,
-                               what="horovod_ext (TensorFlow)")
+                               script_seed, what="horovod_ext (TensorFlow)")
         self._agreed_names = None  # the tensors the settings were agreed for
 
     # --------------------------------------------------------------------------------------------- agreement

@@ -10,6 +10,15 @@ if not os.path.exists(LIBRARY):
 lib = tf.load_op_library(LIBRARY)
 
 
+def script_seed():
+    """The global seed the script set (tf.random.set_seed, keras.utils.set_random_seed), or None: the eager
+    context's, else the default graph's (a TF1-style graph script)."""
+    from tensorflow.python.eager import context
+
+    seed = context.global_seed()
+    return seed if seed is not None else tf.compat.v1.get_default_graph().seed
+
+
 def seed_tensor(seed):
     """A 64-bit seed as the int64 the ops take (same bits)."""
     return tf.constant(seed - 2 ** 64 if seed >= 2 ** 63 else seed, dtype=tf.int64)

@@ -81,7 +81,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_stats = CompressionStats(getattr(compression, "name", getattr(compression, "__name__", "custom")))
         self._hx_backend = TorchBackend(process_set, op, self._hx_predivide, self._hx_stats)
         # agreement, seed, checkpoints, elastic resets and the method (made once the settings are agreed)
-        self._hx_run = TrainingRun(compression, self._hx_stats, HostCounters(), self._hx_id)
+        self._hx_run = TrainingRun(compression, self._hx_stats, HostCounters(), self._hx_id, torch.initial_seed)
         self._hx_pending = {}
         self._hx_begun = False  # the driver has begun this step (at its first launch)
         self._hx_densified = set()  # parameters whose sparse gradient this step sends dense (sparse_as_dense)
