@@ -1,6 +1,7 @@
 """Launch a script under horovodrun for real, bounded by a timeout, and collect each rank's JSON result."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,7 +38,7 @@ def horovodrun(np_, script, *args, timeout=240, hosts=None, env=None, collect=Tr
     results = []
     for rank in range(np_ if collect else 0):
         path = os.path.join(out_dir, f"rank{rank}.json")
-        assert os.path.exists(path), f"rank {rank} wrote no result:\n{output[-6000:]}"
+        assert os.path.exists(path), f"rank {rank} wrote no result:\n{failure_report(output)}"
         with open(path) as f:
             results.append(json.load(f))
     return results, output
@@ -56,10 +57,39 @@ def run_bounded(cmd, label, out_dir, timeout, env=None):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        raise AssertionError(f"{label} timed out after {timeout}s (a rank hung):\n{output[-6000:]}")
+        raise AssertionError(f"{label} timed out after {timeout}s (a rank hung):\n{failure_report(output)}")
     if proc.returncode != 0:
-        raise AssertionError(f"{label} exited {proc.returncode}:\n{output[-6000:]}")
+        raise AssertionError(f"{label} exited {proc.returncode}:\n{failure_report(output)}")
     return output
+
+
+RANK_LINE = re.compile(r"^\[(?:1,)?(\d+)\]<std(?:out|err)>:")  # horovodrun's "[r]<stderr>:", mpirun's "[1,r]<stderr>:"
+ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|Error|terminate called|Aborted|Segmentation fault|"
+                        r"core dumped|Fatal Python error")
+
+
+def first_errors(output, lines=40):
+    """{rank: the first `lines` lines of that rank's output from its first error line on} (a traceback, an
+    exception, an abort), for ranks whose lines carry the launcher's rank prefix; the launcher's own lines are
+    under None."""
+    by_rank = {}
+    for line in output.splitlines():
+        match = RANK_LINE.match(line)
+        by_rank.setdefault(int(match.group(1)) if match else None, []).append(line)
+    errors = {}
+    for rank, rank_lines in by_rank.items():
+        start = next((i for i, line in enumerate(rank_lines) if ERROR_LINE.search(line)), None)
+        if start is not None:
+            errors[rank] = rank_lines[start:start + lines]
+    return errors
+
+
+def failure_report(output, tail=6000):
+    """What a failed launch shows: every rank's first error (which the tail of a long output can lose: the first
+    rank to fail is often not the last to print), then the last `tail` characters."""
+    parts = [f"--- first error of {'the launcher' if rank is None else f'rank {rank}'} ---\n" + "\n".join(lines)
+             for rank, lines in sorted(first_errors(output).items(), key=lambda kv: -1 if kv[0] is None else kv[0])]
+    return "\n".join(parts + [f"--- the last {tail} characters ---", output[-tail:]])
 
 
 def write_hosts(lines):

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from hvdrun import horovodrun_elastic, third_host
+from hvdrun import failure_report, horovodrun_elastic, third_host
 
 WORKER = os.path.join("tests", "workers", "elastic_worker.py")
 KERAS_WORKER = os.path.join("tests", "workers", "elastic_keras_worker.py")
@@ -21,7 +21,7 @@ METHODS = ["ternary", "topk", "topk_sparse_reduce", "adaptive_topk", "async_lsgd
 @pytest.mark.parametrize("method", METHODS)
 def test_worker_killed_and_added(method):
     results, output = horovodrun_elastic(WORKER, method, STEPS, KILL_AT, ADD_AT, COMMIT_EVERY, timeout=240)
-    where = f"{method}:\n{output[-3000:]}"
+    where = f"{method}:\n{failure_report(output, 3000)}"
     assert [r["rank"] for r in results] == [0, 1, 2], where
     assert {r["started_on"] for r in results} == {"localhost", "127.0.0.1", third_host()}, where
     survivor = next(r for r in results if r["started_on"] == "localhost")
@@ -56,7 +56,7 @@ def test_launcher_runs_an_unmodified_elastic_script():
     results, output = horovodrun_elastic("-m", "horovod_ext.run", "--compression", "topk", "--compression-arg",
                                          "ratio=0.05", WORKER, "horovod", STEPS, KILL_AT, ADD_AT, COMMIT_EVERY,
                                          timeout=240)
-    where = output[-3000:]
+    where = failure_report(output, 3000)
     assert [r["rank"] for r in results] == [0, 1, 2], where
     survivor = next(r for r in results if r["started_on"] == "localhost")
     assert survivor["residuals_kept"] and all(survivor["residuals_kept"]), where
@@ -73,7 +73,7 @@ def test_keras_fit_worker_killed_and_added(method):
     and as many optimizer steps as iterations (no rolled-back step counted twice)."""
     epochs, per_epoch, kill_at, add_at = 6, 10, 23, 35
     results, output = horovodrun_elastic(KERAS_WORKER, epochs, per_epoch, kill_at, add_at, method, timeout=300)
-    where = f"{method}:\n{output[-3000:]}"
+    where = f"{method}:\n{failure_report(output, 3000)}"
     assert [r["rank"] for r in results] == [0, 1, 2], where
     survivor = next(r for r in results if r["started_on"] == "localhost")
     assert [size for _, _, size in survivor["resets"]] == [1, 3], where

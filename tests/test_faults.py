@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from hvdrun import ROOT
+from hvdrun import ROOT, failure_report
 
 WORKER = "tests/workers/fault_worker.py"
 
@@ -28,8 +28,8 @@ def test_killed_rank_ends_the_job_with_an_error(method):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        pytest.fail(f"{method}: the job hung after a rank was killed:\n{output[-3000:]}")
-    assert proc.returncode != 0, output[-3000:]
+        pytest.fail(f"{method}: the job hung after a rank was killed:\n{failure_report(output, 3000)}")
+    assert proc.returncode != 0, failure_report(output, 3000)
     assert time.time() - start < 120
     outcomes = [json.load(open(os.path.join(out, f)))["outcome"] for f in os.listdir(out)]
     assert "finished" not in outcomes  # no rank trained on as if nothing happened
