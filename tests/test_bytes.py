@@ -2,16 +2,19 @@
 compressor, packing and value dtype: payload sizes from the C++ core (horovod_ext.compression.sizes), the two-phase
 chunk plan, and the ring formulas of wire.py. Run for real under horovodrun -np 2 (tests/workers/bytes_worker.py).
 Entropy-coded payloads ("entropy", "delta") have sizes that depend on the values: their counts must lie within the
-bounds of their coding (bits per index and per code) and carry the allgather's wire bytes."""
+bounds of their coding (bits per index and per code), or ternary's equal the reference coder's for the worker's
+seeded draws, and carry the allgather's wire bytes."""
 import math
 
+import numpy as np
 import pytest
+from hvdext_reference import terngrad
 
 from horovod_ext.compression import sizes
 from horovod_ext.compression.join import JOIN_CHECK_BYTES, join_check_wire_bytes
 from horovod_ext.compression.plan import k_of
 from horovod_ext.compression.two_phase import TwoPhasePlan, scale_sharing_bytes
-from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes
+from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes, tensor_key
 from hvdrun import horovodrun
 
 SIZES = (5003, 37, 2048)
@@ -96,9 +99,16 @@ def expected_steps(key, rank, log):
     return [fixed[key]() for _ in range(3)]
 
 
-def coded_bounds(key, log):
+def gradients(step, rank):
+    """The worker's gradients (tests/workers/bytes_worker.py)."""
+    rng = np.random.default_rng(1000 * step + rank)
+    return [rng.standard_normal(n).astype(np.float32) for n in SIZES]
+
+
+def coded_bounds(key, log, rank=0, seed=None):
     """(fixed bytes of the three steps, [(low, high) payload of the coded part per step], wire of the coded
-    part as a multiple of its payload, or None where it is not one)."""
+    part as a multiple of its payload, or None where it is not one); rank and seed: the recording rank's and its
+    draws' key, for ternary's entropy-coded payloads."""
     big = [n for n in SIZES if n >= MIN_SIZE]
     small = Step()
     for n in SIZES:
@@ -110,11 +120,11 @@ def coded_bounds(key, log):
         high = sum(k * value_bits / 8 + k * (math.log2(n / k) + 4) / 8 + 24 for n, k in k_per_tensor)
         return low, high
 
-    if key == "ternary_entropy":  # Gaussian gradients clipped at 2.5 sigma: P(t != 0) = E|g| / 2.5 sigma = 0.32,
-        # so H(0.32) + 0.32 sign bits = 1.22 bits per element and about 1.26 Rice coded, plus each tensor's frame
-        # (length, CRC-32), scale, counts and Rice parameters (24 bytes). The seed is rank 0's draw: the count of
-        # non-zero codes varies by about 40 (18 bytes) from run to run (1,146 bytes, 1.30 bits, was seen)
-        return [small] * 3, [(0.8 * sum(big) / 8, 1.4 * sum(big) / 8 + 24 * len(big))] * 3, NRANKS - 1
+    if key == "ternary_entropy":  # the reference coder's payloads for the worker's gradients and key, exactly
+        coded = [sum(len(terngrad.encode(g, 2.5, "entropy", seed=seed, step=step, tensor=tensor_key(f"w{i}"),
+                                         rank=rank).tobytes())
+                     for i, g in enumerate(gradients(step, rank)) if g.size >= MIN_SIZE) for step in range(3)]
+        return [small] * 3, [(c, c) for c in coded], NRANKS - 1
     if key == "ternary_two_phase_entropy":
         small.payload += 4 * len(big)
         small.wire += scale_sharing_bytes(len(big), NRANKS)
@@ -151,7 +161,7 @@ def test_compression_stats_bytes_equal_the_plan(reported):
         for key, got in r["results"].items():
             mode, _, config = key.rpartition("/")
             join_check = config not in ("none", "fp16") and mode != "graph"  # eager only (join.py)
-            if coded_bounds(config, got["log"]) is not None:
+            if coded_bounds(config, got["log"], r["rank"], got["seed"]) is not None:
                 check_coded(framework, key, r, got, join_check)
                 continue
             steps = expected_steps(config, r["rank"], [tuple(e) for e in got["log"]])
@@ -172,7 +182,7 @@ def check_coded(framework, key, r, got, join_check):
     """The coded configs: fixed parts exactly, the coded part within its coding's bounds (every step's, through
     the last step and the total), its wire bytes (N-1) times its payload where it goes by allgather alone."""
     config = key.rpartition("/")[2]
-    fixed, coded, wire_factor = coded_bounds(config, [tuple(e) for e in got["log"]])
+    fixed, coded, wire_factor = coded_bounds(config, [tuple(e) for e in got["log"]], r["rank"], got["seed"])
     join = (JOIN_CHECK_BYTES, join_check_wire_bytes(NRANKS)) if join_check else (0, 0)
     where = (framework, key, r["rank"])
     assert got["steps"] == 3, where

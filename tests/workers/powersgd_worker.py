@@ -101,6 +101,9 @@ def check(config_name, graph=False):
             "compressing": stats.get("compressing"), "last_step": stats["last_step"], "total": stats["total"]}
 
 
+KEPT = []  # objects whose destructor must run on the main thread (against_hook)
+
+
 def against_hook():
     """The same model, data and initial weights trained 5 steps by Horovod with Compression.powersgd and by DDP with
     powerSGD_hook (rank 2, start 2, error feedback and warm start): the parameters after each step."""
@@ -163,8 +166,12 @@ def against_hook():
         differences.append({names[id(a)]: float((a - b).detach().abs().max() / b.detach().abs().max())
                             for a, b in zip(ours.parameters(), theirs.parameters())})
     moved = float(sum((p - q).detach().abs().sum() for p, q in zip(ours.parameters(), model().parameters())))
-    # DDP, its hook's state and their futures go before the process group: left to the interpreter's exit, their
-    # gloo work thread was destroyed from within itself ("Resource deadlock avoided", an abort after the results)
+    # The hook's future callbacks hold the process group; a gloo worker thread drops them after running them. Had
+    # that been the group's last reference, its destructor would join the gloo threads from one of them ("Resource
+    # deadlock avoided", an abort at exit). The main thread keeps a reference to the end of the process, so the
+    # group is destroyed on the main thread, after every callback has been dropped.
+    KEPT.append(dist.group.WORLD)
+    dist.barrier()
     del ddp, their_opt, state, seeded_hook
     gc.collect()
     dist.destroy_process_group()
