@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import json
 import time
+import zlib
 
 import numpy as np
 import torch
@@ -149,6 +150,7 @@ def train(args, optimizer_name, compression_name, data):
                 factors.append((last["cf"], last["path"], round(last["gain_min"], 3), round(last["gain_c"], 3)))
     seconds = time.perf_counter() - start
     spread = replica_spread(model)
+    checksum = parameters_crc32(model)
     evaluated = optimizer.evaluation_parameters() if optimizer_name != "dp" else contextlib.nullcontext()
     with torch.no_grad(), evaluated:  # LSGD: the best worker's parameters; EASGD: the center
         accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
@@ -162,7 +164,7 @@ def train(args, optimizer_name, compression_name, data):
             "wire_bytes_per_step": total["wire_bytes"] / steps,
             "dense_wire_bytes_per_step": total["dense_wire_bytes"] / steps,
             "bits_per_element": total["bits_per_element"], "comm_seconds": total["comm_seconds"],
-            "replica_spread": spread,
+            "replica_spread": spread, "params_crc32": checksum,
             "cf_log": [f[0] for f in factors], "paths": [f[1] for f in factors],
             "gains": [f[2:] for f in factors][::50]}
 
@@ -174,6 +176,12 @@ def replica_spread(model):
     root = hvd.broadcast(flat, root_rank=0, name="replica_spread.params")
     spread = (flat - root).abs().max().reshape(1)
     return hvd.allreduce(spread, op=hvd.Max, name="replica_spread.max").item()
+
+
+def parameters_crc32(model):
+    """CRC-32 of this rank's parameters' bytes: two runs of a seeded script end on the same model iff it is equal
+    (the draws' key is the script's seed; README, "Same seed, same model")."""
+    return f"{zlib.crc32(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy().tobytes()):08x}"
 
 
 def main():
@@ -194,13 +202,13 @@ def main():
         print(f"{args.data} MLP (hidden {args.hidden}), {hvd.size()} ranks, {args.epochs} epochs, "
               f"batch {args.batch_size} per rank, on {'CUDA' if args.cuda else 'the CPU'}")
         print(f"{'run':<15} {'test acc':>8} {'bytes/step':>11} {'dense bytes':>11} {'ratio':>6} "
-              f"{'bits/elem':>9} {'wire ratio':>10} {'train s':>8} {'spread':>8}")
+              f"{'bits/elem':>9} {'wire ratio':>10} {'train s':>8} {'spread':>8} {'params':>8}")
         for r in results:
             ratio = r["dense_bytes_per_step"] / r["bytes_per_step"] if r["bytes_per_step"] else float("inf")
             wire = r["dense_wire_bytes_per_step"] / r["wire_bytes_per_step"] if r["wire_bytes_per_step"] else float("inf")
             print(f"{r['compression']:<15} {100 * r['test_accuracy']:>7.2f}% {r['bytes_per_step']:>11.0f} "
                   f"{r['dense_bytes_per_step']:>11.0f} {ratio:>5.1f}x {r['bits_per_element']:>9.2f} "
-                  f"{wire:>9.1f}x {r['train_seconds']:>8.2f} {r['replica_spread']:>8.2g}")
+                  f"{wire:>9.1f}x {r['train_seconds']:>8.2f} {r['replica_spread']:>8.2g} {r['params_crc32']:>8}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": hvd.size(), "epochs": args.epochs, "results": results}, f, indent=1)

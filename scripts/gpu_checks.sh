@@ -16,7 +16,8 @@
 #      Gbit/s from the measured compute and compression seconds;
 #   4. examples/pytorch_digits.py on CUDA tensors under horovodrun -np 2 on the one GPU with the Horovod without
 #      NCCL (NCCL refuses two ranks on one device), every compressor and optimizer, one launch each, side by side:
-#      the table's "spread" column is the largest difference between the ranks' parameters (0 for data-parallel).
+#      the table's "spread" column is the largest difference between the ranks' parameters (0 for data-parallel);
+#      ternary runs twice, and its "params" column (CRC-32 of the parameters) must be the same both times.
 #
 # Each step has its own deadline and log; after each, $OUT (default /tmp/gpu_checks) gets summary.txt (what passed),
 # the benchmarks' tables and logs.tar.gz (every log). BUDGET (seconds, default 560) is the whole run's.
@@ -147,6 +148,9 @@ if wait_build $GLOO_BUILD horovod_gloo_build; then
     (step "digits_np2_$c" 150 env PYTHONPATH="$GLOO_HOROVOD:$PYTHONPATH" "$HOROVODRUN" -np 2 --gloo $PY \
       "${DIGITS[@]}" --compression "$c") & pids+=($!)
   done
+  # the same seeded ternary run twice: the "params" column (a CRC-32 of the parameters) must repeat
+  (step "digits_np2_ternary_again" 150 env PYTHONPATH="$GLOO_HOROVOD:$PYTHONPATH" "$HOROVODRUN" -np 2 --gloo $PY \
+    "${DIGITS[@]}" --compression ternary) & pids+=($!)
   for o in lsgd multi_lsgd easgd async_lsgd async_easgd; do
     (step "digits_np2_$o" 150 env PYTHONPATH="$GLOO_HOROVOD:$PYTHONPATH" "$HOROVODRUN" -np 2 --gloo $PY \
       "${DIGITS[@]}" --optimizer "$o") & pids+=($!)
