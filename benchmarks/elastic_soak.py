@@ -8,7 +8,7 @@ that says so, and the soak goes on; the table is written after every method.
 
     python benchmarks/elastic_soak.py                      # every method, 2,000 steps (over an hour on 2 cores)
     python benchmarks/elastic_soak.py --methods topk,lsgd --steps 1000
-    python benchmarks/elastic_soak.py --quick              # top-k, 120 steps, a kill every 40 (the test suite)
+    python benchmarks/elastic_soak.py --quick              # top-k, 60 steps, one kill at step 30 (the test suite)
 """
 import argparse
 import os
@@ -59,7 +59,7 @@ def main():
         print("[elastic_soak] skipped: this machine has no third local host name (its host name or an interface "
               "address) for the soak's third Horovod host")
         return
-    steps, every, readd = (120, 40, 15) if args.quick else (args.steps, args.every, args.readd)
+    steps, every, readd = (60, 30, 15) if args.quick else (args.steps, args.every, args.readd)
     methods = ["topk"] if args.quick else args.methods.split(",")
     kills = list(range(every, steps - readd, every))
     adds = [k + readd for k in kills]

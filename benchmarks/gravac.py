@@ -42,7 +42,7 @@ def run(prefix, ranks, model, method, args, adaptive="", training=None):
     extra = ["--adaptive", adaptive] if adaptive else []
     return horovodrun_json(prefix, ranks, os.path.join(HERE, "tta_worker.py"),
                            ["--method", method, "--model", model, "--seed", args.seed, "--hidden", args.hidden,
-                            *(training or TRAINING[model]), *extra], args.timeout, hosts=HOSTS.get(ranks))
+                            *(training or TRAINING[model]), *extra], args.timeout, hosts=HOSTS.get(ranks))[0]
 
 
 def time_to(curve, target):

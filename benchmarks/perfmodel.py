@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 
-from common import OUT_DIR, horovodrun_json, machine, markdown_table, progress, write_outputs
+from common import OUT_DIR, horovodrun_json, machine, markdown_table, write_outputs
 from horovod_ext.perfmodel import Cluster, Link, predict
 from shaped_link import NamespaceUnavailable, shaped_namespace
 
@@ -52,13 +52,12 @@ def measure(mbit, ranks, methods, args):
     with link_of(mbit) as prefix:
         probe = horovodrun_json(prefix, ranks, os.path.join(HERE, "latency_worker.py"), [], 300,
                                 hosts=HOSTS.get(ranks))
-        runs = {}
-        for method in progress(["compute"] + list(methods), f"{mbit or 'unshaped'} Mbit/s, {ranks} ranks"):
-            runs[method] = horovodrun_json(
-                prefix, ranks, os.path.join(HERE, "tta_worker.py"),
-                ["--method", method, "--epochs", args.epochs, "--hidden", args.hidden], args.timeout,
-                hosts=HOSTS.get(ranks))
-    return probe, runs
+        names = ["compute"] + list(methods)  # one launch: tta_worker.py trains them in turn
+        print(f"[perfmodel] {mbit or 'unshaped'} Mbit/s, {ranks} ranks: {', '.join(names)}", file=sys.stderr)
+        runs = horovodrun_json(prefix, ranks, os.path.join(HERE, "tta_worker.py"),
+                               ["--method", ",".join(names), "--epochs", args.epochs, "--hidden", args.hidden],
+                               args.timeout * len(names), hosts=HOSTS.get(ranks))
+    return probe, dict(zip(names, runs))
 
 
 def model_arguments(model_method, kw, run):

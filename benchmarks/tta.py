@@ -13,8 +13,6 @@ import json
 import os
 import sys
 
-import itertools
-
 from common import OUT_DIR, horovodrun_json, machine, markdown_table, progress, write_outputs
 from shaped_link import NamespaceUnavailable, shaped_namespace
 
@@ -24,10 +22,11 @@ METHODS = ["dense", "fp16", "ternary", "topk-10x", "topk-1000x", "adaptive_topk"
 HOSTS = {4: "localhost:2,127.0.0.1:2"}  # two "nodes" on one machine
 
 
-def run(prefix, ranks, method, args):
+def run(prefix, ranks, methods, args):
+    """Every method's run at `ranks` ranks, in one launch (tta_worker.py trains them in turn)."""
     return horovodrun_json(prefix, ranks, os.path.join(HERE, "tta_worker.py"),
-                           ["--method", method, "--epochs", args.epochs, "--hidden", args.hidden], args.timeout,
-                           hosts=HOSTS.get(ranks))
+                           ["--method", ",".join(methods), "--epochs", args.epochs, "--hidden", args.hidden],
+                           args.timeout * len(methods), hosts=HOSTS.get(ranks))
 
 
 def time_to(curve, target, key="accuracy"):
@@ -90,10 +89,9 @@ def main():
     os.makedirs(OUT_DIR, exist_ok=True)
     try:
         with shaped_namespace(args.mbit) as prefix:
-            runs = list(itertools.product([int(x) for x in args.ranks.split(",")], args.methods.split(",")))
-            for ranks, method in progress(runs, f"time to accuracy, {args.mbit} Mbit/s"):
-                print(f"[tta] {ranks} ranks, {args.mbit} Mbit/s: {method}", flush=True)
-                results.append(run(prefix, ranks, method, args))
+            for ranks in progress([int(x) for x in args.ranks.split(",")], f"time to accuracy, {args.mbit} Mbit/s"):
+                print(f"[tta] {ranks} ranks, {args.mbit} Mbit/s: {args.methods}", flush=True)
+                results += run(prefix, ranks, args.methods.split(","), args)
                 with open(os.path.join(OUT_DIR, "tta_partial.json"), "w") as f:  # kept should the report fail
                     json.dump(results, f)
     except NamespaceUnavailable as exc:

@@ -1,6 +1,7 @@
 """Runs under horovodrun: trains one of benchmarks/gravac_models.py's models (the digits MLP by default, of width
---hidden) with one method and records test accuracy against training time
-after every epoch, the step time and bytes per step. Methods: horovod_ext compressors (data-parallel SGD),
+--hidden) with each listed method in turn (one launch for several runs; each run starts from the same model and data
+order) and records, per run, test accuracy against training time after every epoch, the step time and bytes per step
+(--json: a list, one entry per method). Methods: horovod_ext compressors (data-parallel SGD),
 horovod_ext's parameter-space optimizers (LSGD, multi-leader LSGD, EASGD: each worker samples from the whole
 training set, and the leader's parameters or the center are evaluated), or PyTorch DDP dense, with its fp16 hook
 or its PowerSGD hook (rank 4; see baselines.py)."""
@@ -55,47 +56,28 @@ def block_step_seconds(times, block=4):
     return statistics.median(blocks) if blocks else statistics.fmean(times)
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--method", choices=list(METHODS) + list(OPTIMIZERS) + list(DDP_METHODS) + [COMPUTE],
-                        required=True)
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--model", choices=MODELS, default="mlp")
-    parser.add_argument("--hidden", type=int, default=1024, help="the MLP's width")
-    parser.add_argument("--lr", type=float, default=None, help="default: the model's own (gravac_models.py)")
-    parser.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: --epochs whole)")
-    parser.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
-                        help="cosine: lr_t = lr (1 + cos(pi t / T)) / 2 over the T = --steps steps (so the curves "
-                             "settle and the final accuracy is a target a method can reach)")
-    parser.add_argument("--eval-every", type=int, default=0, help="evaluate every this many steps (0: each epoch)")
-    parser.add_argument("--seed", type=int, default=42, help="the model's initialization and data order")
-    parser.add_argument("--adaptive", default="", help="adaptive_topk's arguments, e.g. epsilon=0.5,window=50")
-    parser.add_argument("--json", required=True)
-    args = parser.parse_args()
-    if args.schedule == "cosine" and not args.steps:
-        parser.error("--schedule cosine needs --steps (the T it anneals over)")
-    hvd.init()
-    torch.set_num_threads(1)
+def train(args, method):
+    """One run: `method` from the model's initial weights; the result rank 0 records."""
     model, (x_train, y_train, x_test, y_test), loss_fn, accuracy_of, lr = build(args.model, seed=args.seed,
                                                                                 hidden=args.hidden)
     base_lr = args.lr or lr
     optimizer = torch.optim.SGD(model.parameters(), lr=base_lr, momentum=0.9)
-    if args.method in DDP_METHODS:
-        model, payload, wire = ddp_wrap(model, args.method, hvd.rank(), hvd.size())
-    elif args.method in OPTIMIZERS:
-        optimizer = OPTIMIZERS[args.method](optimizer, model.named_parameters())
+    if method in DDP_METHODS:
+        model, payload, wire = ddp_wrap(model, method, hvd.rank(), hvd.size())
+    elif method in OPTIMIZERS:
+        optimizer = OPTIMIZERS[method](optimizer, model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    elif args.method == COMPUTE:
+    elif method == COMPUTE:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     else:
-        compression = METHODS[args.method]()
+        compression = METHODS[method]()
         if args.adaptive:
             compression = compression(**{k: type(getattr(compression, k))(v) if not isinstance(
                 getattr(compression, k), str) else v for k, v in (a.split("=") for a in args.adaptive.split(","))})
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              compression=compression)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    parameter_space = args.method in OPTIMIZERS
+    parameter_space = method in OPTIMIZERS
     shard = torch.arange(hvd.rank(), len(x_train), hvd.size())[:len(x_train) // hvd.size()]
     gen = torch.Generator().manual_seed(1000 * args.seed + hvd.rank())
     train_seconds, curve, step_times, cf_log, step = 0.0, [], [], [], 0
@@ -107,14 +89,14 @@ def main():
             test_loss = loss_fn(model(x_test), y_test).item()  # the language models' log-perplexity
         curve.append({"epoch": epoch, "step": step, "seconds": train_seconds, "accuracy": accuracy,
                       "loss": test_loss})
-        if args.method in LEADERS:  # the paper's figures evaluate the center variable (the workers' average)
+        if method in LEADERS:  # the paper's figures evaluate the center variable (the workers' average)
             with torch.no_grad(), optimizer.evaluation_parameters(which="center"):
                 curve[-1]["center_accuracy"] = accuracy_of(model, x_test, y_test)
 
     for epoch in range(args.epochs):
         hvd.barrier()
         start = time.perf_counter()
-        if parameter_space or args.method == COMPUTE:  # every worker samples from the whole set
+        if parameter_space or method == COMPUTE:  # every worker samples from the whole set
             order = torch.randperm(len(x_train), generator=gen)[:len(shard)]
         else:
             order = shard[torch.randperm(len(shard), generator=gen)]
@@ -132,7 +114,7 @@ def main():
             optimizer.step()
             step_times.append(time.perf_counter() - t0)
             step += 1
-            if args.method.startswith("adaptive_topk"):  # the controller's log keeps the last window: read each step
+            if method.startswith("adaptive_topk"):  # the controller's log keeps the last window: read each step
                 cf_log.append(optimizer.compression_stats()["cf"])
             if (args.eval_every and step % args.eval_every == 0) or step == args.steps:
                 hvd.barrier()
@@ -148,7 +130,7 @@ def main():
         train_seconds += time.perf_counter() - start
         if not args.eval_every:
             evaluate(epoch + 1)
-    result = {"method": args.method, "model": args.model, "seed": args.seed, "adaptive": args.adaptive,
+    result = {"method": method, "model": args.model, "seed": args.seed, "adaptive": args.adaptive,
               "schedule": args.schedule,
               "ranks": hvd.size(), "hidden": args.hidden,
               "parameters": sum(p.numel() for p in model.parameters()), "curve": curve,
@@ -156,9 +138,9 @@ def main():
               "step_seconds": statistics.fmean(step_times[5:] or step_times),
               "median_step_seconds": statistics.median(step_times[5:] or step_times),
               "block_step_seconds": block_step_seconds(step_times[5:] or step_times)}
-    if args.method in DDP_METHODS:
+    if method in DDP_METHODS:
         result.update(payload_bytes=payload, wire_bytes=wire)
-    elif args.method == COMPUTE:
+    elif method == COMPUTE:
         result.update(payload_bytes=0.0, wire_bytes=0.0)
     else:
         stats = optimizer.compression_stats()
@@ -169,9 +151,45 @@ def main():
                       theta_ideal=stats.get("theta_ideal"), comm_seconds=total["comm_seconds"] / steps,
                       compression_seconds=(total["compress_seconds"] + total["decompress_seconds"]) / steps)
     result["dense_bytes"] = 4 * result["parameters"]
+    return result
+
+
+ALL_METHODS = list(METHODS) + list(OPTIMIZERS) + list(DDP_METHODS) + [COMPUTE]
+
+
+def parse_args():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--method", required=True, help=f"comma-separated, each one of {ALL_METHODS}")
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--model", choices=MODELS, default="mlp")
+    parser.add_argument("--hidden", type=int, default=1024, help="the MLP's width")
+    parser.add_argument("--lr", type=float, default=None, help="default: the model's own (gravac_models.py)")
+    parser.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: --epochs whole)")
+    parser.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
+                        help="cosine: lr_t = lr (1 + cos(pi t / T)) / 2 over the T = --steps steps (so the curves "
+                             "settle and the final accuracy is a target a method can reach)")
+    parser.add_argument("--eval-every", type=int, default=0, help="evaluate every this many steps (0: each epoch)")
+    parser.add_argument("--seed", type=int, default=42, help="the model's initialization and data order")
+    parser.add_argument("--adaptive", default="", help="adaptive_topk's arguments, e.g. epsilon=0.5,window=50")
+    parser.add_argument("--json", required=True)
+    args = parser.parse_args()
+    args.methods = args.method.split(",")
+    unknown = [m for m in args.methods if m not in ALL_METHODS]
+    if unknown:
+        parser.error(f"--method: {unknown} not among {ALL_METHODS}")
+    if args.schedule == "cosine" and not args.steps:
+        parser.error("--schedule cosine needs --steps (the T it anneals over)")
+    return args
+
+
+def main():
+    args = parse_args()
+    hvd.init()
+    torch.set_num_threads(1)
+    results = [train(args, method) for method in args.methods]
     if hvd.rank() == 0:
         with open(args.json, "w") as f:
-            json.dump(result, f)
+            json.dump(results, f)
 
 
 if __name__ == "__main__":
