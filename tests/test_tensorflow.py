@@ -10,6 +10,7 @@ import torch
 from horovod_ext import _torch_ops as torch_ops
 from horovod_ext.tensorflow.ops import lib as tf_ops, seed_tensor
 from hvdext_reference import terngrad as ref, two_phase as ref2
+from digits import digits_at_two_ranks
 from hvdrun import horovodrun
 
 
@@ -101,11 +102,14 @@ def test_tf_bad_inputs_raise_on_every_rank(worker_results):
 
 @pytest.mark.parametrize("loop", ["fit", "tape"])
 def test_keras_digits_identical_weights_and_accuracy(tmp_path, loop):
-    out = tmp_path / "keras.json"
-    compressions = "none,ternary,topk,adaptive_topk,powersgd" if loop == "fit" else "none,ternary"
-    horovodrun(2, "examples/keras_digits.py", "--loop", loop, "--compression", compressions, "--check-identical",
-               "--json", out, timeout=500, collect=False)
-    results = {r["compression"]: r for r in json.loads(out.read_text())["results"]}
+    if loop == "fit":  # the launch test_leader.py's accuracy test reads too
+        results = {name: r for name, r in digits_at_two_ranks("examples/keras_digits.py").items()
+                   if r["optimizer"] == "dp"}
+    else:
+        out = tmp_path / "keras.json"
+        horovodrun(2, "examples/keras_digits.py", "--loop", loop, "--compression", "none,ternary",
+                   "--check-identical", "--json", out, timeout=500, collect=False)
+        results = {r["compression"]: r for r in json.loads(out.read_text())["results"]}
     for r in results.values():
         assert r["identical_every_epoch"] and r["epochs_checked"] == 30
     dense, ternary = results["none"]["test_accuracy"], results["ternary"]["test_accuracy"]

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from digits import digits_at_two_ranks
 from hvdrun import assert_error_cases, horovodrun
 
 WORKER = "tests/workers/ternary_worker.py"
@@ -56,13 +57,10 @@ def test_bad_inputs_raise_on_every_rank_without_hang(results):
         assert r["bad_inputs"]["after"]["identical"]
 
 
-def test_ternary_and_powersgd_accuracy_on_digits(tmp_path):
+def test_ternary_and_powersgd_accuracy_on_digits():
     """The main job's example: same model, data order and epochs; ternary must land within 2 points of dense,
     PowerSGD at its defaults within 1 point, compressing (its defaults start at step 10)."""
-    out = tmp_path / "digits.json"
-    horovodrun(2, "examples/pytorch_digits.py", "--compression", "none,ternary,powersgd", "--epochs", "30",
-               "--json", out, timeout=500, collect=False)
-    results = {r["compression"]: r for r in json.loads(out.read_text())["results"]}
+    results = digits_at_two_ranks("examples/pytorch_digits.py")
     dense, ternary = results["none"]["test_accuracy"], results["ternary"]["test_accuracy"]
     assert dense > 0.93
     assert ternary >= dense - 0.02, (dense, ternary)  # no more than 2 points below dense
@@ -91,15 +89,17 @@ def test_two_phase_equals_allgather_bit_for_bit(ranks):
 def test_topk_and_adaptive_topk_on_digits(tmp_path, ranks):
     """Static top-k (10x, with error feedback) and GraVAC at its defaults within 1 point of dense in the same
     epochs, GraVAC compressing on every step (no step dense) at a CF that moves only at window ends (100 steps)."""
-    out = tmp_path / "digits.json"
     # At 4 ranks seed 42 is an unexplained bad trajectory for GraVAC: 96.7% after 28 epochs, then 94.4%, 93.8%, 93.6%
     # after 29-31 (dense 96.7%, 96.2%, 96.9%), where static CF 10 and CF 20 reach 96.2% and 97.3% at 30. Seeds 43
     # and 44 give 97.8% and 97.6% against dense 96.7% and 97.3%. The 4-rank run uses 43; the closing note of
     # issue 14 records the open question.
-    seed = 42 if ranks == 2 else 43
-    horovodrun(ranks, "examples/pytorch_digits.py", "--compression", "none,topk,adaptive_topk", "--seed", seed,
-               "--json", out, timeout=600, collect=False)
-    results = {r["compression"]: r for r in json.loads(out.read_text())["results"]}
+    if ranks == 2:
+        results = digits_at_two_ranks("examples/pytorch_digits.py")
+    else:
+        out = tmp_path / "digits.json"
+        horovodrun(ranks, "examples/pytorch_digits.py", "--compression", "none,topk,adaptive_topk", "--seed", 43,
+                   "--json", out, timeout=600, collect=False)
+        results = {r["compression"]: r for r in json.loads(out.read_text())["results"]}
     dense = results["none"]["test_accuracy"]
     for name in ("topk", "adaptive_topk"):
         # no more than 1 point below dense (above is fine: top-k with error feedback often generalizes better here)
