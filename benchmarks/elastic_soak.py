@@ -40,10 +40,12 @@ def run(method, steps, kills, adds, timeout):
         with open(os.path.join(OUT_DIR, f"elastic_soak_{method}.log"), "w") as f:
             f.write(output)
     rank0 = next(r for r in results if r["rank"] == 0)
+    ran = rank0["methods"][method]
     return {"wall_seconds": wall, "ranks_at_end": len(results), "step": rank0["step"], "trained": rank0["trained"],
-            "resets": len(rank0["resets"]), "accuracy": rank0["accuracy"], "rss_start": rank0["rss_start"],
-            "rss_end": rank0["rss_end"], "identical": all(r["params"] == rank0["params"] for r in results),
-            "stats_steps": rank0["stats_steps"]}
+            "resets": len(rank0["resets"]), "accuracy": ran["accuracy"], "rss_start": rank0["rss_start"],
+            "rss_end": rank0["rss_end"],
+            "identical": all(r["methods"][method]["params"] == ran["params"] for r in results),
+            "stats_steps": ran["stats_steps"]}
 
 
 def main():

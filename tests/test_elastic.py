@@ -1,6 +1,6 @@
 """Elastic training for real: `horovodrun --gloo -np 2 --min-np 1 --max-np 3 --host-discovery-script` on this
-machine. A worker is SIGKILLed while its step's collectives are in flight (N: 2 -> 1, the survivor rolls back to
-the last commit), then two are added (N: 1 -> 3: the killed host after Horovod's blacklist cooldown, and a third
+machine, every method of the torch test in one job. A worker is SIGKILLed while its step's collectives are in flight
+(N: 2 -> 1, the survivor rolls back to the last commit), then two are added (N: 1 -> 3: the killed host after Horovod's blacklist cooldown, and a third
 name of this machine). Every rank that ends must hold identical parameters, the expected steps and commits, the
 statistics of exactly the steps trained (rolled-back steps redone, not counted twice), and bytes per step of the
 plan for the final N (two-phase's chunks, sparse_reduce's regions rebuilt for 3 ranks)."""
@@ -17,10 +17,18 @@ STEPS, KILL_AT, ADD_AT, COMMIT_EVERY = 60, 23, 35, 5
 METHODS = ["ternary", "topk", "topk_sparse_reduce", "adaptive_topk", "async_lsgd"]
 
 
-@pytest.mark.skipif(third_host() is None, reason="this machine has no third local name for a host")
+@pytest.fixture(scope="module")
+def every_method():
+    """One elastic job trains every method's model in lockstep (tests/workers/elastic_worker.py): one kill, one
+    addition, every method through the same resets."""
+    if third_host() is None:
+        pytest.skip("this machine has no third local name for a host")
+    return horovodrun_elastic(WORKER, ",".join(METHODS), STEPS, KILL_AT, ADD_AT, COMMIT_EVERY, timeout=480)
+
+
 @pytest.mark.parametrize("method", METHODS)
-def test_worker_killed_and_added(method):
-    results, output = horovodrun_elastic(WORKER, method, STEPS, KILL_AT, ADD_AT, COMMIT_EVERY, timeout=240)
+def test_worker_killed_and_added(every_method, method):
+    results, output = every_method
     where = f"{method}:\n{failure_report(output, 3000)}"
     assert [r["rank"] for r in results] == [0, 1, 2], where
     assert {r["started_on"] for r in results} == {"localhost", "127.0.0.1", third_host()}, where
@@ -35,18 +43,23 @@ def test_worker_killed_and_added(method):
     assert all(not set(periods[a]) & set(periods[b]) for a, b in (("0", "1"), ("0", "2"), ("1", "2"))), where
     assert all(r["names"] == {"0": periods["2"]} for r in results if r is not survivor), where
     if method in ("topk", "topk_sparse_reduce", "adaptive_topk"):  # its own residuals, as committed
-        assert survivor["residuals_kept"] and all(survivor["residuals_kept"]), where
+        kept = survivor["methods"][method]["residuals_kept"]
+        assert kept and all(kept), where
     for r in results:
-        assert (r["size"], r["step"], r["commits"], r["stats_steps"]) == \
-            (3, STEPS, STEPS // COMMIT_EVERY, STEPS), where
-        assert r["params"] == results[0]["params"], f"rank {r['rank']} ended with other parameters; {where}"
-        assert math.isfinite(sum(r["params"])) and r["accuracy"] > 0.5, where
+        assert (r["size"], r["step"], r["commits"]) == (3, STEPS, STEPS // COMMIT_EVERY), where
+        got = r["methods"][method]
+        assert got["stats_steps"] == STEPS, where
+        assert got["params"] == results[0]["methods"][method]["params"], \
+            f"rank {r['rank']} ended with other parameters; {where}"
+        assert math.isfinite(sum(got["params"])) and got["accuracy"] > 0.5, where
     if method == "ternary":  # two-phase's chunks and level codes for N = 3
         for r in results:
-            assert r["transport"] == "two_phase" and r["last_wire_bytes"] == pytest.approx(r["planned_wire_bytes"]), \
-                where
+            got = r["methods"][method]
+            assert got["transport"] == "two_phase" and got["last_wire_bytes"] == pytest.approx(
+                got["planned_wire_bytes"]), where
     if method == "topk_sparse_reduce":  # regions rebalanced for N = 3 (N + 1 bounds)
-        assert all(r["transport"] == "sparse_reduce" and r["region_bounds"] == 4 for r in results), where
+        assert all(r["methods"][method]["transport"] == "sparse_reduce"
+                   and r["methods"][method]["region_bounds"] == 4 for r in results), where
 
 
 @pytest.mark.skipif(third_host() is None, reason="this machine has no third local name for a host")
@@ -59,10 +72,12 @@ def test_launcher_runs_an_unmodified_elastic_script():
     where = failure_report(output, 3000)
     assert [r["rank"] for r in results] == [0, 1, 2], where
     survivor = next(r for r in results if r["started_on"] == "localhost")
-    assert survivor["residuals_kept"] and all(survivor["residuals_kept"]), where
+    kept = survivor["methods"]["horovod"]["residuals_kept"]
+    assert kept and all(kept), where
     for r in results:
-        assert (r["size"], r["step"], r["stats_steps"], r["transport"]) == (3, STEPS, STEPS, "allgather"), where
-        assert r["params"] == results[0]["params"], where
+        got = r["methods"]["horovod"]
+        assert (r["size"], r["step"], got["stats_steps"], got["transport"]) == (3, STEPS, STEPS, "allgather"), where
+        assert got["params"] == results[0]["methods"]["horovod"]["params"], where
 
 @pytest.mark.skipif(third_host() is None, reason="this machine has no third local name for a host")
 @pytest.mark.parametrize("method", ["topk", "lsgd", "easgd"])

@@ -1,6 +1,9 @@
 """Elastic training under ``horovodrun --gloo -np 2 --min-np 1 --max-np 3 --host-discovery-script`` (torch).
 
-    python elastic_worker.py METHOD STEPS KILL_AT ADD_AT [COMMIT_EVERY]
+    python elastic_worker.py METHODS STEPS KILL_AT ADD_AT [COMMIT_EVERY]
+
+METHODS is a comma list: one model per method, from the same initial weights, trained in lockstep in one job (one
+TorchState holds every model and optimizer), so that one launch takes every method through the same faults.
 
 The discovery script prints the file ``$HVDEXT_TEST_OUT/hosts``. At each step of KILL_AT (a comma list; -1: none)
 the rank running on host 127.0.0.1 SIGKILLs itself, after backward has launched the step's collectives (so its
@@ -8,8 +11,8 @@ peers fail inside one), having first taken its host out of the hosts file. At ea
 the hosts localhost, 127.0.0.1 (after Horovod's blacklist cooldown) and a third name of this machine
 (tests/hvdrun.py third_host), then waits until Horovod has told it (the next commit resets).
 benchmarks/elastic_soak.py runs it at 3 ranks with a kill every 200 steps. Every rank that finishes writes its
-result: steps, commits, parameters, statistics, bytes of the last step and the plan's bytes for the final N,
-accuracy on a held-out set. METHOD "horovod" is Horovod's own script (horovod.torch, its DistributedOptimizer), for
+result: steps, commits, and per method parameters, statistics, bytes of the last step and the plan's bytes for the
+final N, accuracy on a held-out set. METHOD "horovod" (alone) is Horovod's own script (horovod.torch, its DistributedOptimizer), for
 the launcher `python -m horovod_ext.run`. KILL_AT = ADD_AT = -1 is the uninterrupted run a soak compares with.
 """
 import math
@@ -101,31 +104,53 @@ def record_names(by_period, resets, training):
         setattr(horovod_torch, fn, recording)
 
 
+def method_result(method, model, opt, kept):
+    """What a rank records of one method at the end: its evaluated parameters and accuracy, statistics, bytes."""
+    evaluate = opt.evaluation_parameters if method in PARAMETER_SPACE else None
+    x, y, x_test, y_test = data()
+    with (evaluate() if evaluate else torch.no_grad()):
+        with torch.no_grad():
+            accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
+            params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    stats = opt.compression_stats()
+    extra = {}
+    if method == "ternary":
+        extra["planned_wire_bytes"] = planned_two_phase_bytes(model)
+    if method == "topk_sparse_reduce":
+        regions = opt._hx_run.driver.method.sparse.regions
+        extra["region_bounds"] = len(regions.bounds) if regions.bounds is not None else None
+    return {"accuracy": accuracy, "params": params.tolist(), "stats_steps": stats["steps"], "residuals_kept": kept,
+            "transport": stats.get("transport"), "last_wire_bytes": stats["last_step"].get("wire_bytes"), **extra}
+
+
 def main():
-    method, steps = sys.argv[1], int(sys.argv[2])
+    methods, steps = sys.argv[1].split(","), int(sys.argv[2])
     kills, adds = ({int(s) for s in arg.split(",")} for arg in sys.argv[3:5])
     commit_every = int(sys.argv[5]) if len(sys.argv) > 5 else 5
     hvd.init()
     started_on = os.environ.get("HOROVOD_HOSTNAME")
     x, y, x_test, y_test = data()
-    model, opt = make(method)
+    trained_by = {method: make(method) for method in methods}  # method -> (model, optimizer)
     resets = []
-    state = hvd.elastic.TorchState(model=model, optimizer=opt, step=0, commits=0)
-    kept = []  # per reset: whether this survivor's residuals are the last commit's (error-feedback methods)
+    state = hvd.elastic.TorchState(**{f"{kind}_{method}": value for method, pair in trained_by.items()
+                                      for kind, value in zip(("model", "optimizer"), pair)}, step=0, commits=0)
+    kept = {method: [] for method in methods}  # per reset: whether this survivor's residuals are the last commit's
 
     def on_reset():
         resets.append((state.step, hvd.size(), time.time()))
-        committed = state._handlers["optimizer"]._saved_optimizer_state.get("horovod_ext", {}).get("residuals")
-        if committed:
-            held = opt._hx_run.residuals or {}
-            kept.append(sorted(held) == sorted(committed)
-                        and all(torch.equal(held[k], committed[k]) for k in committed))
+        for method, (_, opt) in trained_by.items():
+            saved = state._handlers[f"optimizer_{method}"]._saved_optimizer_state
+            committed = saved.get("horovod_ext", {}).get("residuals")
+            if committed:
+                held = opt._hx_run.residuals or {}
+                kept[method].append(sorted(held) == sorted(committed)
+                                    and all(torch.equal(held[k], committed[k]) for k in committed))
 
     state.register_reset_callbacks([on_reset])
     started = time.time()
     trained, rss = [0], [None]  # steps this process ran (redone ones included); its RSS after its first step
     names, training = {}, [False]
-    if method != "horovod":
+    if methods != ["horovod"]:
         record_names(names, resets, training)
 
     @hvd.elastic.run
@@ -133,21 +158,25 @@ def main():
         while state.step < steps:
             n, r = hvd.size(), hvd.rank()
             first = (state.step * BATCH * n + r * BATCH) % len(x)
-            opt.zero_grad()
             training[0] = True
-            loss = torch.nn.functional.cross_entropy(model(x[first:first + BATCH]), y[first:first + BATCH])
-            loss.backward()
+            losses = {}
+            for method, (model, opt) in trained_by.items():  # every method's collectives are launched
+                opt.zero_grad()
+                losses[method] = torch.nn.functional.cross_entropy(model(x[first:first + BATCH]),
+                                                                   y[first:first + BATCH])
+                losses[method].backward()
             if state.step in kills and started_on == "127.0.0.1" and not os.path.exists(marker("killed", state.step)):
                 third = [f"{os.environ['HVDEXT_THIRD_HOST']}:1"] if hvd.size() > 2 else []
                 write_hosts(["localhost:1", *third])
                 with open(marker("killed", state.step), "w") as f:
                     f.write(str(time.time()))
                 os.kill(os.getpid(), signal.SIGKILL)  # mid-step: this step's collectives are in flight
-            if method in PARAMETER_SPACE:
-                opt.report_loss(loss)
-            for group in opt.param_groups:
-                group["lr"] = learning_rate(state.step, steps)
-            opt.step()
+            for method, (model, opt) in trained_by.items():
+                if method in PARAMETER_SPACE:
+                    opt.report_loss(losses[method])
+                for group in opt.param_groups:
+                    group["lr"] = learning_rate(state.step, steps)
+                opt.step()
             training[0] = False
             state.step += 1
             trained[0] += 1
@@ -167,26 +196,12 @@ def main():
                 state.commit()
 
     train(state)
-    evaluate = opt.evaluation_parameters if method in PARAMETER_SPACE else None
-    with (evaluate() if evaluate else torch.no_grad()):
-        with torch.no_grad():
-            accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
-            params = torch.cat([p.detach().flatten() for p in model.parameters()])
-    stats = opt.compression_stats()
-    extra = {}
-    if method == "ternary":
-        extra["planned_wire_bytes"] = planned_two_phase_bytes(model)
-    if method == "topk_sparse_reduce":
-        regions = opt._hx_run.driver.method.sparse.regions
-        extra["region_bounds"] = len(regions.bounds) if regions.bounds is not None else None
     result = {"rank": hvd.rank(), "size": hvd.size(), "step": state.step, "commits": state.commits,
-              "started_on": started_on, "pid": os.getpid(), "resets": resets, "residuals_kept": kept,
-              "seconds": time.time() - started,
-              "accuracy": accuracy, "params": params.tolist(), "stats_steps": stats["steps"], "trained": trained[0],
-              "rss_start": rss[0], "rss_end": psutil.Process().memory_info().rss,
-              "transport": stats.get("transport"), "last_wire_bytes": stats["last_step"].get("wire_bytes"),
+              "started_on": started_on, "pid": os.getpid(), "resets": resets, "seconds": time.time() - started,
+              "trained": trained[0], "rss_start": rss[0], "rss_end": psutil.Process().memory_info().rss,
               "names": {period: sorted(held) for period, held in names.items()},
-              **extra}
+              "methods": {method: method_result(method, model, opt, kept[method])
+                          for method, (model, opt) in trained_by.items()}}
     write_result(hvd.rank(), result)
 
 
