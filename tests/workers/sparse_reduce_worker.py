@@ -1,4 +1,5 @@
-"""transport="sparse_reduce" under horovodrun -np 2, 3 or 4 (torch). argv[1]:
+"""transport="sparse_reduce" under horovodrun -np 2, 3 or 4 (torch). argv[1], a comma list of modes run in turn in one
+launch (the result holds each mode's record under its name); "tf" runs alone:
 
 "exact": top-k (fp16 and fp32 values) and GraVAC over sparse_reduce on seeded per-rank gradients: records each
 step's averaged gradients and this rank's residuals (bytes, for the NumPy reference in the test), the bytes counted,
@@ -17,8 +18,8 @@ import numpy as np  # noqa: E402
 
 from hvdrun import expect_error, write_result  # noqa: E402
 
-MODE = sys.argv[1] if __name__ == "__main__" else "exact"  # imported (tests/workers/mpi_worker.py): torch
-if MODE == "tf":
+MODES = sys.argv[1].split(",") if __name__ == "__main__" else ["exact"]  # imported (mpi_worker.py): torch
+if MODES == ["tf"]:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf  # noqa: E402
     import horovod_ext.tensorflow as hvd  # noqa: E402
@@ -169,6 +170,7 @@ def tensorflow():
 
 if __name__ == "__main__":
     hvd.init()
-    result = {"exact": exact, "adversarial": adversarial, "errors": errors, "tf": tensorflow}[MODE]()
+    run_mode = {"exact": exact, "adversarial": adversarial, "errors": errors, "tf": tensorflow}
+    result = {mode: run_mode[mode]() for mode in MODES}
     result["size"] = hvd.size()
     write_result(hvd.rank(), result)
