@@ -104,10 +104,9 @@ def record_names(by_period, resets, training):
         setattr(horovod_torch, fn, recording)
 
 
-def method_result(method, model, opt, kept):
+def method_result(method, model, opt, kept, x_test, y_test):
     """What a rank records of one method at the end: its evaluated parameters and accuracy, statistics, bytes."""
     evaluate = opt.evaluation_parameters if method in PARAMETER_SPACE else None
-    x, y, x_test, y_test = data()
     with (evaluate() if evaluate else torch.no_grad()):
         with torch.no_grad():
             accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
@@ -200,7 +199,7 @@ def main():
               "started_on": started_on, "pid": os.getpid(), "resets": resets, "seconds": time.time() - started,
               "trained": trained[0], "rss_start": rss[0], "rss_end": psutil.Process().memory_info().rss,
               "names": {period: sorted(held) for period, held in names.items()},
-              "methods": {method: method_result(method, model, opt, kept[method])
+              "methods": {method: method_result(method, model, opt, kept[method], x_test, y_test)
                           for method, (model, opt) in trained_by.items()}}
     write_result(hvd.rank(), result)
 
