@@ -19,6 +19,10 @@
 #     The enqueue functions test Horovod's shut_down flag before they take the queue's mutex, so an entry added
 #     between the flag and the finalization was never called back: its rank waited on it for ever (a torch handle
 #     in synchronize, a TensorFlow op, which holds up its whole step), and its name stayed in the queue.
+#   - horovod/common/util.py: the launcher's build checks (horovodrun asks whether Gloo, MPI or NCCL was built, in a
+#     forked process that imports one framework's Horovod extension) ask PyTorch's extension before TensorFlow's.
+#     Both extensions come from one CMake configuration, so either answers; importing TensorFlow takes seconds
+#     longer than PyTorch, and every horovodrun (and horovodrun_elastic) launch waited for it.
 # The wheel is kept in $HVDEXT_CACHE (default ~/.cache/horovod-ext) under HVDEXT_HOROVOD_KEY (framework versions and
 # build choices), so a later set-up on the same machine with the same choices installs it without compiling.
 # HVDEXT_HOROVOD_SDIST names a horovod-0.28.1.tar.gz already on disk (a cluster without a package index).
@@ -91,6 +95,8 @@ edit("tensor_queue.cc", [
     ("// Execute callback for each tensor and clear tensor queue\n",
      "void TensorQueue::Reopen() {\n" + LOCK + "  finalized_ = false;\n}\n\n"
      "// Execute callback for each tensor and clear tensor queue\n")])
+edit("util.py", [
+    ("EXTENSIONS = ['tensorflow', 'torch', 'mxnet']\n", "EXTENSIONS = ['torch', 'tensorflow', 'mxnet']\n")])
 edit("operations.cc", [
     ("  // Signal that initialization is completed.\n  state.initialization_done = true;\n",
      "  // Signal that initialization is completed.\n  state.process_set_table.Get(0).tensor_queue.Reopen();\n"
