@@ -1,0 +1,98 @@
+"""DiLoCo's outer step: the definition, and the test oracle.
+
+DiLoCo (Douillard, Feng, Rusu, Chhaparwal, Donchev, Kuncoro, Ranzato, Szlam, Shen; "DiLoCo: Distributed
+Low-Communication Training of Language Models", arXiv 2311.08105, 2023). M workers hold the same outer parameters
+theta and outer momentum b. A round: every worker m starts from theta_m = theta, takes H steps of its own inner
+optimizer (AdamW in the paper; its state is kept across rounds), then
+
+    Delta_m  = theta - theta_m                              the pseudo-gradient (outer minus local)
+    Delta    = mean_m Delta_m                               one allreduce (Average) per round
+    b        = Delta                  (first round)         SGD's momentum buffer, dampening 0
+             = mu * b + Delta         (later rounds)
+    theta    = theta - eta * (Delta + mu * b)               Nesterov (nesterov=False: theta - eta * b)
+    theta_m  = theta                                        every worker continues from the outer parameters
+
+with eta = 0.7, mu = 0.9 (the paper's and OpenDiLoCo's setting). eta = 1, mu = 0 is model averaging: theta becomes
+mean_m theta_m.
+
+Compressed pseudo-gradients with error feedback (INTELLECT-1 sends them as int8, SparseLoCo as top-k; error
+feedback as in Seide et al. 2014, Stich et al. 2018), per worker m with residual e_m (initially 0):
+
+    x_m      = Delta_m + e_m
+    sent_m   = what C(x_m) stands for                       (the codec's decoded value of m's own payload)
+    e_m      = x_m - sent_m
+    Delta    = (sent_0 + sent_1 + ... + sent_{M-1}) / M     summed in worker order, then divided
+
+so nothing the codec drops is lost, only delayed: sum over rounds of sent_m + e_m = sum over rounds of Delta_m.
+
+Every operation is float32 and one rounding each, in the order written (mu * b is rounded before the add; eta times
+the step is rounded before the subtraction): the framework implementations compute the same operations, not a
+fused multiply-add, so that their bits equal these.
+"""
+import numpy as np
+
+F32 = np.float32
+
+
+def pseudo_gradient(outer, local):
+    """Delta_m = theta - theta_m, float32."""
+    return np.asarray(outer, dtype=F32) - np.asarray(local, dtype=F32)
+
+
+def mean_of_sent(sent):
+    """(sent_0 + ... + sent_{M-1}) / M in float32, summed in worker order (the decoders' order)."""
+    total = np.zeros_like(np.asarray(sent[0], dtype=F32))
+    for values in sent:
+        total = total + np.asarray(values, dtype=F32)
+    return total / F32(len(sent))
+
+
+def compressed_mean(deltas, residuals, sent_of=None):
+    """(Delta, new residuals): each worker's x_m = Delta_m + e_m through sent_of(x_m, m) (what worker m's payload
+    stands for; None: sent uncompressed, no residual), averaged by mean_of_sent."""
+    if sent_of is None:
+        return mean_of_sent(deltas), [np.zeros_like(np.asarray(d, dtype=F32)) for d in deltas]
+    sent, kept = [], []
+    for m, (delta, residual) in enumerate(zip(deltas, residuals)):
+        x = np.asarray(delta, dtype=F32) + np.asarray(residual, dtype=F32)
+        s = np.asarray(sent_of(x, m), dtype=F32)
+        sent.append(s)
+        kept.append(x - s)
+    return mean_of_sent(sent), kept
+
+
+def outer_step(outer, momentum, delta, lr=0.7, mu=0.9, nesterov=True):
+    """(theta, b) after one outer SGD step on the averaged pseudo-gradient `delta`; momentum None: the first round
+    (b = Delta). mu = 0 is plain SGD (b is then Delta every round)."""
+    outer, delta = np.asarray(outer, dtype=F32), np.asarray(delta, dtype=F32)
+    lr, mu = F32(lr), F32(mu)
+    b = delta.copy() if momentum is None else (mu * np.asarray(momentum, dtype=F32)) + delta
+    step = delta + (mu * b) if nesterov else b
+    return outer - (lr * step), b
+
+
+def outer_round(outer, momentum, locals_, residuals=None, sent_of=None, lr=0.7, mu=0.9, nesterov=True):
+    """One DiLoCo round from the workers' parameters after their H inner steps: (theta, b, residuals). residuals
+    None: zeros (the first round)."""
+    deltas = [pseudo_gradient(outer, local) for local in locals_]
+    if residuals is None:
+        residuals = [np.zeros_like(d) for d in deltas]
+    delta, residuals = compressed_mean(deltas, residuals, sent_of)
+    theta, b = outer_step(outer, momentum, delta, lr, mu, nesterov)
+    return theta, b, residuals
+
+
+def train(theta0, inner_update, workers, rounds, inner_steps, sent_of=None, lr=0.7, mu=0.9, nesterov=True):
+    """A whole DiLoCo run of `rounds` rounds: inner_update(params, m, step) -> params is worker m's inner step
+    (its optimizer's state is the callable's own). Returns (theta, b, residuals, the workers' parameters before
+    each round's exchange)."""
+    theta, b, residuals, history = np.asarray(theta0, dtype=F32), None, None, []
+    step = 0
+    for _ in range(rounds):
+        locals_ = [theta.copy() for _ in range(workers)]
+        for _ in range(inner_steps):
+            step += 1
+            locals_ = [inner_update(x, m, step) for m, x in enumerate(locals_)]
+        history.append([x.copy() for x in locals_])
+        theta, b, residuals = outer_round(theta, b, locals_, residuals, sent_of, lr, mu, nesterov)
+    return theta, b, residuals, history
