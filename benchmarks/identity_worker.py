@@ -106,6 +106,20 @@ def run_torch(out):
             step(m2, opt2, x, y)
         return digest(p.detach().numpy() for p in m2.parameters())
 
+    def sparse_run(comp, sparse_as_dense):
+        """An embedding of sparse gradients (Horovod's sparse allreduce, or sent dense) beside a dense layer."""
+        torch.manual_seed(0)
+        embedding, head = torch.nn.Embedding(200, 8, sparse=True), torch.nn.Linear(8, 10)  # 1,600: compressed
+        named = [("embedding.weight", embedding.weight)] + [(f"head.{n}", p) for n, p in head.named_parameters()]
+        opt = hvd.DistributedOptimizer(torch.optim.SGD([p for _, p in named], lr=0.1), named, compression=comp,
+                                       sparse_as_dense=sparse_as_dense)
+        for x, y in batches(rank):
+            opt.zero_grad()
+            tokens = torch.from_numpy(np.abs(x[:, :4] * 100).astype(np.int64) % 200)
+            torch.nn.functional.cross_entropy(head(embedding(tokens).mean(1)), torch.from_numpy(y)).backward()
+            opt.step()
+        return digest(p.detach().numpy() for _, p in named)
+
     def reset(make_opt):
         """Half the steps, a commit, one step rolled back (restore), Horovod's elastic reset, on_reset, sync."""
         from horovod_ext.torch import elastic
@@ -133,6 +147,9 @@ def run_torch(out):
         if name in LIFECYCLE:
             out[f"torch/resume/{name}"] = resumed(make)
             out[f"torch/reset/{name}"] = reset(make)
+    for name, as_dense in (("sparse", False), ("sparse_as_dense", True)):  # nn.Embedding(sparse=True)
+        for cname in ("none", "ternary"):
+            out[f"torch/{name}/{cname}"] = sparse_run(compressors(hvd)[cname], as_dense)
     leaders = {
         "lsgd": dict(groups=None, period=2),
         "lsgd-node": dict(groups="node", period=2, global_period=4),
@@ -216,6 +233,23 @@ def run_tf(out):
             for x, y in batches(rank):
                 fn(tf.constant(x), tf.constant(y))
             out[f"tf-{mode}/{name}"] = digest(v.numpy() for v in vs)
+        for name, as_dense in (("sparse", False), ("sparse_as_dense", True)):  # tf.gather: IndexedSlices
+            for cname in ("none", "ternary"):
+                table, head = tf.Variable(variables()[0] * 1.0), tf.Variable(variables()[2][:, :10] * 1.0)  # 2,048, 640
+
+                def step(x, y, comp=compressors(hvd)[cname], as_dense=as_dense, table=table, head=head):
+                    tokens = tf.cast(tf.math.floormod(tf.abs(x[:, :4] * 10), 32.0), tf.int64)
+                    with tf.GradientTape() as tape:
+                        h = tf.reduce_mean(tf.gather(table, tokens), axis=1)
+                        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, h @ head))
+                    tape = hvd.DistributedGradientTape(tape, compression=comp, sparse_as_dense=as_dense)
+                    for v, g in zip((table, head), tape.gradient(loss, [table, head])):
+                        v.assign_sub(0.1 * tf.convert_to_tensor(g))
+
+                fn = tf.function(step) if graph else step
+                for x, y in batches(rank):
+                    fn(tf.constant(x), tf.constant(y))
+                out[f"tf-{mode}/{name}/{cname}"] = digest(v.numpy() for v in (table, head))
         for name, make in {
             "lsgd": lambda o: hvdk.LeaderOptimizer(o, groups=None, period=2),
             "lsgd-node": lambda o: hvdk.LeaderOptimizer(o, groups="node", period=2, global_period=4),

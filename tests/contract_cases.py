@@ -7,7 +7,8 @@ the expectation is fn(rank, nranks, value, ctx) -> None or a message saying what
 ctx.be (a new backend per case), ctx.t(values, dtype) (a tensor), ctx.item(name, values) (a plan.Item),
 ctx.graph (True inside tf.function), ctx.counted(field) (what the backend's statistics hold of a counted field),
 ctx.written(item) (the item's result after write), ctx.set_method_state(text) (a checkpoint restoring the
-TensorFlow variable; nothing elsewhere).
+TensorFlow variable; nothing elsewhere), ctx.sparse_item(name, indices, rows, shape, sparse) (a plan.Item whose
+gradient is the framework's sparse tensor of those rows) and ctx.dense(x) (a sparse tensor's dense values).
 """
 import numpy as np
 
@@ -230,6 +231,32 @@ def _imported(c):
     return [be.read(c.state), be.imported(values)]
 
 
+def _allreduce_sparse(c):
+    """Rank r sends row 0 (ones) and row r % 3 + 1 (r + 1): rows add where ranks' indices repeat."""
+    r = c.rank
+    item = c.sparse_item("emb", [0, r % 3 + 1], [[1.0, 1.0], [r + 1.0, r + 1.0]], [4, 2], "gather")
+    future, sent = c.be.allreduce_sparse(item, c.be.name("sparse", item))
+    c.be.write(item, c.be.wait(future))
+    return [c.dense(c.written(item)), sent]
+
+
+def _expect_sparse_average(rank, n, value, c):
+    want = np.zeros((4, 2))
+    for r in range(n):
+        want[0] += 1.0
+        want[r % 3 + 1] += r + 1.0
+    return close(value[0], want / n) or close(value[1], 32)  # 2 rows of 2 float32 values, 2 int64 indices
+
+
+def _densify(c):
+    """The dense gradient a sparse one stands for; written back (twice its values here) it is the result."""
+    item = c.sparse_item("emb", [2, 0], [[1.0, 2.0], [3.0, 4.0]], [3, 2], "dense")
+    c.be.densify(item)
+    dense = c.be.copy(item.grad)
+    c.be.write(item, c.be.scale(c.be.flat32(item.grad), 2.0))
+    return [dense, c.dense(c.written(item)), item.numel, item.itemsize]
+
+
 def _output_buffer(c):
     item = c.item("g", [1.0, 2.0])
     buffer = c.be.output_buffer(item)
@@ -313,6 +340,9 @@ CASES = {
     "orthogonalize": (_orthogonalize, _expect_orthogonal),
     "allreduce": (_allreduce, lambda r, n, v, c: close(v, [[n * (n + 1) / 2], [(n + 1) / 2], [n]])),
     "allreduce_grad": (_allreduce_grad, lambda r, n, v, c: close(v[0], [(n + 1) / 2] * 3) or close(v[1], 12)),
+    "allreduce_sparse": (_allreduce_sparse, _expect_sparse_average),
+    "densify": (_densify, lambda r, n, v, c: close(v[0], [[3, 4], [0, 0], [1, 2]])
+                or close(v[1], [[6, 8], [0, 0], [2, 4]]) or close(v[2:], [6, 4])),
     "allgather": (_allgather, lambda r, n, v, c: close(v, [float(j) for j in range(n) for _ in range(2)])),
     "alltoall": (_alltoall, lambda r, n, v, c: close(v, [10.0 * j + r for j in range(n)])),
     "wait": (_wait, lambda r, n, v, c: close(v, [n])),

@@ -143,6 +143,17 @@ class Backend(abc.ABC):
         compressor's compress/decompress (None: Compression.none); sets item.payload_bytes. Returns a future."""
 
     @abc.abstractmethod
+    def allreduce_sparse(self, item, name):
+        """Start Horovod's sparse allreduce of item.grad (a sparse tensor: indices and values allgathered, rows added
+        where indices repeat) with the user's op. Returns (a future of the framework's sparse result, the bytes of
+        this rank's indices and values: a number, or a tensor in a graph)."""
+
+    @abc.abstractmethod
+    def densify(self, item):
+        """item.grad, a sparse gradient, becomes the dense gradient it stands for (PyTorch: also the parameter's
+        .grad, which write() then makes sparse again), and item.numel / item.itemsize describe it."""
+
+    @abc.abstractmethod
     def allgather(self, x, name):
         """Start an allgather of x (ranks' tensors concatenated in rank order). Returns a future."""
 
@@ -267,4 +278,6 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def write(self, item, flat):
-        """Make `flat` (the average, flat float32) item's result, in the gradient's shape and dtype."""
+        """Make `flat` (the average, flat float32) item's result, in the gradient's shape and dtype; a sparse
+        gradient (item.sparse) is handed back sparse where the framework's optimizers need it (PyTorch), and the
+        result of allreduce_sparse is written as it is."""

@@ -13,7 +13,7 @@ After either, the method drops what error feedback kept (Method.on_error), and t
 """
 from .generation import ELASTIC
 from .join import JOIN_CHECK_BYTES, a_rank_joined, join_check_wire_bytes
-from .plan import Item
+from .plan import Item, SparseGather
 from .registry import method_for
 
 # Under horovodrun's elastic mode every method waits for the join check when the step begins, so that a rank learns
@@ -61,13 +61,19 @@ class StepDriver:
             extra["join_dense_steps"] = extra.get("join_dense_steps", 0) + 1
         return joined
 
-    def item(self, index, name, grad, numel, itemsize, param=None):
-        """One gradient of the step, with the method's record of it."""
-        item = Item(index, name, grad, numel, itemsize, param=param)
+    def item(self, index, name, grad, numel, itemsize, param=None, sparse=None):
+        """One gradient of the step, with the method's record of it (sparse: see plan.Item)."""
+        item = Item(index, name, grad, numel, itemsize, param=param, sparse=sparse)
         item.work = self.method.Record()
         return item
 
     def launch(self, item):
+        """Start one gradient's communication: a sparse gradient by SparseGather, unless it is sent dense
+        (sparse_as_dense, or a step in which some rank has joined, where every gradient goes dense)."""
+        if item.sparse == "gather" and not self.dense:
+            return SparseGather.launch(self.be, item)
+        if item.sparse is not None:
+            self.be.densify(item)
         if self.dense:
             return self.method.launch_dense(self.be, item)
         return self.method.launch(self.be, item)
@@ -76,6 +82,8 @@ class StepDriver:
         """Finish every launched gradient; raise the step's recorded errors (see the module docstring)."""
         if self.check is not None:
             self.dense, self.check = self.joined(self.check), None
+        SparseGather.finish(self.be, [item for item in items if item.kind == "sparse"])
+        items = [item for item in items if item.kind != "sparse"]
         if self.dense:
             self.method.finish_dense(self.be, items)
         else:

@@ -36,14 +36,18 @@ from .wire import allgather_wire_bytes, allreduce_wire_bytes
 class Item:
     """One gradient of the step, what every method needs: its position and name, the framework's tensor, its size,
     how it travels (kind: "small", "linear", "payload", "sparse"), its collective in flight, and its output.
-    ``work`` is the method's own Record of it."""
+    ``work`` is the method's own Record of it. ``sparse``: the framework's sparse gradient (PyTorch's sparse COO
+    tensor, TensorFlow's IndexedSlices): "gather" travels as Horovod sends it (SparseGather), "dense" is sent as a
+    dense gradient (Horovod's sparse_as_dense) and handed back sparse where the framework's optimizers need it."""
 
     __slots__ = ("index", "name", "grad", "numel", "itemsize", "param", "kind", "future", "payload_bytes", "result",
-                 "work")
+                 "work", "sparse")
 
-    def __init__(self, index, name, grad, numel, itemsize, param=None):
+    def __init__(self, index, name, grad, numel, itemsize, param=None, sparse=None):
+        if sparse not in (None, "gather", "dense"):
+            raise ValueError(f"sparse must be None, 'gather' or 'dense', got {sparse!r}")
         self.index, self.name, self.grad, self.numel, self.itemsize = index, name, grad, int(numel), int(itemsize)
-        self.param = param
+        self.param, self.sparse = param, sparse
         self.kind = self.future = self.payload_bytes = self.work = None
         self.result = None  # TensorFlow: the averaged gradient (PyTorch writes it into .grad)
 
@@ -187,6 +191,26 @@ class DenseSplit:
             avg = be.wait(item.future)
             be.write(item, avg)
             be.require(be.all_finite(avg), f"{item.name!r} (after averaging)")
+
+
+class SparseGather:
+    """A sparse gradient as Horovod sends it, whatever the compressor: Horovod's sparse allreduce, an allgather of
+    every rank's indices and values whose rows add where indices repeat, divided by N for op Average (exact; the
+    framework's sparse tensor again). Bytes: the dense allreduce of the whole tensor as the baseline; this rank's
+    indices and values, which vary with the batch, counted as the step runs, sent to the N - 1 others."""
+
+    @staticmethod
+    def launch(be, item):
+        item.kind = "sparse"
+        count_dense(be, item)
+        item.future, sent = be.allreduce_sparse(item, be.name("sparse", item))
+        be.count_runtime(payload_bytes=sent, wire_bytes=sent * (be.nranks - 1))
+        return item
+
+    @staticmethod
+    def finish(be, items):
+        for item in items:
+            be.write(item, be.wait(item.future))
 
 
 def stream_of(items):

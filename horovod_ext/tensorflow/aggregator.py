@@ -13,11 +13,10 @@ from horovod.tensorflow.functions import broadcast_object
 from horovod_ext import __version__
 from horovod_ext.compression import CompressionStats, is_payload_compressor
 from horovod_ext.compression.consistency import allgather_blobs, optimizer_settings
-from horovod_ext.compression.generation import named
 from horovod_ext.compression.horovod_args import check_predivide, outside_process_set
 from horovod_ext.compression.lifecycle import TrainingRun
 from horovod_ext.compression.specs import check_tensor, describe_compression, element_limit, resolved_for
-from .backend import TFBackend, collective_name, numpy_allgather
+from .backend import TFBackend, numpy_allgather
 from .elastic_state import assign_all, broadcast_variables, numpy_values
 from .ops import script_seed, seed_tensor
 
@@ -143,18 +142,11 @@ class GradientAggregator(tf.Module):
         if self.outside:
             return out
         local = [i for i, v in enumerate(variables) if id(v) in self._local_refs and grads[i] is not None]
-        sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices) and not self.sparse_as_dense
-                  and i not in local]
-        dense = [i for i, g in enumerate(grads) if g is not None and i not in local and i not in sparse]
-        with tf.device(self.device_dense):
-            for i, g in zip(dense, self._aggregate_dense([grads[i] for i in dense], [variables[i] for i in dense])):
+        shared = [i for i, g in enumerate(grads) if g is not None and i not in local]
+        with tf.device(self.device_dense):  # sparse gradients' collectives on device_sparse (the backend's)
+            for i, g in zip(shared, self._aggregate_shared([grads[i] for i in shared],
+                                                           [variables[i] for i in shared])):
                 out[i] = g
-        with tf.device(self.device_sparse):
-            for n, i in enumerate(sparse):
-                out[i] = hvd.allreduce(grads[i], op=self.op,
-                                       name=named(collective_name("hvdext.sparse", n, variables[i].name),
-                                                  self.backend.generation),
-                                       ignore_name_scope=True, process_set=self.process_set)
         size = self.process_set.size()
         for i in local:
             g = grads[i]
@@ -164,21 +156,29 @@ class GradientAggregator(tf.Module):
             out[i] = g
         return out
 
-    def _aggregate_dense(self, grads, variables):
-        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+    def _aggregate_shared(self, grads, variables):
+        """The averaged gradients of the variables that are not local, IndexedSlices among them (see aggregate)."""
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         names = variable_names([v for _, v in pairs])
         present = [g for g, _ in pairs]
         if is_payload_compressor(self.run.compression):
             what, limit = f"Compression.{self.run.compression.name}", element_limit(self.run.compression)
             for name, g in zip(names, present):
-                check_tensor(what, name, g.dtype.name, g.shape.num_elements(), g.shape.as_list(), **limit)
+                if self._sparse_kind(g) != "gather":  # a sparse gradient that travels sparse is not compressed
+                    check_tensor(what, name, g.dtype.name, g.shape.num_elements(), g.shape.as_list(), **limit)
         self._agree(names, present)
         out = self._communicate(names, present)
         result, it = [], iter(out)
         for g in grads:
             result.append(None if g is None else next(it))
         return result
+
+    def _sparse_kind(self, g):
+        """plan.Item's sparse for gradient g: IndexedSlices travel as Horovod sends them, or dense with
+        sparse_as_dense."""
+        if not isinstance(g, tf.IndexedSlices):
+            return None
+        return "dense" if self.sparse_as_dense else "gather"
 
     def _communicate(self, names, grads):
         """The step driver over every gradient (compression/driver.py): dense if some rank has called hvd.join()
@@ -187,7 +187,7 @@ class GradientAggregator(tf.Module):
         be, driver = self.backend, self.run.driver
         step = self.step.read_value()
         driver.begin(step, self.seed.read_value())
-        items = [driver.item(i, name, g, g.shape.num_elements(), g.dtype.size)
+        items = [driver.item(i, name, g, g.shape.num_elements(), g.dtype.size, sparse=self._sparse_kind(g))
                  for i, (name, g) in enumerate(zip(names, grads))]
         for item in items:
             driver.launch(item)

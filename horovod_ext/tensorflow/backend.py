@@ -208,6 +208,17 @@ class TFBackend(Backend):
                                 process_set=self.process_set, **scale)
         return compression.decompress(reduced, ctx)
 
+    def allreduce_sparse(self, item, name):
+        g = item.grad
+        with tf.device(getattr(self.module, "device_sparse", "")):
+            reduced = hvd.allreduce(g, op=self.op, name=name, ignore_name_scope=True, process_set=self.process_set)
+        sent = tf.size(g.values) * g.values.dtype.size + tf.size(g.indices) * g.indices.dtype.size
+        return reduced, sent
+
+    @staticmethod
+    def densify(item):
+        item.grad = tf.convert_to_tensor(item.grad)
+
     def allgather(self, x, name):
         return hvd.allgather(x, name=name, ignore_name_scope=True, process_set=self.process_set)
 
@@ -373,4 +384,8 @@ class TFBackend(Backend):
 
     @staticmethod
     def write(item, flat):
+        """A sparse gradient sent dense stays dense (Horovod's sparse_as_dense in TensorFlow)."""
+        if isinstance(flat, tf.IndexedSlices):  # allreduce_sparse's result
+            item.result = flat
+            return
         item.result = tf.cast(tf.reshape(flat, item.grad.shape), item.grad.dtype)

@@ -31,6 +31,15 @@ class Future:
         self.handle, self.post = handle, post
 
 
+class Deferred:
+    """Horovod's sparse allreduce in flight: a function that waits for its allgathers and returns the result."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle):
+        self.handle = handle
+
+
 class Done:
     """A collective that has completed (Horovod's blocking alltoall)."""
 
@@ -249,6 +258,21 @@ class TorchBackend(Backend):
                                           postscale_factor=self.postscale, process_set=self.process_set)
         return Future(handle, lambda output: compression.decompress(output, ctx))
 
+    def allreduce_sparse(self, item, name):
+        grad = item.grad  # sent as it is, duplicate indices included (Horovod does not coalesce it)
+        sent = grad._values().numel() * grad.element_size() + grad._indices().numel() * 8
+        with stale_names_reset():
+            handle = hvd.sparse_allreduce_async(grad, name=name, op=hvd.Average if self.divisor != 1.0 else hvd.Sum,
+                                                process_set=self.process_set)
+        return Deferred(handle), sent
+
+    @staticmethod
+    def densify(item):
+        item.grad = item.grad.to_dense()
+        if item.param is not None:
+            item.param.grad = item.grad
+        item.itemsize = item.grad.element_size()
+
     def allgather(self, x, name):
         with stale_names_reset():
             return Future(hvd.allgather_async(x, name=name, process_set=self.process_set))
@@ -265,6 +289,10 @@ class TorchBackend(Backend):
         if isinstance(future, Done):
             return future.value
         start = time.perf_counter()
+        if isinstance(future, Deferred):  # Horovod's sparse allreduce: its handle waits and builds the result
+            output = future.handle()
+            self.stats.add(comm_seconds=time.perf_counter() - start)
+            return output
         output = hvd.synchronize(future.handle)
         self.stats.add(comm_seconds=time.perf_counter() - start)
         return output if future.post is None else future.post(output)
@@ -373,6 +401,11 @@ class TorchBackend(Backend):
 
     @staticmethod
     def write(item, flat):
+        if flat.is_sparse:  # allreduce_sparse's result
+            item.param.grad = flat
+            return
         grad = item.grad
         if flat.data_ptr() != grad.data_ptr() or flat.dtype != grad.dtype:
             grad.copy_(flat.view_as(grad) if flat.numel() == grad.numel() else flat)
+        if item.sparse is not None:  # sent dense: handed back sparse, as Horovod does (SparseAdam takes no other)
+            item.param.grad = grad.to_sparse()

@@ -20,12 +20,11 @@ import torch
 from horovod.common.process_sets import global_process_set
 
 from horovod_ext import __version__
-from horovod_ext.compression import CompressionStats, generation, is_payload_compressor
+from horovod_ext.compression import CompressionStats, is_payload_compressor
 from horovod_ext.compression.consistency import allgather_blobs, optimizer_settings
 from horovod_ext.compression.lifecycle import HostCounters, TrainingRun
 from horovod_ext.compression.horovod_args import (check_groups, check_named_parameters, check_predivide,
                                                   outside_process_set)
-from horovod_ext.compression.plan import Item
 from horovod_ext.compression.specs import describe_compression, element_limit, resolved_for
 from .backend import TorchBackend, drain, numpy_allgather
 from .kernels import check_gradient
@@ -84,7 +83,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_run = TrainingRun(compression, self._hx_stats, HostCounters(), self._hx_id, torch.initial_seed)
         self._hx_pending = {}
         self._hx_begun = False  # the driver has begun this step (at its first launch)
-        self._hx_densified = set()  # parameters whose sparse gradient this step sends dense (sparse_as_dense)
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
         self._hx_should_synchronize = True
         self._hx_synchronized = False
@@ -128,27 +126,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # -------------------------------------------------------------------------------------------- communication
     def _hx_launch(self, p):
         """Start one gradient's communication. A sparse gradient (nn.Embedding(sparse=True)) travels as Horovod
-        sends it: an allgather of its indices and values (``sparse_allreduce_async``), or densified with
-        ``sparse_as_dense=True`` (an ordinary dense gradient then, compressed like any other, made sparse again
-        once averaged, as Horovod does: optimizers such as SparseAdam take only sparse gradients). In a step after
-        some rank called hvd.join(), every gradient goes dense by allreduce (the driver's join check)."""
+        sends it, an allgather of its indices and values, or, with ``sparse_as_dense=True``, as a dense gradient
+        compressed like any other and made sparse again once averaged, as Horovod does (optimizers such as
+        SparseAdam take only sparse gradients); compression/plan.py's SparseGather, picked by the step driver."""
         driver = self._hx_run.driver
         if not self._hx_begun:
             driver.begin(self._hx_run.counters.step, self._hx_run.counters.seed)
             self._hx_begun = True
+        sparse = None
         if p.grad is not None and p.grad.is_sparse:
-            if not (self._hx_sparse_as_dense or driver.dense):
-                item = Item(self._hx_index[p], self._hx_names[p], p.grad, p.numel(), p.element_size(), param=p)
-                with generation.stale_names_reset():
-                    handle = hvd.sparse_allreduce_async(p.grad, name=self._hx_backend.name("sparse", item),
-                                                        op=self._hx_op, process_set=self._hx_process_set)
-                self._hx_stats.add(payload_bytes=p.grad._values().numel() * p.grad.element_size()
-                                   + p.grad._indices().numel() * 8)
-                item.kind, item.future = "sparse", handle
-                return item
-            p.grad = p.grad.to_dense()
-            self._hx_densified.add(p)
-        item = driver.item(self._hx_index[p], self._hx_names[p], p.grad, p.numel(), p.grad.element_size(), param=p)
+            sparse = "dense" if self._hx_sparse_as_dense else "gather"
+        item = driver.item(self._hx_index[p], self._hx_names[p], p.grad, p.numel(), p.grad.element_size(), param=p,
+                           sparse=sparse)
         return driver.launch(item)
 
     def _hx_hook(self, p):
@@ -176,17 +165,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         ordered = [self._hx_pending[p] for p in self._hx_params]
         self._hx_pending = {}
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
-        sparse = [item for item in ordered if item.kind == "sparse"]
-        ordered = [item for item in ordered if item.kind != "sparse"]
-        densified, self._hx_densified, self._hx_begun = self._hx_densified, set(), False
+        self._hx_begun = False
         counters = self._hx_run.counters
         try:
             self._hx_run.driver.finish(ordered, counters.step)
-            for p in densified:
-                p.grad = p.grad.to_sparse()
         finally:
-            for item in sparse:
-                item.param.grad = item.future()
             counters.step += 1
             self._hx_stats.end_step()
             self._hx_synchronized = True
@@ -250,7 +233,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _hx_clear_step(self):
         """No gradient of the step is pending any more: backward starts afresh."""
         self._hx_pending = {}
-        self._hx_begun, self._hx_densified = False, set()
+        self._hx_begun = False
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
         self._hx_synchronized = False
 

@@ -61,9 +61,19 @@ def run_torch():
             grad = t(values)
             return Item(0 if name in ("a", "g", "w", "grad") else 1, name, grad, grad.numel(), grad.element_size())
 
-        return types.SimpleNamespace(be=be, t=t, item=item, graph=False, timed=True,
-                                     counted=lambda field: stats.current[field],
-                                     written=lambda it: it.grad if it.result is None else it.result,
+        def sparse_item(name, indices, rows, shape, sparse):
+            param = torch.nn.Parameter(torch.zeros(shape))
+            param.grad = torch.sparse_coo_tensor(torch.tensor([indices]), t(rows), shape)
+            return Item(0, name, param.grad, param.numel(), param.element_size(), param=param, sparse=sparse)
+
+        def written(it):
+            if it.result is not None:
+                return it.result
+            return it.param.grad if it.param is not None else it.grad
+
+        return types.SimpleNamespace(be=be, t=t, item=item, sparse_item=sparse_item, graph=False, timed=True,
+                                     counted=lambda field: stats.current[field], written=written,
+                                     dense=lambda x: x.to_dense() if x.is_sparse else x,
                                      set_method_state=lambda text: False)
 
     def to_numpy(x):
@@ -103,8 +113,13 @@ def run_tf():
             grad = t(values)
             return Item(0, name, grad, int(np.prod(grad.shape)), grad.dtype.size)
 
-        return types.SimpleNamespace(be=be, t=t, item=item, graph=graph, timed=False, counted=counted,
-                                     written=lambda it: it.result, set_method_state=set_method_state)
+        def sparse_item(name, indices, rows, shape, sparse):
+            grad = tf.IndexedSlices(t(rows), tf.constant(indices, tf.int64), tf.constant(shape, tf.int64))
+            return Item(0, name, grad, int(np.prod(shape)), grad.dtype.size, sparse=sparse)
+
+        return types.SimpleNamespace(be=be, t=t, item=item, sparse_item=sparse_item, graph=graph, timed=False,
+                                     counted=counted, written=lambda it: it.result, dense=tf.convert_to_tensor,
+                                     set_method_state=set_method_state)
 
     def to_numpy(x):
         return np.asarray(x.numpy() if hasattr(x, "numpy") else x).tolist()
