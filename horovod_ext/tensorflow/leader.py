@@ -41,8 +41,7 @@ from horovod_ext.consensus.backend import ParameterBackend
 from horovod_ext.consensus.leader import ELASTIC_EVALUATION, LEADER_EVALUATION, check_evaluation
 from horovod_ext.consensus.step import ElasticStep, LeaderStep
 from .aggregator import variable_names
-from .backend import collective_name
-from .backend import DTYPES, HostStateVariable, as_tuple, numpy_allgather
+from .backend import DTYPES, HostStateVariable, as_tuple, collective_name, numpy_allgather
 from .elastic_state import assign_all, broadcast_variables, numpy_values
 
 _ids = itertools.count()

@@ -289,13 +289,10 @@ class TorchBackend(Backend):
         if isinstance(future, Done):
             return future.value
         start = time.perf_counter()
-        if isinstance(future, Deferred):  # Horovod's sparse allreduce: its handle waits and builds the result
-            output = future.handle()
-            self.stats.add(comm_seconds=time.perf_counter() - start)
-            return output
-        output = hvd.synchronize(future.handle)
+        # Horovod's sparse allreduce: its handle is a function that waits and builds the result
+        output = future.handle() if isinstance(future, Deferred) else hvd.synchronize(future.handle)
         self.stats.add(comm_seconds=time.perf_counter() - start)
-        return output if future.post is None else future.post(output)
+        return output if isinstance(future, Deferred) or future.post is None else future.post(output)
 
     def name(self, prefix, item):
         return named(f"{prefix}.{item.name}", self.generation)
