@@ -35,7 +35,7 @@ class RandomKCodec(Codec):
     def payload_bytes(self, numel):
         return 4 * kept(numel, self.ratio)
 
-    def encode(self, be, item, flat, want_remainder=False):
+    def encode(self, be, item, flat):
         n, k, key = item.numel, kept(item.numel, self.ratio), tensor_key(item.name)
 
         def encode_np(g, step):
@@ -44,8 +44,7 @@ class RandomKCodec(Codec):
             remainder[idx] = 0.0
             return g[idx], remainder
 
-        payload, remainder = be.numpy(encode_np, [flat, be.step], ("float32", "float32"))
-        return payload, remainder if want_remainder else None
+        return be.numpy(encode_np, [flat, be.step], ("float32", "float32"))
 
     def decode(self, be, item, gathered, into):
         n, k, key, nranks, divisor = item.numel, kept(item.numel, self.ratio), tensor_key(item.name), be.nranks, \

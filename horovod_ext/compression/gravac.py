@@ -78,7 +78,8 @@ import time
 
 from horovod_ext.in_flight import hold, release
 
-from .plan import ErrorFeedback, Method, Record, count_dense, require_decoded, send_dense
+from .feedback import ErrorFeedback
+from .plan import Method, Record, count_dense, require_decoded, send_dense
 from .specs import CompressorSpec, check_choice, check_int, check_real
 from .topk import TOPK_MAX_ELEMENTS, AutoPacking, SparseTransport, TopKCodec, check_fraction, check_values
 from .wire import allreduce_wire_bytes
@@ -313,14 +314,13 @@ class AdaptiveTopKMethod(SparseTransport, Method):
 
     def __init__(self, spec, be, sizes_):
         super().__init__(spec, be, sizes_)
-        self.codec = TopKCodec(spec, be)
-        self.feedback = ErrorFeedback(self.codec)
+        self.codec = ErrorFeedback(TopKCodec(spec, be))
         self.controller = GravacController(spec, be.nranks)
         self.be, self.nranks = be, be.nranks
         self.step_plan = None  # (theta_min, theta_c, path index, cf) of the step being launched
         self.readings = None  # the last step's averaged readings in flight (backends that carry futures)
         self.step_sizes = list(self.sizes)  # the sizes of the tensors this step compresses
-        self.choose(spec, be, self.sizes, spec.min_cf, self.feedback)
+        self.choose(spec, be, self.sizes, spec.min_cf)
 
     def launch(self, be, item):
         item.kind = "payload"
@@ -328,7 +328,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         theta_min, theta_c, path, _ = self._step(be)
         k = be.kernels
         with be.timed("compress_seconds"):
-            item.work.flat, sumsq = self.feedback.accumulate(be, item, be.flat32(item.grad))
+            item.work.flat, sumsq = self.codec.accumulate(be, item, be.flat32(item.grad))
             k_min = be.k_of(item.numel, theta_min)
             first, second = k.topk_select_nested(item.work.flat, k_min, be.k_of(item.numel, theta_c, upper=k_min))
             item.work.candidates = first
@@ -343,8 +343,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         """Start the allgather of the tensor's theta_min selection; r keeps the rest. Returns (gathered, dense,
         (payload, wire) bytes) in flight, dense being nothing (switch's branches return alike)."""
         with be.timed("compress_seconds"):
-            payload, remainder = self.codec.extract(be, item.work.flat, item.work.candidates)
-            self.feedback.keep(be, item, remainder)
+            payload, _ = self.codec.encode(be, item, item.work.flat, candidates=item.work.candidates)
         size = be.size(payload)
         return be.allgather(payload, be.name("topk.min", item)), be.nothing("float32"), \
             be.stack([size, size * (be.nranks - 1)], "float64")
@@ -352,7 +351,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
     def _send_dense(self, be, item):
         """GraVAC's dense path: g_ef by allreduce, after which r = 0."""
         nbytes = 4 * item.numel
-        return be.nothing("uint8"), send_dense(be, item, item.work.flat, self.feedback, "topk.dense"), \
+        return be.nothing("uint8"), send_dense(be, item, item.work.flat, self.codec, "topk.dense"), \
             be.stack([nbytes, allreduce_wire_bytes(nbytes, be.nranks)], "float64")
 
     def abandon_step(self):
@@ -490,7 +489,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
 
     def _dense(self, be, items):
         """GraVAC's dense path: g_ef by allreduce, after which r = 0."""
-        sent = [send_dense(be, item, item.work.flat, self.feedback, "topk.dense") for item in items]
+        sent = [send_dense(be, item, item.work.flat, self.codec, "topk.dense") for item in items]
         nbytes = 4 * sum(self.step_sizes)
         return [be.wait(f) for f in sent] + [be.no_flag() for _ in items] + \
             [be.stack([nbytes, allreduce_wire_bytes(nbytes, be.nranks)], "float64")]

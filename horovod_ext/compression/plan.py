@@ -30,6 +30,7 @@ checkpoint and agree on without knowing what it holds.
 import math
 import types
 
+from .feedback import with_feedback
 from .wire import allgather_wire_bytes, allreduce_wire_bytes
 
 
@@ -70,13 +71,11 @@ class EncodeRecord(Record):
     __slots__ = ("flat",)
 
 
-def send_dense(be, item, flat, feedback, prefix):
-    """Start the allreduce (Sum, or Average for op Average) of flat, a tensor's g + r as flat float32; with error
-    feedback, r = 0 after (what is sent dense leaves nothing behind). Returns the future."""
-    if feedback is not None:
-        flat = be.copy(flat)  # flat may be r's own storage (torch's ef_accumulate)
-        feedback.clear(be, item)
-    return be.allreduce(flat, be.name(prefix, item), "sum" if be.divisor == 1.0 else "average")
+def send_dense(be, item, flat, codec, prefix):
+    """Start the allreduce (Sum, or Average for op Average) of flat, what codec.prepare gave (g, or g + r with error
+    feedback, after which r = 0: what is sent dense leaves nothing behind). Returns the future."""
+    return be.allreduce(codec.sent_whole(be, item, flat), be.name(prefix, item),
+                        "sum" if be.divisor == 1.0 else "average")
 
 
 def count_dense(be, item):
@@ -86,8 +85,10 @@ def count_dense(be, item):
 
 
 class Method:
-    """How one compressor moves a step's gradients; see the module docstring for the two stages. The default
-    dense path (a join step) sends each gradient (with error feedback, g + r, after which r = 0) by allreduce."""
+    """How one compressor moves a step's gradients; see the module docstring for the two stages. ``codec`` is what
+    encodes a tensor, wrapped in error feedback where the compressor asks for it (feedback.with_feedback); the
+    base's sends the gradient as it is. The default dense path (a join step) sends each gradient (with error
+    feedback, g + r, after which r = 0) by allreduce."""
 
     needs_join_check = True  # payload compressors cannot run while a rank is joined (join.py)
     # launch() starts only allreduces and local work, so it serves a joined step too, which finish_dense() then
@@ -97,15 +98,15 @@ class Method:
 
     def __init__(self, spec, be, sizes):
         self.spec, self.sizes = spec, [int(n) for n in sizes]
-        self.feedback = None
+        self.codec = Codec()
 
     def launch_dense(self, be, item):
-        if self.feedback is None:
+        if not self.codec.holds_residuals:
             return DenseSplit.launch(be, item)
         item.kind = "small"
         count_dense(be, item)
-        g_ef, _ = self.feedback.accumulate(be, item, be.flat32(item.grad))
-        item.future = send_dense(be, item, g_ef, self.feedback, "dense")
+        g_ef = self.codec.prepare(be, item, be.flat32(item.grad))
+        item.future = send_dense(be, item, g_ef, self.codec, "dense")
         be.count(payload_bytes=4 * item.numel, wire_bytes=allreduce_wire_bytes(4 * item.numel, be.nranks))
         return item
 
@@ -113,11 +114,10 @@ class Method:
         DenseSplit.finish(be, items)
 
     def state(self, be):
-        return self.feedback.state(be) if self.feedback is not None else {}
+        return self.codec.state(be)
 
     def load_state(self, be, residuals):
-        if self.feedback is not None:
-            self.feedback.load_state(be, residuals)
+        self.codec.load_state(be, residuals)
 
     def shared_state(self):
         """What of the method's state every rank holds alike and a checkpoint restores on all (resume.py): a dict
@@ -145,8 +145,7 @@ class Method:
 
     def on_error(self, be):
         """A step failed on every rank: what error feedback kept is dropped, so that no NaN survives in it."""
-        if self.feedback is not None:
-            self.feedback.reset_all(be)
+        self.codec.reset_all(be)
 
 
 class Linear(Method):
@@ -224,16 +223,15 @@ def require_decoded(be, codec, item, bad):
 
 
 class Allgather(Method):
-    """Any codec whose payloads cannot be summed, by allgather: encode (with error feedback if the codec asks for
-    it) and start the allgather as soon as the gradient is ready; decode the N payloads into the average.
+    """Any codec whose payloads cannot be summed, by allgather: encode (with error feedback if the compressor asks
+    for it) and start the allgather as soon as the gradient is ready; decode the N payloads into the average.
 
     Bytes: the codec's payload_bytes(numel) per rank, (N-1) times on the ring (wire.py)."""
 
     def __init__(self, spec, be, sizes):
         super().__init__(spec, be, sizes)
-        self.codec = spec.codec(spec, be)
+        self.codec = with_feedback(spec, spec.codec(spec, be))
         self.Record = self.codec.Record
-        self.feedback = ErrorFeedback(self.codec) if getattr(spec, "error_feedback", False) else None
 
     def compressed(self, item):
         return item.numel >= getattr(self.spec, "min_size", 0)
@@ -244,12 +242,7 @@ class Allgather(Method):
         item.kind = "payload"
         count_dense(be, item)
         with be.timed("compress_seconds"):
-            flat = be.flat32(item.grad)
-            if self.feedback is not None:
-                flat, _ = self.feedback.accumulate(be, item, flat)
-            payload, remainder = self.codec.encode(be, item, flat, want_remainder=self.feedback is not None)
-            if self.feedback is not None:
-                self.feedback.keep(be, item, remainder, flat, payload)
+            payload, _ = self.codec.encode(be, item, self.codec.prepare(be, item, be.flat32(item.grad)))
         self._gather(be, item, payload)
         return item
 
@@ -284,21 +277,27 @@ def count_payload(be, nbytes, payload):
 
 
 class Codec:
-    """One tensor's payload: ``encode(be, item, flat, want_remainder)`` -> (payload, flat - what was sent, or None);
+    """One tensor's payload: ``encode(be, item, g)`` -> (payload, g - what was sent, or None);
     ``decode(be, item, gathered, into)`` -> (average, -1 or the first rank whose payload is bad);
     ``payload_bytes(numel)`` from the C++ core's size functions (horovod_ext.compression.sizes), or None for a
     payload whose size depends on its content (entropy coding: counted as the step runs); and, for error
     feedback around a codec whose encode returns no remainder, ``sent(be, item, payload)``: the values this rank's
-    own payload stands for."""
+    own payload stands for. ``prepare(be, item, flat)`` gives what encode takes (the gradient itself; a codec whose
+    encode writes into it makes a copy).
+
+    The rest are error feedback's calls (feedback.ErrorFeedback), which a bare codec answers as "no residual": a
+    method makes the same calls whichever it holds. ``Codec()`` alone is the identity encoding of a method that
+    sends an approximation of its own (PowerSGD's factors), so that error feedback can wrap it too."""
 
     Record = EncodeRecord  # what the codec and its method keep of one tensor between launch() and finish()
     bad_flag = "(on rank {})"  # follows the tensor's name; {}: the rank the decoder reported
     bad_flag_error = "nonfinite"  # what that rank's flag means: "nonfinite" (NaN/Inf) or "payload" (corrupted)
     nonfinite = "(NaN or Inf after averaging)"
+    holds_residuals = False
 
-    def __init__(self, spec, be):
+    def __init__(self, spec=None, be=None):
         self.spec = spec
-        packing = spec.settings.get("packing")
+        packing = spec.settings.get("packing") if spec is not None else None
         if packing is not None:  # compression_stats() says which packing ran ("auto" is resolved by then)
             if packing == "auto":
                 raise ValueError(f"Compression.{spec.name}: packing='auto' reached the codec unresolved; the "
@@ -309,56 +308,26 @@ class Codec:
         raise NotImplementedError(f"{type(self).__name__} returns no remainder from encode() and has no sent(): "
                                   f"it cannot run with error feedback")
 
+    def prepare(self, be, item, flat):
+        return flat
 
-class ErrorFeedback:
-    """Error feedback around any codec (Seide et al. 2014; Stich et al. 2018; BytePS's ErrorFeedback decorator,
-    GRACE's Memory):
+    def keep(self, be, item, remainder):
+        pass
 
-        g_ef = g + r;   payload = C(g_ef);   r = g_ef - decode(C(g_ef))
+    def keep_difference(self, be, item, g, sent):
+        pass
 
-    The residual r is per tensor and per rank, held by the backend (torch: a tensor in state_dict(); TensorFlow: a
-    tf.Variable). Where the codec can, it returns the remainder g_ef - sent itself, computed where it is exact (top-k:
-    the kept values' rounding error, the rest untouched: sent + r == g_ef exactly). Otherwise the wrapper takes
-    r = g_ef - sent(payload), the float32 difference of g_ef and what the payload stands for (ternary: s * t).
-    That difference is exact wherever nothing is sent (t = 0: r = g_ef) and wherever g_ef and s * t are within a
-    factor of two (Sterbenz's lemma); elsewhere it is rounded once, to the nearest float32, as any float32 residual
-    must be: s * t + r is then g_ef up to half a unit in the last place of r."""
-
-    def __init__(self, codec):
-        self.codec = codec
-        self.residuals = {}
-
-    def _state(self, be, item):
-        if item.name not in self.residuals:
-            self.residuals[item.name] = be.residual(item.name, item.numel, item)
-        return self.residuals[item.name]
-
-    def accumulate(self, be, item, flat):
-        """(g_ef, |g_ef|^2): g + r into r's storage where the framework can (torch), else a new tensor."""
-        return be.kernels.ef_accumulate(flat, be.read(self._state(be, item)))
-
-    def keep(self, be, item, remainder, g_ef=None, payload=None):
-        """r = the remainder the codec returned, else g_ef - sent(payload)."""
-        if remainder is None:
-            remainder = be.sub(g_ef, self.codec.sent(be, item, payload))
-        be.assign(self._state(be, item), remainder)
-
-    def clear(self, be, item):
-        be.reset(self._state(be, item))
+    def sent_whole(self, be, item, g):
+        return g
 
     def reset_all(self, be):
-        for state in self.residuals.values():
-            be.reset(state)
+        pass
 
     def state(self, be):
-        return {name: be.export(state) for name, state in self.residuals.items()}
+        return {}
 
     def load_state(self, be, residuals):
-        for name, values in residuals.items():
-            if name not in self.residuals:
-                self.residuals[name] = be.imported_residual(name, values)
-            else:
-                be.assign(self.residuals[name], be.imported(values))
+        pass
 
 
 def k_of(numel, cf):

@@ -7,7 +7,8 @@ products, the orthogonalization and the normal draw are backend primitives (comp
 """
 import math
 
-from .plan import DenseSplit, ErrorFeedback, Method, Record, count_dense, send_dense
+from .feedback import with_feedback
+from .plan import Codec, DenseSplit, Method, Record, count_dense, send_dense
 from .specs import CompressorSpec, check_bool, check_choice, check_int, check_real
 from .wire import allreduce_wire_bytes, tensor_key
 
@@ -71,7 +72,7 @@ class PowerSGDMethod(Method):
     def __init__(self, spec, be, sizes):
         super().__init__(spec, be, sizes)
         self.be = be
-        self.feedback = ErrorFeedback(None) if spec.error_feedback else None
+        self.codec = with_feedback(spec, Codec())  # M = g (+ e): what P Q^T approximates
         self.wire_dtype, self.wire_itemsize = VALUE_DTYPES[spec.value_dtype]
         self.q = {}  # tensor name -> its Q's state (m * r float32)
         self.warm = False  # shared: every Q holds the last compressed step's factors
@@ -87,8 +88,7 @@ class PowerSGDMethod(Method):
         count_dense(be, item)
         self._q_state(be, item)  # made here, outside the step's branches (a tf.Variable is made once)
         with be.timed("compress_seconds"):
-            flat = be.flat32(item.grad)
-            item.work.flat = self.feedback.accumulate(be, item, flat)[0] if self.feedback is not None else flat
+            item.work.flat = self.codec.prepare(be, item, be.flat32(item.grad))
         return item
 
     def _q_state(self, be, item):
@@ -158,7 +158,7 @@ class PowerSGDMethod(Method):
     def _dense(self, be, items):
         """Every matrix's M by allreduce, after which e = 0 (before start_iter e is already 0); then whether each
         average is finite."""
-        futures = [send_dense(be, item, item.work.flat, self.feedback, "powersgd.dense") for item in items]
+        futures = [send_dense(be, item, item.work.flat, self.codec, "powersgd.dense") for item in items]
         averages = [be.wait(f) for f in futures]
         return averages + [be.all_finite(avg) for avg in averages]
 
@@ -193,8 +193,8 @@ class PowerSGDMethod(Method):
                 approx = be.split(be.reshape(be.matmul(p, q, transpose_b=True), (-1,)), [i.numel for i in batch])
                 q_parts = be.split(be.reshape(q, (-1,)), [s[2] * s[3]] * s[0])
                 for item, a, q_item in zip(batch, approx, q_parts):
-                    if self.feedback is not None:  # M (r's own storage where the framework allows) is done with
-                        self.feedback.keep(be, item, be.sub(item.work.flat, a, in_place=True))
+                    # with error feedback e = M - P Q^T, in M's storage (r's own where the framework allows)
+                    self.codec.keep_difference(be, item, item.work.flat, a)
                     if self.spec.warm_start:
                         be.assign(self.q[item.name], q_item)
                     averages[item.index] = a

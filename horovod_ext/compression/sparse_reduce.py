@@ -124,9 +124,9 @@ class SparseReduce:
     concatenation), decode straight into the gradients' buffers (PyTorch), and touch only this rank's K entries of
     g_ef to leave each residual as the module docstring's step 4."""
 
-    def __init__(self, owner, codec, feedback, every, be):
+    def __init__(self, owner, codec, every, be):
         self.owner = owner  # the method whose shared state holds the regions
-        self.codec, self.feedback, self.be = codec, feedback, be
+        self.codec, self.be = codec, be  # codec: top-k's, in error feedback where the compressor keeps residuals
         self.regions = Regions(every)
 
     def reduce(self, be, items, indices, tag):
@@ -151,11 +151,11 @@ class SparseReduce:
         with be.timed("decompress_seconds"):
             averages = k.topk_decode_regions(gathered, bounds, be.divisor, [item.numel for item in items],
                                              [be.output_buffer(item) for item in items])
-            if self.feedback is not None:
+            if self.codec.holds_residuals:
                 residuals = k.topk_keep_applied([item.work.flat for item in items], averages, positions,
                                                 self.codec.value_type)
                 for item, residual in zip(items, residuals):
-                    self.feedback.keep(be, item, residual)
+                    self.codec.keep(be, item, residual)
         sent, own, kept_sums = be.unstack(be.stack([be.size(payload), region_bytes[rank], be.size(reduced)],
                                                    "float64"), 3)
         payload_bytes = sent + kept_sums + rebalance_bytes[0]

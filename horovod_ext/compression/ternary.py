@@ -46,7 +46,7 @@ class TernaryCodec(Codec):
         """This rank's (threshold, scale); scale = inf flags NaN/Inf."""
         item.work.threshold, item.work.scale = be.kernels.ternary_local_scale(flat, self.clip)
 
-    def encode(self, be, item, flat, want_remainder=False):
+    def encode(self, be, item, flat):
         if item.work.scale is None:
             self.scale(be, item, flat)
         if self.packing == ENTROPY:
@@ -97,9 +97,7 @@ class TernaryMethod(Allgather):
         item.kind = "payload"
         count_dense(be, item)
         with be.timed("compress_seconds"):
-            item.work.flat = be.flat32(item.grad)
-            if self.feedback is not None:
-                item.work.flat, _ = self.feedback.accumulate(be, item, item.work.flat)
+            item.work.flat = self.codec.prepare(be, item, be.flat32(item.grad))
             self.codec.scale(be, item, item.work.flat)
         return item
 
@@ -115,17 +113,11 @@ class TernaryMethod(Allgather):
             else:
                 for item in compressed:
                     with be.timed("compress_seconds"):
-                        payload, _ = self.codec.encode(be, item, item.work.flat)
-                        self._keep(be, item, payload)
+                        payload, _ = self.codec.encode(be, item, item.work.flat)  # with error feedback: r = g_ef - s t
+                        item.work.flat = None
                     self._gather(be, item, payload)
         DenseSplit.finish(be, [i for i in items if i.kind == "small"])
         self.decode_all(be, compressed)
-
-    def _keep(self, be, item, payload):
-        """With error feedback: r = g_ef - s * t, once the (shared) scale is known; then g_ef is no longer needed."""
-        if self.feedback is not None:
-            self.feedback.keep(be, item, None, item.work.flat, payload)
-        item.work.flat = None
 
     def _share_scales(self, be, items):
         """TernGrad's scaler sharing: every rank takes the max over ranks of each tensor's scale."""
@@ -148,8 +140,8 @@ class TernaryMethod(Allgather):
         with be.timed("compress_seconds"):
             codes = be.concat([self.codec.codes(be, item, item.work.flat) for item in items])
             for item in items:
-                if self.feedback is not None:  # the same draws as the codes: what this rank's chunk sums carry
-                    self._keep(be, item, self.codec.encode(be, item, item.work.flat)[0])
+                if self.codec.holds_residuals:  # r = g_ef - s t of the codes' own draws: what the chunk sums carry
+                    self.codec.encode(be, item, item.work.flat)
                 item.work.flat = None
             chunks = [codes[plan.bounds[j]:plan.bounds[j + 1]] for j in range(be.nranks)]
             if coded:  # each chunk entropy-coded (scale 1: the shared scales travel once, by allreduce)

@@ -55,14 +55,14 @@ class SparseTransport:
     only with delta-coded fp16/fp32 values; recorded in the statistics), and sparse_reduce's regions as the
     method's shared state (resume.py)."""
 
-    def choose(self, spec, be, sizes_, cf, feedback):
+    def choose(self, spec, be, sizes_, cf):
         requested = spec.transport
         if requested == "auto" and (spec.packing != "delta" or spec.value_dtype == "ternary"):
             requested = "allgather"
         value_bits = 32 if spec.value_dtype == "fp32" else 16
         self.transport = choose_transport(requested, sizes_, cf, be.nranks, value_bits)
         be.stats.extra["transport"] = self.transport
-        self.sparse = SparseReduce(self, self.codec, feedback, spec.rebalance_every, be) \
+        self.sparse = SparseReduce(self, self.codec, spec.rebalance_every, be) \
             if self.transport == "sparse_reduce" else None
 
     def shared_state(self):
@@ -105,9 +105,17 @@ class TopKCodec(Codec):
     def payload_bytes(self, numel):
         return None if self.coded else sizes.topk_payload_bytes(self.k(numel), self.value_type)
 
-    def encode(self, be, item, flat, want_remainder=False):
-        item.work.k = self.k(item.numel)
-        return self.extract(be, flat if want_remainder else be.copy(flat), be.kernels.topk_select(flat, item.work.k))
+    def prepare(self, be, item, flat):
+        """A copy of g: encode writes the remainder into what it is given."""
+        return be.copy(flat)
+
+    def encode(self, be, item, g, candidates=None):
+        """(payload, g - sent, in g's storage where the framework can) of the k largest |g| (k: the ratio's), or of
+        the given candidates (GraVAC's selection)."""
+        if candidates is None:
+            item.work.k = self.k(item.numel)
+            candidates = be.kernels.topk_select(g, item.work.k)
+        return self.extract(be, g, candidates)
 
     def extract(self, be, g_ef, idx):
         """(payload, remainder). The kernel writes the remainder into g_ef's storage where the framework can."""
@@ -132,7 +140,7 @@ class TopKMethod(SparseTransport, Allgather):
 
     def __init__(self, spec, be, sizes_):
         super().__init__(spec, be, sizes_)
-        self.choose(spec, be, self.sizes, 1.0 / spec.ratio, self.feedback)
+        self.choose(spec, be, self.sizes, 1.0 / spec.ratio)
 
     def launch(self, be, item):
         if self.sparse is None:
@@ -140,8 +148,7 @@ class TopKMethod(SparseTransport, Allgather):
         item.kind = "payload"
         count_dense(be, item)
         with be.timed("compress_seconds"):
-            flat = be.flat32(item.grad)
-            item.work.flat = self.feedback.accumulate(be, item, flat)[0] if self.feedback is not None else be.copy(flat)
+            item.work.flat = self.codec.prepare(be, item, be.flat32(item.grad))
             item.work.k = self.codec.k(item.numel)
             item.work.candidates = be.kernels.topk_select(item.work.flat, item.work.k)
         be.count(compressed_elements=item.numel)
