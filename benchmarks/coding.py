@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from common import OUT_DIR, bar_plot, best_of, horovodrun_json, machine, markdown_table, write_outputs
 from gravac_models import build, markov_data
 from horovod_ext import _torch_ops as ops
+from horovod_ext.compression import sizes
 from shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -91,7 +92,7 @@ def bits_rows(steps, every):
                     threshold, scale = ops.ternary_local_scale(g, clip or 0.0, 0)
                     codes = torch.empty(g.numel(), dtype=torch.uint8)
                     ops.ternary_encode_codes(g, threshold, scale, 7, step, t, 0, codes)
-                    base3 += 8 * ops.ternary_payload_bytes(g.numel(), BASE3)
+                    base3 += 8 * sizes.ternary_payload_bytes(g.numel(), BASE3)
                     coded += 8 * ops.ternary_encode_entropy(g, threshold, scale, 7, step, t, 0).numel()
                     entropy += entropy_bits(codes.numpy())
                     nonzero += int((codes != 0).sum())

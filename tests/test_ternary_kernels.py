@@ -44,12 +44,26 @@ def test_encode_bit_identical_to_reference(n, packing):
         np.testing.assert_array_equal(got, want)
 
 
-def test_stats_bit_identical_to_reference():
+def test_local_scale_bit_identical_to_reference():
+    """The core's (threshold, scale) from its sums (threshold = float32(clip * sigma)) and max |g|, as the
+    reference's, for every size and clip, and +inf for a NaN/Inf gradient."""
+    for n in SIZES:
+        for dist in ("heavy", "uniform"):
+            g = gradient(n, dist=dist)
+            for clip in (2.5, 1.0, 0.0):
+                thr, s = ops.ternary_local_scale(torch.from_numpy(g), clip)
+                want = ref.local_scale(g, clip if clip else None)
+                assert (np.float32(thr), np.float32(s)) == (np.float32(want[0]), np.float32(want[1])), (n, dist, clip)
+    g = gradient(1003, dist="heavy")
+    g[500] = np.nan
+    assert ops.ternary_local_scale(torch.from_numpy(g), 2.5)[1] == math.inf == ref.local_scale(g)[1]
+
+
+def test_sum_of_squares_bit_identical_to_reference():
+    """|g|^2 as the core sums it (block tree, in float64; ef_accumulate into r = 0) equals the reference's."""
     for n in SIZES:
         g = gradient(n, dist="heavy")
-        s, sq, mx, fin = ops.gradient_stats(torch.from_numpy(g))
-        rs, rsq, rmx, rfin = ref.gradient_stats(g)
-        assert (s, sq, np.float32(mx), fin) == (rs, rsq, rmx, rfin)
+        assert ops.ef_accumulate(torch.from_numpy(g), torch.zeros(g.size)) == ref.gradient_stats(g)[1]
 
 
 def test_reference_lane_sums_are_sequential():
@@ -186,5 +200,5 @@ def test_reference_block_tree_order(n):
         partials = [partials[i] + partials[i + 1] for i in range(0, len(partials) - 1, 2)] + \
             ([partials[-1]] if len(partials) % 2 else [])
     assert block_tree_sum(g) == partials[0]
-    s, sq, _, _ = ops.gradient_stats(torch.from_numpy(g.astype(np.float32)))
-    assert s == partials[0]
+    squares = g.astype(np.float32).astype(np.float64) ** 2  # the core's float64 sum of squares, in the same order
+    assert ops.ef_accumulate(torch.from_numpy(g.astype(np.float32)), torch.zeros(n)) == block_tree_sum(squares)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from horovod_ext import _torch_ops as ops
+from horovod_ext.compression import sizes
 from horovod_ext.compression.sizes import PACKING_IDS
 from horovod_ext.compression.two_phase import TwoPhasePlan, choose_transport, level_bits
 from hvdext_reference import terngrad, two_phase as ref
@@ -22,7 +23,7 @@ def test_sum_reencode_round_trips_for_every_n_from_2_to_127(packing):
         if nranks % 2:  # the extremes k = -N and k = +N must survive too
             codes = [np.full(count, 1 + (nranks % 4 == 1), dtype=np.uint8) for _ in range(nranks)]
         packed = [terngrad.pack(c, packing) for c in codes]
-        bits = ops.two_phase_level_bits(nranks)
+        bits = sizes.two_phase_level_bits(nranks)
         assert bits == ref.level_bits(nranks) == level_bits(nranks)
         got = ops.ternary_sum_reencode(torch.from_numpy(np.concatenate(packed)), nranks, count, PACKING_IDS[packing],
                                        bits).numpy()

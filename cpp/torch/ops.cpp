@@ -78,9 +78,8 @@ const float* cpu_float_data(const torch::Tensor& t, const char* what) {
   return t.data_ptr<float>();
 }
 
-hvdext::Packing to_packing(int64_t packing, bool entropy = false) {
-  TORCH_CHECK(packing == 0 || packing == 1 || (entropy && packing == 2), "packing must be 0 (2bit) or 1 (base3)",
-              entropy ? " or 2 (entropy)" : "", ", got ", packing);
+hvdext::Packing to_packing(int64_t packing) {
+  TORCH_CHECK(packing == 0 || packing == 1, "packing must be 0 (2bit) or 1 (base3), got ", packing);
   return static_cast<hvdext::Packing>(packing);
 }
 
@@ -110,20 +109,6 @@ std::tuple<double, double> ternary_local_scale(const torch::Tensor& g, double cl
     const auto host = out.cpu();
     return {host[0].item<float>(), host[1].item<float>()};
   }));
-}
-
-std::tuple<double, double, double, bool> gradient_stats(const torch::Tensor& g) {
-  const float* data = cpu_float_data(g, "gradient");
-  hvdext::GradientStats st;
-  {
-    pybind11::gil_scoped_release release;
-    st = hvdext::gradient_stats(data, g.numel());
-  }
-  return {st.sum, st.sumsq, st.maxabs, st.finite};
-}
-
-int64_t ternary_payload_bytes(int64_t n, int64_t packing) {
-  return hvdext::ternary_payload_bytes(n, to_packing(packing, true));
 }
 
 torch::Tensor ternary_encode(const torch::Tensor& g, double threshold, double scale, uint64_t seed, uint32_t step,
@@ -228,8 +213,6 @@ void two_phase_decode(const torch::Tensor& stream, int64_t first, int64_t count,
                            static_cast<float>(scale), static_cast<float>(divisor), o);
 }
 
-int64_t two_phase_level_bits(int64_t nranks) { return hvdext::two_phase_level_bits(static_cast<int>(nranks)); }
-
 hvdext::ValueType to_value_type(int64_t value_type, bool ternary = false) {
   TORCH_CHECK(value_type == 0 || value_type == 1 || (ternary && value_type == 2),
               "value_type must be 0 (fp16) or 1 (fp32)", ternary ? " or 2 (ternary)" : "", ", got ", value_type);
@@ -282,18 +265,6 @@ std::tuple<torch::Tensor, torch::Tensor> topk_select_nested(const torch::Tensor&
     hvdext::topk_select_nested(xd, x.numel(), k1, k2, out1.data_ptr<int32_t>(), out2.data_ptr<int32_t>());
   }
   return {out1, out2};
-}
-
-torch::Tensor topk_select_among(const torch::Tensor& x, const torch::Tensor& candidates, int64_t k) {
-  const float* xd = cpu_float_data(x, "tensor");
-  const int32_t* c = cpu_int32_data(candidates, "candidates");
-  auto out = torch::empty({k}, torch::kInt32);
-  int32_t* o = out.data_ptr<int32_t>();
-  {
-    pybind11::gil_scoped_release release;
-    hvdext::topk_select_among(xd, c, candidates.numel(), k, o);
-  }
-  return out;
 }
 
 double sum_squares_at(const torch::Tensor& x, const torch::Tensor& idx) {
@@ -479,23 +450,13 @@ void topk_keep_applied(const std::vector<torch::Tensor>& g_ef, const std::vector
   hvdext::topk_keep_applied(r.data(), avg.data(), static_cast<int>(r.size()), pos, positions.numel(), t);
 }
 
-torch::Tensor half_bits(const torch::Tensor& x) {
-  const float* xd = cpu_float_data(x, "tensor");
-  auto out = torch::empty({x.numel()}, torch::kInt32);
-  int32_t* o = out.data_ptr<int32_t>();
-  for (int64_t i = 0; i < x.numel(); ++i) o[i] = hvdext::float_to_half(xd[i]);
-  return out;
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "horovod-ext native ops (PyTorch binding of cpp/)";
-  m.def("gradient_stats", &gradient_stats, "(sum, sumsq, maxabs, finite) of a float32 tensor");
   m.def("built_with_cuda", &built_with_cuda, "whether the CUDA kernels were built");
   m.def("ternary_local_scale", &ternary_local_scale, "(threshold, scale) of one rank's gradient", py::arg("g"),
         py::arg("clip"), py::arg("stream") = 0);
-  m.def("ternary_payload_bytes", &ternary_payload_bytes);
   m.def("ternary_encode", &ternary_encode, "clip + ternarize + pack into a uint8 payload", py::arg("g"),
         py::arg("threshold"), py::arg("scale"), py::arg("seed"), py::arg("step"), py::arg("tensor"), py::arg("rank"),
         py::arg("packing"), py::arg("stream") = 0);
@@ -507,13 +468,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ternary_pack_codes", &ternary_pack_codes, "pack codes into out");
   m.def("ternary_sum_reencode", &ternary_sum_reencode, "sum N packed code streams exactly, re-encode at b bits");
   m.def("two_phase_decode", &two_phase_decode, "decode elements of a level stream, scaled, into out");
-  m.def("two_phase_level_bits", &two_phase_level_bits, "fewest bits for the 2N+1 levels of N ranks");
   m.def("ef_accumulate", &ef_accumulate, "r += g; returns sum(r^2)", py::arg("g"), py::arg("r"),
         py::arg("stream") = 0);
   m.def("topk_select", &topk_select, "indices (ascending) of the k largest |x|, ties to the lower index",
         py::arg("x"), py::arg("k"), py::arg("stream") = 0);
   m.def("topk_select_nested", &topk_select_nested, "(top k1, top k2) of |x|, both ascending (k2 <= k1)");
-  m.def("topk_select_among", &topk_select_among, "the top k among candidate indices");
   m.def("sum_squares_at", &sum_squares_at, "sum of x[idx]^2 in float64");
   m.def("topk_extract", &topk_extract, "payload of the selected residual elements; leaves r = g_ef - sent there",
         py::arg("r"), py::arg("idx"), py::arg("value_type"), py::arg("stream") = 0);
@@ -533,5 +492,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("topk_reduce_region", &topk_reduce_region, "sparse_reduce's owner: sum, keep the top q, code");
   m.def("topk_decode_regions_into", &topk_decode_regions_into, "sparse_reduce: region payloads at their offsets");
   m.def("topk_keep_applied", &topk_keep_applied, "sparse_reduce: g_ef - sent where applied, in place");
-  m.def("half_bits", &half_bits, "IEEE binary16 bits of each float (round to nearest even)");
 }

@@ -62,9 +62,9 @@ def _candidates_on_host(x, idx):
 
 
 def select_among_candidates(x, among, k):
-    """ops.topk_select_among(x, among, k) as the top k of the candidates' values x[among], on x's device (the
-    CUDA top-k on a CUDA tensor): among is ascending, so positions order ties as the indices do and the result
-    has the same bits."""
+    """The top k of x among the candidates (topk_select_nested's second selection) as the top k of the candidates'
+    values x[among], on x's device (the CUDA top-k on a CUDA tensor): among is ascending, so positions order ties
+    as the indices do and the result has the same bits."""
     values = x.index_select(0, among.long())
     return among.index_select(0, ops.topk_select(values, k, stream_of(values)).long())
 
