@@ -42,12 +42,13 @@ def test_rounds_schedule_and_slots():
 def test_one_broadcast_serves_levels_with_the_same_members():
     one_host = LeaderSync(period=2, global_period=4, groups="node", size=2)
     one_host.configure(["a", "a"], 0)
-    due = one_host.due(4)
+    due = one_host.levels_in(one_host.due(4))
     assert {name: source.name for name, source in one_host.transfer_levels(due).items()} == \
         {"group": "group", "global": "group"}
     two_hosts = LeaderSync(period=2, global_period=4, groups="node", size=4)
     two_hosts.configure(["a", "a", "b", "b"], 0)
-    assert {name: source.name for name, source in two_hosts.transfer_levels(two_hosts.due(4)).items()} == \
+    assert {name: source.name for name, source in two_hosts.transfer_levels(two_hosts.levels_in(
+        two_hosts.due(4))).items()} == \
         {"group": "group", "global": "global"}
 
 

@@ -41,7 +41,8 @@ class ElasticSync:
         return {"beta": beta, "period": period, "asynchronous": asynchronous, "max_staleness": max_staleness}
 
     def due(self, step):
-        return step % self.period == 0
+        """The due mask of `step`: 1 every `period`-th step (the center's one level), else 0."""
+        return int(step % self.period == 0)
 
     def account(self, stats, param_bytes, nranks):
         """Bytes of one allreduce of the parameters (a round, or the center's initialization)."""

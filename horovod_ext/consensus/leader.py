@@ -119,8 +119,17 @@ class LeaderSync:
         return self.groups
 
     def due(self, step):
-        """The levels whose pull falls on `step` (counted from 1): every `period`-th step."""
-        return [level for level in self.levels if step % level.period == 0]
+        """The levels whose pull falls on `step` (counted from 1: every `period`-th step), as a mask: bit i for
+        self.levels[i] (0: no round starts)."""
+        return sum(1 << i for i, level in enumerate(self.levels) if step % level.period == 0)
+
+    def levels_in(self, mask):
+        """The levels of a due mask, in order."""
+        return [level for i, level in enumerate(self.levels) if int(mask) >> i & 1]
+
+    def mask_of(self, names):
+        """The due mask of the levels named (a checkpoint's round)."""
+        return sum(1 << i for i, level in enumerate(self.levels) if level.name in names)
 
     def elect(self, windows, step):
         """windows[r] = (loss sum, loss count) of rank r since the last election. Returns {level name: leader}
@@ -150,11 +159,11 @@ class LeaderSync:
         self.elected = True
         return self.leaders
 
-    def transfer_levels(self, due):
-        """{level name: the level whose broadcast delivers its leader's parameters} for the levels of `due` that
+    def transfer_levels(self, levels):
+        """{level name: the level whose broadcast delivers its leader's parameters} for those of `levels` that
         pull (weight > 0, more than one member). A level with the same members as an earlier one that is due
         whenever it is (its period divides this one's) elected the same leader: it reuses that broadcast."""
-        pulling = [level for level in due if level.weight > 0 and len(level.members) > 1]
+        pulling = [level for level in levels if level.weight > 0 and len(level.members) > 1]
         source = {}
         for level in pulling:
             source[level.name] = next((earlier for earlier in pulling if earlier.members == level.members
@@ -162,11 +171,12 @@ class LeaderSync:
         return source
 
     def account(self, stats, due, param_bytes, nranks):
-        """Bytes of one round: the election's allgather and one broadcast of the parameters per distinct transfer."""
+        """Bytes of the round of a due mask: the election's allgather and one broadcast of the parameters per
+        distinct transfer."""
         if not due:
             return
         stats.add(payload_bytes=16, wire_bytes=allgather_wire_bytes(16, nranks))
-        for name, source in self.transfer_levels(due).items():
+        for name, source in self.transfer_levels(self.levels_in(due)).items():
             if source.name == name:
                 stats.add(payload_bytes=param_bytes, wire_bytes=broadcast_wire_bytes(param_bytes, len(source.members)))
 

@@ -41,16 +41,18 @@ def check_staleness(asynchronous, max_staleness, period):
 
 
 class Round:
-    """One round: started at `step` for the levels `due` (LSGD) or for the center (EASGD).
+    """One round: started at `step` for the levels of the due mask `due` (bit i: level i; EASGD: 1, the center).
 
-    exchange: the loss exchange (a framework handle, then the gathered windows); transfers: what is in flight
-    (framework handles, then values); both are filled in by the adapter."""
+    exchange: the loss exchange (a framework future, then the gathered windows); transfers: what is in flight
+    (futures by level name, then values); leaders: each level's leader (asynchronous rounds, for checkpoints);
+    pulls: the mask of the due levels whose leader is another rank. consensus/step.py fills them in."""
 
     def __init__(self, step, due, elect_at, apply_at, slot):
         self.step, self.due, self.elect_at, self.apply_at, self.slot = step, due, elect_at, apply_at, slot
         self.exchange = None
         self.transfers = None
         self.leaders = None
+        self.pulls = None
 
     def __repr__(self):
         return f"Round(step={self.step}, elect_at={self.elect_at}, apply_at={self.apply_at})"

@@ -1,21 +1,26 @@
 """The whole step of LSGD, multi-leader LSGD and EASGD, written once over a ParameterBackend (backend.py): the
-schedule, the byte accounting, the election, the pulls, EASGD's update, the asynchronous rounds, checkpoints of
+schedule, the byte accounting, the election, the pulls, EASGD's update, the rounds in flight, checkpoints of
 what is in flight, and the evaluation swap. The adapters (horovod_ext/torch/leader.py,
 horovod_ext/tensorflow/leader.py) supply the backend and Horovod's API around it; the bookkeeping (arguments,
 groups, election rule) is leader.py's LeaderSync and elastic.py's ElasticSync.
 
 A step, before the local optimizer's own:
  1. the step is counted, and on the host (schedule): the dense reference (what data-parallel SGD's allreduce of
-    the gradients would send) and the bytes of the rounds that start now are accounted, and the due mask taken;
- 2. synchronously, the round due now runs whole (rounds.py has the asynchronous schedule):
-    LSGD   every rank's loss window in one allgather, the leaders elected on the host (the same numbers on every
-           rank: the same leaders), each level's leader broadcast (one broadcast serves levels with the same
-           members, LeaderSync.transfer_levels), and the pull, every force from the same x:
-               x <- x + sum over due levels of w_level * (x_leader - x)
-    EASGD  the workers' mean in one allreduce, and from the values before the round
-               x <- x + alpha * (center - x),   center <- (1 - beta) * center + beta * mean,   alpha = beta / N;
+    the gradients would send) and the bytes of the round that starts now are accounted, and the due mask taken
+    (bit i: level i's pull falls on this step; EASGD has one level, the center);
+ 2. the rounds advance, each in three phases (rounds.py has the schedule):
+    start  LSGD: every rank's loss window in one allgather; EASGD: the allreduce of the parameters;
+    elect  LSGD: the leaders elected on the host (the same numbers on every rank: the same leaders), each due
+           level's leader broadcast (one broadcast serves levels with the same members,
+           LeaderSync.transfer_levels); EASGD: nothing;
+    apply  LSGD: the pull, every force from the same x, over the due levels whose leader is another rank:
+               x <- x + sum over those levels of w_level * (x_leader - x)
+           EASGD: from the values before the round
+               x <- x + alpha * (center - x),   center <- (1 - beta) * center + beta * mean,   alpha = beta / N.
+    Synchronously (staleness 0) the round due now runs its three phases in this step, under one condition on the
+    due mask, so that a tf.function builds it; asynchronously (eager only) the phases fall on the steps the
+    schedule gives, with the collectives in flight between them. Both run the same phase code;
  3. the step's statistics end.
-A level whose leader is this rank, or that is not due, adds (x - x) * w = 0: the same bits as no pull.
 """
 import contextlib
 
@@ -51,15 +56,36 @@ class ConsensusStep:
         be = self.be
         step = be.advance_step()
         with be.timed():
-            if self.rounds.asynchronous:  # eager: Python values
-                self.schedule(step, *self.schedule_inputs())
-                self.asynchronous(int(step))
+            due, = be.host(self.schedule, [step, *self.schedule_inputs()], ("int32",))
+            if self.rounds.asynchronous:  # eager: Python values, collectives in flight across steps
+                self.advance_rounds(int(step), int(due))
                 (hold if self.rounds.pending else release)(self)  # completed at exit if still in flight
                 done = None
             else:
-                due, = be.host(self.schedule, [step, *self.schedule_inputs()], ("int32",))
-                done = self.synchronous(step, due)
+                done = be.after(self.prepare(), lambda: be.when(due, lambda: self.whole_round(step, due)))
         return be.after(done, lambda: be.host(self.end_step, [], ("int32",)))
+
+    def advance_rounds(self, step, due):
+        """Asynchronously: start the round due now, elect the rounds whose election is due, apply the rounds whose
+        pull is due (rounds.py)."""
+        self.prepare()
+        if due:
+            self.start(self.rounds.start(step, due))
+        for r in self.rounds.electing(step):
+            self.elect(r)
+        for r in self.rounds.applying(step):
+            self.apply(r)
+
+    def whole_round(self, step, due):
+        """Synchronously: the round due now, its three phases in this step. Returns what a graph must run."""
+        r = Round(step, due, step, step, 0)
+        self.start(r)
+        self.elect(r)
+        return self.apply(r)
+
+    def prepare(self):
+        """What must hold before any round (EASGD: the center). Returns what a graph must run, or None."""
+        return None
 
     def schedule_inputs(self):
         return []
@@ -108,7 +134,7 @@ class ConsensusStep:
         for r in self.rounds.pending:
             exchange = be.copy([be.wait(r.exchange)])[0] if r.exchange is not None else None
             values = None if r.transfers is None else {name: be.copy(be.wait(t)) for name, t in r.transfers.items()}
-            out.append({"step": r.step, "due": None if r.due is None else [level.name for level in r.due],
+            out.append({"step": r.step, "due": self.due_names(r.due),
                         "elect_at": r.elect_at, "apply_at": r.apply_at, "slot": r.slot, "exchange": exchange,
                         "leaders": r.leaders, "values": values})
         return out
@@ -116,13 +142,13 @@ class ConsensusStep:
     def load_rounds(self, saved):
         """Rounds in flight from a checkpoint (their transfers complete); [] drops what was in flight."""
         be = self.be
-        levels = {level.name: level for level in getattr(self.sync, "levels", [])}
         self.rounds.clear()
         for d in saved:
-            r = Round(int(d["step"]), None if d["due"] is None else [levels[n] for n in d["due"]], int(d["elect_at"]),
-                      int(d["apply_at"]), int(d["slot"]))
+            r = Round(int(d["step"]), self.due_mask(d["due"]), int(d["elect_at"]), int(d["apply_at"]), int(d["slot"]))
             r.exchange = None if d["exchange"] is None else be.done(be.copy([d["exchange"]])[0])
-            r.leaders = None if d["leaders"] is None else {k: int(v) for k, v in d["leaders"].items()}
+            if d["leaders"] is not None:
+                r.leaders = {k: int(v) for k, v in d["leaders"].items()}
+                r.pulls = self.pull_mask(r.due, r.leaders)
             r.transfers = None if d["values"] is None else {name: be.done(be.copy(values))
                                                             for name, values in d["values"].items()}
             self.rounds.pending.append(r)
@@ -153,72 +179,69 @@ class LeaderStep(ConsensusStep):
     def account_rounds(self, step):
         due = self.sync.due(step)
         self.sync.account(self.stats, due, self.param_bytes, self.be.nranks)
-        return sum(1 << i for i, level in enumerate(self.sync.levels) if level in due)
+        return due
 
-    def elect(self, windows, step):
+    def due_names(self, due):
+        """A checkpoint's record of a due mask: the levels' names."""
+        return [level.name for level in self.sync.levels_in(due)]
+
+    def due_mask(self, names):
+        return self.sync.mask_of(names)
+
+    def pull_mask(self, due, leaders):
+        """On the host: the levels of the due mask whose leader is another rank (the levels this rank pulls on)."""
+        return sum(1 << i for i, level in enumerate(self.sync.levels)
+                   if int(due) >> i & 1 and leaders[level.name] != self.be.rank)
+
+    def elect_on_host(self, windows, step, due):
         """On the host: the leaders from every rank's (sum, count) window (raises on every rank: the same numbers
-        everywhere). Returns each level's leader as an index into its members, then the best rank."""
+        everywhere). Returns each level's leader as an index into its members, the best rank, the pull mask."""
         self.be.shared_state_read(self)
         leaders = self.sync.elect([(float(s), int(c)) for s, c in windows], int(step))
         self.be.shared_state_written(self)
-        return tuple(level.members.index(leaders[level.name]) for level in self.sync.levels) + (self.sync.best_rank,)
+        return tuple(level.members.index(leaders[level.name]) for level in self.sync.levels) + \
+            (self.sync.best_rank, self.pull_mask(due, leaders))
 
-    def synchronous(self, step, due):
-        return self.be.when(due, lambda: self.round(step, due))
+    def start(self, r):
+        """The loss exchange: every rank's window in one allgather; a new window starts."""
+        r.exchange = self.be.allgather(self.be.loss_window(), self.name("losses", r.slot))
+        self.be.reset_loss_window()
 
-    def round(self, step, due):
+    def elect(self, r):
+        """Elect from the exchange; start each due level's broadcast of its leader's parameters as they are now."""
         be, sync = self.be, self.sync
-        windows = be.wait(be.allgather(be.loss_window(), self.name("losses")))
-        be.reset_loss_window()
-        picked = be.host(self.elect, [windows, step], ("int32",) * (len(sync.levels) + 1))
-        current = be.parameters()
-        sources = sync.transfer_levels(sync.levels)
-        received, forces = {}, None
-        for i, level in enumerate(sync.levels):
-            if level.name not in sources:
-                continue
-            source = sources[level.name]
-            if source.name != level.name:  # the same members, due whenever this level is: its leader's values
-                targets = be.cond(be.bit(due, i), lambda s=received[source.name]: list(s), lambda: list(current))
-            else:
-                targets = be.cond(be.bit(due, i), lambda i=i, level=level: be.wait(
-                    be.broadcast(current, picked[i], level, self.name(level.name))),
-                    lambda: list(current))
-                received[level.name] = targets
-            forces = add_pull(forces, targets, current, level.weight)
-        return be.add_to_parameters(forces)
-
-    def asynchronous(self, step):
-        """rounds.py's schedule: start the round due now (the loss exchange), elect the rounds whose election is
-        due (their broadcasts send the parameters as they are now), apply the rounds whose pull is due."""
-        be, sync, rounds = self.be, self.sync, self.rounds
-        due = sync.due(step)
-        if due:
-            started = rounds.start(step, due)
-            started.exchange = be.allgather(be.loss_window(), self.name("losses", started.slot))
-            be.reset_loss_window()
-        for r in rounds.electing(step):
-            be.host(self.elect, [be.wait(r.exchange), r.step], ("int32",) * (len(sync.levels) + 1))
+        picked = be.host(self.elect_on_host, [be.wait(r.exchange), r.step, r.due],
+                         ("int32",) * (len(sync.levels) + 2))
+        r.pulls = picked[-1]
+        if self.rounds.asynchronous:  # eager: the leaders are known here, and a checkpoint records them
             r.leaders = dict(sync.leaders)
-            current = be.parameters()
-            r.transfers = {name: be.broadcast(current, source.members.index(r.leaders[name]), source,
-                                              self.name(name, r.slot))
-                           for name, source in sync.transfer_levels(r.due).items() if source.name == name}
-        for r in rounds.applying(step):
-            self.pull(r)
+        current, r.transfers = be.parameters(), {}
+        for i, (level, source) in enumerate(self.sources()):
+            due = be.bit(r.due, i)
+            if source is not level or due is False:  # False: known on the host, nothing to build
+                continue
+            r.transfers[level.name] = be.cond(
+                due, lambda i=i, level=level: be.broadcast(current, picked[i], level, self.name(level.name, r.slot)),
+                lambda: be.done(list(current)))
 
-    def pull(self, r):
-        """x += sum_k w_k (x_k - x) over the round's levels whose leader is another rank, every force from the
-        same x (the parameters now)."""
+    def apply(self, r):
+        """x += sum_k w_k (x_k - x) over the round's levels this rank pulls on, every force from the same x (the
+        parameters now). Returns what a graph must run."""
         be = self.be
         values = {name: be.wait(t) for name, t in r.transfers.items()}
-        sources = self.sync.transfer_levels(r.due)
-        targets = [(level.weight, values[sources[level.name].name]) for level in r.due
-                   if level.name in sources and r.leaders[level.name] != be.rank]
         forces, current = None, be.parameters()
-        for weight, target in targets:
-            forces = add_pull(forces, target, current, weight)
-        be.add_to_parameters(forces)
+        for i, (level, source) in enumerate(self.sources()):
+            pulls = be.bit(r.pulls, i)
+            if source is None or pulls is False:
+                continue
+            target = be.cond(pulls, lambda s=source: list(values[s.name]), lambda: list(current))
+            forces = add_pull(forces, target, current, level.weight)
+        return be.add_to_parameters(forces)
+
+    def sources(self):
+        """(level, the level whose broadcast delivers its leader's parameters, or None: it does not pull)."""
+        sources = self.sync.transfer_levels(self.sync.levels)
+        return [(level, sources.get(level.name)) for level in self.sync.levels]
 
     def evaluation_values(self, which):
         """which="leader": the best worker's parameters of the last election (one broadcast; rank 0 before the
@@ -242,36 +265,39 @@ class ElasticStep(ConsensusStep):
         due = self.sync.due(step)
         if due:
             self.sync.account(self.stats, self.param_bytes, self.be.nranks)
-        return int(due)
+        return due
+
+    @staticmethod
+    def due_names(due):
+        return None  # one level: a round's record needs no names
+
+    @staticmethod
+    def due_mask(names):
+        return 1
 
     def initialize_center(self):
         be = self.be
         return be.set_center(be.wait(be.allreduce_mean(be.copy(be.parameters()), self.name("center"))))
 
-    def synchronous(self, step, due):
+    def prepare(self):
+        """The center starts as the workers' mean, at the first step."""
         be = self.be
-        started = be.when(be.center_ready(), lambda: None, otherwise=self.initialize_center)
-        return be.after(started, lambda: be.when(due, lambda: self.apply(
-            be.wait(be.allreduce_mean(be.copy(be.parameters()), self.name("round", 0))))))
+        return be.when(be.center_ready(), lambda: None, otherwise=self.initialize_center)
 
-    def apply(self, means):
+    def start(self, r):
+        r.transfers = {"mean": self.be.allreduce_mean(self.be.copy(self.be.parameters()), self.name("round", r.slot))}
+
+    def elect(self, r):
+        """EASGD elects no one."""
+
+    def apply(self, r):
         """From the values before the round: x += alpha (center - x); center = (1 - beta) center + beta mean."""
         be, sync = self.be, self.sync
+        means = be.wait(r.transfers["mean"])
         current, old = be.parameters(), be.center()
         forces = [(c - x) * sync.alpha for c, x in zip(old, current)]
         stored = be.set_center([c * (1.0 - sync.beta) + m * sync.beta for c, m in zip(old, means)])
         return be.after(stored, lambda: be.add_to_parameters(forces))
-
-    def asynchronous(self, step):
-        be, sync, rounds = self.be, self.sync, self.rounds
-        if not be.center_ready():
-            self.initialize_center()
-        if sync.due(step):
-            started = rounds.start(step, None)
-            started.transfers = {"mean": be.allreduce_mean(be.copy(be.parameters()),
-                                                           self.name("round", started.slot))}
-        for r in rounds.applying(step):
-            self.apply(be.wait(r.transfers["mean"]))
 
     def evaluation_values(self, which):
         """EASGD's center (no communication once training started; every rank holds the same center)."""

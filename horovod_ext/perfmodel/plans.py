@@ -103,7 +103,7 @@ def _leader_plan(sync, sizes, n, node_keys):
         due = sync.due(step)
         if due:
             out.append(Transfer("allgather", 16, allgather_wire_bytes(16, n), every=cycle))
-        for name, source in sync.transfer_levels(due).items():
+        for name, source in sync.transfer_levels(sync.levels_in(due)).items():
             if source.name == name:
                 m = len(source.members)
                 out.append(Transfer("broadcast", p, broadcast_wire_bytes(p, m), members=None if m == n else m,
