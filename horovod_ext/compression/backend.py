@@ -140,7 +140,8 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def allreduce_grad(self, item, name, compression=None):
         """Start the allreduce of item.grad with the user's op and gradient_predivide_factor, through a Horovod
-        compressor's compress/decompress (None: Compression.none); sets item.payload_bytes. Returns a future."""
+        compressor's compress/decompress (None: Compression.none). Returns (future, the bytes compress() made of
+        it)."""
 
     @abc.abstractmethod
     def allreduce_sparse(self, item, name):

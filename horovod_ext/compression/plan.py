@@ -41,15 +41,14 @@ class Item:
     tensor, TensorFlow's IndexedSlices): "gather" travels as Horovod sends it (SparseGather), "dense" is sent as a
     dense gradient (Horovod's sparse_as_dense) and handed back sparse where the framework's optimizers need it."""
 
-    __slots__ = ("index", "name", "grad", "numel", "itemsize", "param", "kind", "future", "payload_bytes", "result",
-                 "work", "sparse")
+    __slots__ = ("index", "name", "grad", "numel", "itemsize", "param", "kind", "future", "result", "work", "sparse")
 
     def __init__(self, index, name, grad, numel, itemsize, param=None, sparse=None):
         if sparse not in (None, "gather", "dense"):
             raise ValueError(f"sparse must be None, 'gather' or 'dense', got {sparse!r}")
         self.index, self.name, self.grad, self.numel, self.itemsize = index, name, grad, int(numel), int(itemsize)
         self.param, self.sparse = param, sparse
-        self.kind = self.future = self.payload_bytes = self.work = None
+        self.kind = self.future = self.work = None
         self.result = None  # TensorFlow: the averaged gradient (PyTorch writes it into .grad)
 
 
@@ -156,9 +155,8 @@ class Linear(Method):
 
     def launch(self, be, item):
         item.kind = "linear"
-        item.future = be.allreduce_grad(item, be.name("hvdext", item), compression=self.spec)  # times compress()
+        item.future, sent = be.allreduce_grad(item, be.name("hvdext", item), compression=self.spec)  # times compress()
         count_dense(be, item)
-        sent = item.payload_bytes  # what compress() made of it, measured by allreduce_grad
         be.count(payload_bytes=sent, wire_bytes=allreduce_wire_bytes(sent, be.nranks))
         return item
 
@@ -179,9 +177,8 @@ class DenseSplit:
     def launch(be, item):
         item.kind = "small"
         count_dense(be, item)
-        item.future = be.allreduce_grad(item, be.name("hvdext", item))
-        nbytes = item.numel * item.itemsize
-        be.count(payload_bytes=nbytes, wire_bytes=allreduce_wire_bytes(nbytes, be.nranks))
+        item.future, sent = be.allreduce_grad(item, be.name("hvdext", item))
+        be.count(payload_bytes=sent, wire_bytes=allreduce_wire_bytes(sent, be.nranks))
         return item
 
     @staticmethod

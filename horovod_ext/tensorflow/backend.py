@@ -201,12 +201,11 @@ class TFBackend(Backend):
     def allreduce_grad(self, item, name, compression=None):
         compression = compression or hvd.Compression.none
         compressed, ctx = compression.compress(item.grad)
-        item.payload_bytes = item.numel * compressed.dtype.size
         scale = {} if self.predivide == 1.0 else {"prescale_factor": 1.0 / self.predivide,
                                                    "postscale_factor": self.predivide}
         reduced = hvd.allreduce(compressed, op=self.op, name=name, ignore_name_scope=True,
                                 process_set=self.process_set, **scale)
-        return compression.decompress(reduced, ctx)
+        return compression.decompress(reduced, ctx), item.numel * compressed.dtype.size
 
     def allreduce_sparse(self, item, name):
         g = item.grad

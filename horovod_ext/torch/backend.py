@@ -252,11 +252,11 @@ class TorchBackend(Backend):
         else:
             with self.timed("compress_seconds"):
                 compressed, ctx = compression.compress(item.grad)
-        item.payload_bytes = compressed.numel() * compressed.element_size()
+        sent = compressed.numel() * compressed.element_size()
         with stale_names_reset():
             handle = hvd.allreduce_async_(compressed, name=name, op=self.grad_op, prescale_factor=self.prescale,
                                           postscale_factor=self.postscale, process_set=self.process_set)
-        return Future(handle, lambda output: compression.decompress(output, ctx))
+        return Future(handle, lambda output: compression.decompress(output, ctx)), sent
 
     def allreduce_sparse(self, item, name):
         grad = item.grad  # sent as it is, duplicate indices included (Horovod does not coalesce it)
