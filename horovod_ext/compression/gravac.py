@@ -81,7 +81,8 @@ from horovod_ext.in_flight import hold, release
 from .feedback import ErrorFeedback
 from .plan import Method, Record, count_dense, require_decoded, send_dense
 from .specs import CompressorSpec, check_choice, check_int, check_real
-from .topk import TOPK_MAX_ELEMENTS, AutoPacking, SparseTransport, TopKCodec, check_fraction, check_values
+from .sparse_reduce import SparseTransport
+from .topk import TOPK_MAX_ELEMENTS, AutoPacking, TopKCodec, check_fraction, check_values
 from .wire import allreduce_wire_bytes
 
 POLICIES = ("exponential", "geometric")

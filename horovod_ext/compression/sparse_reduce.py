@@ -25,6 +25,9 @@ Bytes a rank sends: its phase-1 payloads to the P-1 other owners (at most its K 
 the regions are balanced) and P-1 copies of its phase-2 payload (at most q pairs): at most 2K + 2 q (P-1) words for
 any distribution of indices, within Ok-Topk's bound 6K(P-1)/P for every P >= 2; about 4K(P-1)/P when balanced,
 against allgather's 2K(P-1).
+
+SparseTransport is what top-k's two methods (topk.py, gravac.py) take from here: which transport runs (allgather
+or this one, choose_transport) and the regions as their shared state.
 """
 import math
 
@@ -195,3 +198,26 @@ class SparseReduce:
         result = self.regions.store(due, *bounds)
         self.be.shared_state_written(self.owner)  # TensorFlow: into the variable a checkpoint holds
         return result
+
+
+class SparseTransport:
+    """What top-k's methods share about their transport: which one runs ("auto": choose_transport above,
+    only with delta-coded fp16/fp32 values; recorded in the statistics), and sparse_reduce's regions as the
+    method's shared state (resume.py)."""
+
+    def choose(self, spec, be, sizes_, cf):
+        requested = spec.transport
+        if requested == "auto" and (spec.packing != "delta" or spec.value_dtype == "ternary"):
+            requested = "allgather"
+        value_bits = 32 if spec.value_dtype == "fp32" else 16
+        self.transport = choose_transport(requested, sizes_, cf, be.nranks, value_bits)
+        be.stats.extra["transport"] = self.transport
+        self.sparse = SparseReduce(self, self.codec, spec.rebalance_every, be) \
+            if self.transport == "sparse_reduce" else None
+
+    def shared_state(self):
+        return {"regions": self.sparse.regions.state()} if self.sparse is not None else None
+
+    def load_shared_state(self, state):
+        if self.sparse is not None and state is not None and "regions" in state:
+            self.sparse.regions.load_state(state["regions"])

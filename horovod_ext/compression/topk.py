@@ -1,13 +1,13 @@
 """Compression.topk, declared once: top-k with error feedback (Stich et al. 2018; Lin et al. 2018).
 
-The spec (arguments and checks), the codec (select, extract and decode kernels; payload sizes from the C++ core),
-what top-k and GraVAC (gravac.py) share about packing and transport, and the method: the generic allgather method
-with error feedback, or sparse_reduce (sparse_reduce.py). The math is in cpp/include/hvdext/topk.h, its definition
+The spec (arguments and checks, and what top-k and GraVAC (gravac.py) share about them), the codec (select, extract
+and decode kernels; payload sizes from the C++ core) and the method: the generic allgather method with error
+feedback, or sparse_reduce (sparse_reduce.py, with the transport's choice). The math is in cpp/include/hvdext/topk.h, its definition
 in python/hvdext_reference/topk.py.
 """
 from . import sizes
 from .plan import Allgather, Codec, DenseSplit, EncodeRecord, count_dense, k_of
-from .sparse_reduce import TRANSPORTS, SparseReduce, choose_transport
+from .sparse_reduce import TRANSPORTS, SparseTransport
 from .specs import CompressorSpec, check_bool, check_choice, check_int, check_real
 
 VALUE_DTYPES = ("fp16", "fp32", "ternary")
@@ -48,29 +48,6 @@ class AutoPacking:
         if device == "cpu" or self.value_dtype == "ternary" or self.transport == "sparse_reduce":
             return "delta"
         return "int32"
-
-
-class SparseTransport:
-    """What top-k's methods share about their transport: which one runs ("auto": sparse_reduce.choose_transport,
-    only with delta-coded fp16/fp32 values; recorded in the statistics), and sparse_reduce's regions as the
-    method's shared state (resume.py)."""
-
-    def choose(self, spec, be, sizes_, cf):
-        requested = spec.transport
-        if requested == "auto" and (spec.packing != "delta" or spec.value_dtype == "ternary"):
-            requested = "allgather"
-        value_bits = 32 if spec.value_dtype == "fp32" else 16
-        self.transport = choose_transport(requested, sizes_, cf, be.nranks, value_bits)
-        be.stats.extra["transport"] = self.transport
-        self.sparse = SparseReduce(self, self.codec, spec.rebalance_every, be) \
-            if self.transport == "sparse_reduce" else None
-
-    def shared_state(self):
-        return {"regions": self.sparse.regions.state()} if self.sparse is not None else None
-
-    def load_shared_state(self, state):
-        if self.sparse is not None and state is not None and "regions" in state:
-            self.sparse.regions.load_state(state["regions"])
 
 
 class TopKRecord(EncodeRecord):
