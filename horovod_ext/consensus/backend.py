@@ -1,5 +1,6 @@
 """The contract of a parameter-space optimizer's backend (consensus/step.py runs LSGD's and EASGD's whole step on
-it): the framework's collectives, its parameter access and where it keeps the optimizer's state.
+it): the framework's collectives, its parameter access and its control flow. What the optimizer keeps from step
+to step is state.py's ParameterState, which the step owns.
 horovod_ext/torch/leader.py and horovod_ext/tensorflow/leader.py implement it.
 
 Values are the framework's tensors; a "truth" is a Python bool or a boolean tensor (a graph); a "future" is what
@@ -14,41 +15,6 @@ import abc
 class ParameterBackend(abc.ABC):
     nranks = rank = None
     asynchronous = False  # futures that outlive a step (Horovod's torch handles; not TensorFlow's ops)
-
-    # ------------------------------------------------------------------------------------------ optimizer state
-    @abc.abstractmethod
-    def advance_step(self):
-        """Count this step (from 1) and return its number (an int, or an int64 tensor in a graph)."""
-
-    @abc.abstractmethod
-    def loss_window(self):
-        """This rank's (sum, count) of the losses reported since the last election: a float64 tensor [1, 2]."""
-
-    @abc.abstractmethod
-    def reset_loss_window(self):
-        """Start a new window (after the election read it)."""
-
-    @abc.abstractmethod
-    def center(self):
-        """EASGD's center variable: a list of tensors, one per parameter (zeros before it is initialized)."""
-
-    @abc.abstractmethod
-    def center_ready(self):
-        """A truth: the center was initialized."""
-
-    @abc.abstractmethod
-    def set_center(self, values):
-        """center = values (marks it initialized)."""
-
-    @abc.abstractmethod
-    def shared_state_read(self, owner):
-        """Called on the host before owner.shared_state() is read: where a checkpoint restores it behind the
-        owner's back (a TensorFlow variable), the owner takes it on here."""
-
-    @abc.abstractmethod
-    def shared_state_written(self, owner):
-        """Called on the host after owner.shared_state() changed: where a checkpoint holds it in a variable
-        (TensorFlow), it is stored there."""
 
     # ----------------------------------------------------------------------------------------------- parameters
     @abc.abstractmethod

@@ -41,8 +41,8 @@ class ConsensusStep:
 
     election_lag = 0  # asynchronous: steps between a round's start and its election (rounds.py)
 
-    def __init__(self, sync, be, stats, tag, numel, param_bytes):
-        self.sync, self.be, self.stats, self.tag = sync, be, stats, tag
+    def __init__(self, sync, be, state, stats, tag, numel, param_bytes):
+        self.sync, self.be, self.state, self.stats, self.tag = sync, be, state, stats, tag
         self.numel, self.param_bytes = numel, param_bytes
         self.rounds = Rounds(sync.staleness, sync.period, lag=self.election_lag)
         if self.rounds.asynchronous and not be.asynchronous:
@@ -54,7 +54,7 @@ class ConsensusStep:
     def step(self):
         """Run this step's communication (before the local optimizer step). Returns what a graph must run first."""
         be = self.be
-        step = be.advance_step()
+        step = self.state.advance_step()
         with be.timed():
             due, = be.host(self.schedule, [step, *self.schedule_inputs()], ("int32",))
             if self.rounds.asynchronous:  # eager: Python values, collectives in flight across steps
@@ -103,7 +103,7 @@ class ConsensusStep:
     def compression_stats(self):
         """Bytes this rank handed to collectives and bytes on the wire, against data-parallel SGD's allreduce of
         the gradients (dense_bytes, dense_wire_bytes), per step and in total; the schedule and the sync state."""
-        self.be.shared_state_read(self)
+        self.state.shared_state_read(self)
         stats = self.stats.as_dict()
         stats.update(ranks=self.be.nranks, optimizer=self.sync.what, staleness=self.sync.staleness,
                      rounds_in_flight=len(self.rounds.pending), **self.sync.state())
@@ -171,8 +171,8 @@ class LeaderStep(ConsensusStep):
 
     election_lag = 1  # asynchronous: the loss exchange started at an election step is read one step later
 
-    def __init__(self, sync, be, stats, tag, numel, param_bytes):
-        super().__init__(sync, be, stats, tag, numel, param_bytes)
+    def __init__(self, sync, be, state, stats, tag, numel, param_bytes):
+        super().__init__(sync, be, state, stats, tag, numel, param_bytes)
         from .agreement import level_process_sets
         self.process_sets = level_process_sets(sync, be.nranks, be.add_process_set)
 
@@ -196,16 +196,16 @@ class LeaderStep(ConsensusStep):
     def elect_on_host(self, windows, step, due):
         """On the host: the leaders from every rank's (sum, count) window (raises on every rank: the same numbers
         everywhere). Returns each level's leader as an index into its members, the best rank, the pull mask."""
-        self.be.shared_state_read(self)
+        self.state.shared_state_read(self)
         leaders = self.sync.elect([(float(s), int(c)) for s, c in windows], int(step))
-        self.be.shared_state_written(self)
+        self.state.shared_state_written(self)
         return tuple(level.members.index(leaders[level.name]) for level in self.sync.levels) + \
             (self.sync.best_rank, self.pull_mask(due, leaders))
 
     def start(self, r):
         """The loss exchange: every rank's window in one allgather; a new window starts."""
-        r.exchange = self.be.allgather(self.be.loss_window(), self.name("losses", r.slot))
-        self.be.reset_loss_window()
+        r.exchange = self.be.allgather(self.state.loss_window(), self.name("losses", r.slot))
+        self.state.reset_loss_window()
 
     def elect(self, r):
         """Elect from the exchange; start each due level's broadcast of its leader's parameters as they are now."""
@@ -249,7 +249,7 @@ class LeaderStep(ConsensusStep):
         be = self.be
         if which == "center":
             return be.wait(be.allreduce_mean(be.copy(be.parameters()), self.name("evaluate_center")))
-        be.shared_state_read(self)
+        self.state.shared_state_read(self)
         return be.wait(be.broadcast(be.parameters(), self.sync.best_rank, None, self.name("evaluate")))
 
 
@@ -257,7 +257,7 @@ class ElasticStep(ConsensusStep):
     """EASGD (ElasticSync): the center starts as the workers' mean at the first step."""
 
     def schedule_inputs(self):
-        return [self.be.center_ready()]
+        return [self.state.center_ready()]
 
     def account_rounds(self, step, ready):
         if not ready:  # the center's initialization: one allreduce of the parameters
@@ -277,12 +277,12 @@ class ElasticStep(ConsensusStep):
 
     def initialize_center(self):
         be = self.be
-        return be.set_center(be.wait(be.allreduce_mean(be.copy(be.parameters()), self.name("center"))))
+        return self.state.set_center(be.wait(be.allreduce_mean(be.copy(be.parameters()), self.name("center"))))
 
     def prepare(self):
         """The center starts as the workers' mean, at the first step."""
         be = self.be
-        return be.when(be.center_ready(), lambda: None, otherwise=self.initialize_center)
+        return be.when(self.state.center_ready(), lambda: None, otherwise=self.initialize_center)
 
     def start(self, r):
         r.transfers = {"mean": self.be.allreduce_mean(self.be.copy(self.be.parameters()), self.name("round", r.slot))}
@@ -294,15 +294,15 @@ class ElasticStep(ConsensusStep):
         """From the values before the round: x += alpha (center - x); center = (1 - beta) center + beta mean."""
         be, sync = self.be, self.sync
         means = be.wait(r.transfers["mean"])
-        current, old = be.parameters(), be.center()
+        current, old = be.parameters(), self.state.center()
         forces = [(c - x) * sync.alpha for c, x in zip(old, current)]
-        stored = be.set_center([c * (1.0 - sync.beta) + m * sync.beta for c, m in zip(old, means)])
+        stored = self.state.set_center([c * (1.0 - sync.beta) + m * sync.beta for c, m in zip(old, means)])
         return be.after(stored, lambda: be.add_to_parameters(forces))
 
     def evaluation_values(self, which):
         """EASGD's center (no communication once training started; every rank holds the same center)."""
         be = self.be
-        if not be.center_ready():  # evaluated before the first step: the workers' mean
+        if not self.state.center_ready():  # evaluated before the first step: the workers' mean
             self.sync.account(self.stats, self.param_bytes, be.nranks)
             self.initialize_center()
-        return be.center()
+        return self.state.center()

@@ -39,6 +39,7 @@ from horovod_ext.consensus import ElasticSync, LeaderSync
 from horovod_ext.consensus.agreement import build_on_every_rank
 from horovod_ext.consensus.backend import ParameterBackend
 from horovod_ext.consensus.leader import ELASTIC_EVALUATION, LEADER_EVALUATION, check_evaluation
+from horovod_ext.consensus.state import ParameterState
 from horovod_ext.consensus.step import ElasticStep, LeaderStep
 from .aggregator import variable_names
 from .backend import DTYPES, HostStateVariable, as_tuple, collective_name, numpy_allgather
@@ -62,21 +63,14 @@ def _grouped(result):
     return tf.group(*result) if isinstance(result, (list, tuple)) else tf.group(result)
 
 
-class TFParameterBackend(ParameterBackend):
-    """The variables given to apply() (bound per call), Horovod's TensorFlow collectives (a future is its result
-    tensor), and the optimizer's state in the module's tf.Variables (checkpointed with it)."""
+class TFParameterState(ParameterState):
+    """The optimizer's state in the module's tf.Variables (checkpointed with it); EASGD's center variables are made
+    at its first use, shaped as the variables the backend is bound to."""
 
-    def __init__(self, module):
-        self.module = module
-        self.nranks, self.rank = hvd.size(), hvd.rank()
-        self.variables, self.names = [], []
-        self.sets = {}
+    def __init__(self, module, backend):
+        self.module, self.backend = module, backend
         self.sync_state = HostStateVariable(module.sync_state)
 
-    def bind(self, variables):
-        self.variables, self.names = list(variables), variable_names(variables)
-
-    # ------------------------------------------------------------------------------------------ optimizer state
     def advance_step(self):
         return self.module.step.assign_add(1)
 
@@ -92,7 +86,7 @@ class TFParameterBackend(ParameterBackend):
         if not m.center:
             with tf.init_scope():
                 m.center = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name=f"center_{i}")
-                            for i, v in enumerate(self.variables)]
+                            for i, v in enumerate(self.backend.variables)]
         return m.center
 
     def center(self):
@@ -112,6 +106,19 @@ class TFParameterBackend(ParameterBackend):
 
     def shared_state_written(self, owner):
         self.sync_state.write(owner)
+
+
+class TFParameterBackend(ParameterBackend):
+    """The variables given to apply() (bound per call) and Horovod's TensorFlow collectives (a future is its result
+    tensor)."""
+
+    def __init__(self):
+        self.nranks, self.rank = hvd.size(), hvd.rank()
+        self.variables, self.names = [], []
+        self.sets = {}
+
+    def bind(self, variables):
+        self.variables, self.names = list(variables), variable_names(variables)
 
     # ----------------------------------------------------------------------------------------------- parameters
     def parameters(self):
@@ -228,8 +235,9 @@ class _State(tf.Module):
         self._make_runner(sync)
 
     def _make_runner(self, sync):
-        self.backend = TFParameterBackend(self)
-        self.runner = self._step_class(sync, self.backend, self.stats, named(self._tag, sync.generation), 0, 0)
+        self.backend = TFParameterBackend()
+        self.runner = self._step_class(sync, self.backend, TFParameterState(self, self.backend), self.stats,
+                                       named(self._tag, sync.generation), 0, 0)
         self.backend.sets = getattr(self.runner, "process_sets", {})
 
     # ------------------------------------------------------------------------------------- elastic training

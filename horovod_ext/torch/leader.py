@@ -32,6 +32,7 @@ from horovod_ext.consensus import ElasticSync, LeaderSync
 from horovod_ext.consensus.agreement import build_on_every_rank
 from horovod_ext.consensus.backend import ParameterBackend
 from horovod_ext.consensus.leader import ELASTIC_EVALUATION, LEADER_EVALUATION, check_evaluation
+from horovod_ext.consensus.state import ParameterState
 from horovod_ext.consensus.step import ElasticStep, LeaderStep
 from .backend import numpy_allgather, timed_into
 
@@ -52,21 +53,15 @@ class _Transfer:
         return self.values[0] if self.single else self.values
 
 
-class TorchParameterBackend(ParameterBackend):
-    """Horovod's torch collectives by handle (asynchronous rounds), the parameters themselves, and the optimizer's
-    state in Python: the step counter, the loss window and EASGD's center."""
+class TorchParameterState(ParameterState):
+    """The optimizer's state in Python (in its state_dict()): the step counter, the loss window and EASGD's
+    center."""
 
-    asynchronous = True
-
-    def __init__(self, params, stats):
-        self.params, self.stats = params, stats
-        self.nranks, self.rank = hvd.size(), hvd.rank()
+    def __init__(self):
         self.step = 0
         self.loss = [0.0, 0]  # sum and count of the losses reported since the last election
         self.center_values = None  # EASGD's center, a list of tensors once initialized
-        self.sets = {}  # level name -> Horovod process set (LeaderStep's)
 
-    # ------------------------------------------------------------------------------------------ optimizer state
     def advance_step(self):
         self.step += 1
         return self.step
@@ -91,6 +86,17 @@ class TorchParameterBackend(ParameterBackend):
 
     def shared_state_written(self, owner):
         """Nothing to store: the optimizer's state_dict() reads the step's shared state when it is called."""
+
+
+class TorchParameterBackend(ParameterBackend):
+    """Horovod's torch collectives by handle (asynchronous rounds) and the parameters themselves."""
+
+    asynchronous = True
+
+    def __init__(self, params, stats):
+        self.params, self.stats = params, stats
+        self.nranks, self.rank = hvd.size(), hvd.rank()
+        self.sets = {}  # level name -> Horovod process set (LeaderStep's)
 
     # ----------------------------------------------------------------------------------------------- parameters
     def parameters(self):
@@ -183,9 +189,9 @@ class _ParameterSync:
         self._hx_params = params
         self._hx_names = [names.get(id(p), f"param.{i}") for i, p in enumerate(params)]
         self._hx_make = (make_sync, arguments, step_class)
-        self._hx_build(CompressionStats(self._hx_what))
+        self._hx_build(CompressionStats(self._hx_what), TorchParameterState())
 
-    def _hx_build(self, stats):
+    def _hx_build(self, stats, state):
         """The step for this job's membership (collective: the arguments are checked on every rank, and groups
         become process sets)."""
         make_sync, arguments, step_class = self._hx_make
@@ -194,7 +200,8 @@ class _ParameterSync:
         sync = build_on_every_rank(make_sync, arguments, tensors, self._hx_allgather_blobs, hvd.rank(), hvd.size(),
                                    self._hx_what)
         self._hx_be = TorchParameterBackend(params, stats)
-        self._hx_run = step_class(sync, self._hx_be, stats, named(f"hvdext.{self._hx_what}.{self._hx_id}",
+        self._hx_state = state
+        self._hx_run = step_class(sync, self._hx_be, state, stats, named(f"hvdext.{self._hx_what}.{self._hx_id}",
                                                                   sync.generation),
                                   sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params))
         self._hx_be.sets = getattr(self._hx_run, "process_sets", {})
@@ -209,17 +216,10 @@ class _ParameterSync:
         state: the step counter, its loss window, the statistics and EASGD's center carry over; the elected
         leaders and the rounds in flight do not (their ranks are gone or renumbered): the next election elects
         again, from the losses reported since."""
-        be = self._hx_be
-        step, loss, center = be.step, list(be.loss), be.center_values
         self._hx_run.forget_in_flight()
-        self._hx_build(be.stats)
-        self._hx_be.step, self._hx_be.loss, self._hx_be.center_values = step, loss, center
+        self._hx_build(self._hx_be.stats, self._hx_state)
 
-    # the state the tests and tools read, held by the backend and the step
     _hx_sync = property(lambda self: self._hx_run.sync)
-    _hx_step = property(lambda self: self._hx_be.step)
-    _hx_loss = property(lambda self: self._hx_be.loss)
-    _hx_center = property(lambda self: self._hx_be.center_values)
 
     def _hx_allgather_blobs(self, blob):
         return allgather_blobs(blob, numpy_allgather(), f"horovod_ext.{self._hx_what}.{self._hx_id}.settings")
@@ -227,8 +227,8 @@ class _ParameterSync:
     def report_loss(self, loss):
         """Add this step's training loss (a number or a scalar tensor) to the running average the leader is
         elected by; call it before step(), or pass a closure to step()."""
-        self._hx_be.loss[0] += float(loss.detach()) if torch.is_tensor(loss) else float(loss)
-        self._hx_be.loss[1] += 1
+        self._hx_state.loss[0] += float(loss.detach()) if torch.is_tensor(loss) else float(loss)
+        self._hx_state.loss[1] += 1
 
     def step(self, closure=None):
         loss = None
@@ -247,21 +247,21 @@ class _ParameterSync:
         return self._hx_run.compression_stats()
 
     def _hx_ours(self):
-        be, run = self._hx_be, self._hx_run
-        return {"step": be.step, "loss": list(be.loss), "sync": run.shared_state(), "stats": be.stats.state(),
-                "rounds": run.drained_rounds(),
-                "center": None if be.center_values is None else [c.clone() for c in be.center_values]}
+        state, run = self._hx_state, self._hx_run
+        return {"step": state.step, "loss": list(state.loss), "sync": run.shared_state(),
+                "stats": self._hx_be.stats.state(), "rounds": run.drained_rounds(),
+                "center": None if state.center_values is None else [c.clone() for c in state.center_values]}
 
     def _hx_load_ours(self, ours):
-        be, run = self._hx_be, self._hx_run
-        be.step = int(ours["step"])
-        be.loss = [float(ours["loss"][0]), int(ours["loss"][1])]
+        state, run = self._hx_state, self._hx_run
+        state.step = int(ours["step"])
+        state.loss = [float(ours["loss"][0]), int(ours["loss"][1])]
         run.load_shared_state(ours["sync"])
-        be.stats.load_state(ours["stats"])
+        self._hx_be.stats.load_state(ours["stats"])
         run.load_rounds(ours.get("rounds", []))
         center = ours.get("center")
-        be.center_values = None if center is None else [c.clone().to(p.device) for c, p in
-                                                        zip(center, self._hx_params)]
+        state.center_values = None if center is None else [c.clone().to(p.device) for c, p in
+                                                           zip(center, self._hx_params)]
 
     def state_dict(self):
         state = super().state_dict()
@@ -283,7 +283,7 @@ class _ParameterSync:
         """horovod_ext's part of broadcast_optimizer_state: root_rank's schedule (step counter, elected leaders,
         statistics, EASGD's center) on every rank; the running loss since the last election stays each rank's own."""
         ours = hvd.broadcast_object(self._hx_ours(), root_rank=root_rank, name=self._hx_run.name("state"))
-        ours["loss"] = list(self._hx_be.loss)
+        ours["loss"] = list(self._hx_state.loss)
         ours["rounds"] = []  # every rank restarts from root's parameters: nothing in flight survives
         self._hx_load_ours(ours)
 

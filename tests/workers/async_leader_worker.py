@@ -69,7 +69,7 @@ def record_run(opt, m, steps, seed, center=None):
         out["starts"].append(start)
         out["after"].append(gathered(m).tolist())
         if center is not None:
-            out["centers"].append(torch.cat([c.reshape(-1) for c in opt._hx_center]).tolist())
+            out["centers"].append(torch.cat([c.reshape(-1) for c in opt._hx_state.center_values]).tolist())
         nudge(m, rng)
     out["waits"] = list(WAITS)
     return out

@@ -154,7 +154,7 @@ def check_leader_resume(kind, folder):
     model, opt = make_leader(kind, seed=0)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
-    fresh_step = opt._hx_step
+    fresh_step = opt._hx_state.step
     train_leader(model, opt, 0, CKPT_STEPS)
     path = os.path.join(folder, f"{kind}.pt")
     if RANK == 0:
@@ -169,7 +169,7 @@ def check_leader_resume(kind, folder):
         opt.load_state_dict(checkpoint["opt"])
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
-    after = {"step": opt._hx_step, **snapshot(model, opt)}
+    after = {"step": opt._hx_state.step, **snapshot(model, opt)}
     train_leader(model, opt, CKPT_STEPS, MORE_STEPS)
     return {"fresh_step": fresh_step, "after": after, "uninterrupted": uninterrupted, "resumed": snapshot(model, opt),
             "sync": opt._hx_sync.state()}

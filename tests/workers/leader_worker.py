@@ -146,7 +146,7 @@ def check_state_dict():
     opt2 = hvd.LeaderOptimizer(torch.optim.SGD(m2.parameters(), lr=0.1), m2.named_parameters(), period=2,
                                groups=None)
     opt2.load_state_dict(state)
-    return {"step": opt2._hx_step, "loss": opt2._hx_loss, "best": opt2._hx_sync.best_rank,
+    return {"step": opt2._hx_state.step, "loss": opt2._hx_state.loss, "best": opt2._hx_sync.best_rank,
             "same": opt2._hx_sync.state() == opt._hx_sync.state()}
 
 
