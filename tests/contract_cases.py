@@ -1,11 +1,14 @@
-"""The backend contract's conformance cases (horovod_ext/compression/backend.py): one case per primitive, run by
+"""The backend contract's conformance cases (horovod_ext/compression/backend.py): one case per primitive, and one
+per method of the step context over it (CONTEXT_CASES, horovod_ext/compression/context.py), run by
 tests/workers/contract_worker.py on the PyTorch backend, TensorFlow eagerly and TensorFlow inside tf.function,
-against the same expectations. tests/test_backend_contract.py checks that every primitive has a case.
+against the same expectations. tests/test_backend_contract.py checks that every primitive and every method of the
+context has a case.
 
 A case is fn(ctx) -> value (tensors, numbers, lists of them, None), run inside a tf.function in the graph mode;
 the expectation is fn(rank, nranks, value, ctx) -> None or a message saying what differs. ctx gives the framework:
 ctx.be (a new backend per case), ctx.t(values, dtype) (a tensor), ctx.item(name, values) (a plan.Item),
-ctx.graph (True inside tf.function), ctx.counted(field) (what the backend's statistics hold of a counted field),
+ctx.graph (True inside tf.function), ctx.context (the adapter's StepContext over ctx.be, begun at step 3 with
+seed 7, for CONTEXT_CASES), ctx.counted(field) (what the context has counted of a field this step),
 ctx.written(item) (the item's result after write), ctx.set_method_state(text) (a checkpoint restoring the
 TensorFlow variable; nothing elsewhere), ctx.sparse_item(name, indices, rows, shape, sparse) (a plan.Item whose
 gradient is the framework's sparse tensor of those rows) and ctx.dense(x) (a sparse tensor's dense values).
@@ -40,8 +43,13 @@ class FakeMethod:
 
 
 def _begin_step(c):
-    c.be.begin_step(3, 7, False)
-    return [c.be.step, c.be.seed]
+    """A step every rank takes moves step-level names on where the framework needs it (PyTorch's eager names);
+    stable names stay."""
+    be = c.be
+    stable = be.stable_name("contract.begin")
+    be.begin_step(False)
+    be.begin_step(True)
+    return stable == be.stable_name("contract.begin")
 
 
 def _ranks_training(c):
@@ -112,8 +120,8 @@ def _stable_name(c):
     """The same name after another step has begun, and usable by an allreduce in both steps."""
     be, x = c.be, c.t([float(c.rank + 1)])
     names, sums = [], []
-    for step in (3, 4):
-        be.begin_step(step, 7, False)
+    for _ in (3, 4):
+        be.begin_step(False)
         names.append(be.stable_name("contract.stable"))
         sums.append(be.wait(be.allreduce(x, names[-1], "sum")))
     return [names[0] == names[1] != be.stable_name("contract.other")] + sums
@@ -133,50 +141,33 @@ def _switch(c):
     return c.be.switch(index, [lambda: c.t([10.0]), lambda: c.t([20.0])])
 
 
-def _require(c):
+def _assertion(c):
+    """In a graph an op that fails the step when it runs (GRAPH_FAILURES); eagerly it raises at once."""
     be = c.be
-    be.begin_step(0, 0, False)
-    be.require(c.be.all_finite(c.t([1.0])), "fine")
-    be.require(c.be.all_finite(c.t([float("nan")])), "'w' (on rank {})", be.stack([1], "int32")[0])
-    be.require(be.equal(be.stack([-1], "int32")[0], -1), "'v' {}", be.stack([2], "int32")[0], error="payload")
-    if c.graph:  # assertions: the failed one fails the step when it runs
-        return be.guarded(c.t([1.0]))
-    return [list(e) for e in be.errors]
-
-
-def _decoding(c):
-    be, item = c.be, c.item("dense/kernel", [1.0])
-    be.begin_step(0, 0, False)
+    passing = be.assertion(be.all_finite(c.t([1.0])), ["fine"])
     if c.graph:
-        with be.decoding(item):
-            op = be.copy(c.t([1.0]))
-        return op.name
-    with be.decoding(item):
-        raise ValueError("rank 1 sent a corrupted payload")
-    return [list(e) for e in be.errors]
+        failing = be.assertion(be.all_finite(c.t([float("nan")])), ["NaN or Inf in the gradient of 'w' (rank ",
+                                                                      be.stack([1], "int32")[0], ")"])
+        return be.after([passing, failing], c.t([1.0]))
+    try:
+        be.assertion(be.all_finite(c.t([float("nan")])), ["NaN or Inf in the gradient of 'w' (rank ", 1, ")"])
+    except Exception as exc:  # noqa: BLE001 - the framework's own assertion error
+        return str(exc)
+    return "nothing raised"
 
 
-def _failed(c):
+def _after(c):
     be = c.be
-    be.begin_step(0, 0, False)
-    before = be.failed()
-    if not c.graph:
-        be.require(False, "x")
-    return [before, be.failed()]
+    if c.graph:
+        return be.after([be.assertion(be.all_finite(c.t([1.0])), ["fine"])], c.t([3.0]))
+    return be.after([], c.t([3.0]))
 
 
-def _timed(c):
-    with c.be.timed("compress_seconds"):
-        sum(range(20000))
-    return c.counted("compress_seconds")
-
-
-def _counting(method):
-    def case(c):
-        c.be.begin_step(0, 0, False)
-        getattr(c.be, method)(payload_bytes=5, wire_bytes=c.t(7.0, "float64") if method == "count_runtime" else 7)
-        return [c.counted("payload_bytes"), c.counted("wire_bytes")]
-    return case
+def _scope(c):
+    be = c.be
+    with be.scope("decode.dense/kernel"):
+        op = be.copy(c.t([1.0]))
+    return op.name if c.graph else None
 
 
 def _shared_state_written(c):
@@ -292,12 +283,6 @@ def _expect_orthogonal(rank, n, value, c):
     return close(gram[0], want) or close(zero[0], [[0, s], [0, s]]) or close(np.abs(qr[0]), np.abs(want))
 
 
-def _expect_require(rank, n, value, c):
-    if c.graph:
-        return "the failed requirement did not fail the graph"  # the worker expects the run to raise
-    return equal(value, [["nonfinite", "'w' (on rank 1)"]])
-
-
 def _expect_shared_read(rank, n, value, c):
     restored, took_it, nothing = value
     if restored:  # the backend holds the state in a variable a checkpoint restores (TensorFlow)
@@ -307,7 +292,7 @@ def _expect_shared_read(rank, n, value, c):
 
 
 CASES = {
-    "begin_step": (_begin_step, lambda r, n, v, c: close(v, [3, 7])),
+    "begin_step": (_begin_step, lambda r, n, v, c: equal(v, True)),
     "ranks_training": (_ranks_training, lambda r, n, v, c: equal(v, None if c.graph else n)),
     "flat32": (_flat32, lambda r, n, v, c: close(v[0], [1, 2, 3, 4]) or equal(v[1], True)),
     "copy": (_copy, lambda r, n, v, c: close(v, [1, 2])),
@@ -352,16 +337,12 @@ CASES = {
     "host": (_host, lambda r, n, v, c: close(v, [5, 6])),
     "numpy": (_numpy, lambda r, n, v, c: close(v, [2, 4])),
     "switch": (_switch, lambda r, n, v, c: close(v, [20])),
-    "require": (_require, _expect_require),
-    "decoding": (_decoding, lambda r, n, v, c: (None if "decode.dense_kernel" in v else f"op {v!r} is not named "
-                                                "after the tensor") if c.graph else
-                 equal(v, [["payload", "'dense/kernel': rank 1 sent a corrupted payload"]])),
-    "failed": (_failed, lambda r, n, v, c: equal(v, [False, False] if c.graph else [False, True])),
-    "guarded": (lambda c: c.be.guarded(c.t([3.0])), lambda r, n, v, c: close(v, [3])),
-    "timed": (_timed, lambda r, n, v, c: None if (v > 0) == c.timed else f"timed={c.timed} but {v} s counted"),
-    "count": (_counting("count"), lambda r, n, v, c: close(v, [5, 7])),
-    "count_decided": (_counting("count_decided"), lambda r, n, v, c: close(v, [5, 7])),
-    "count_runtime": (_counting("count_runtime"), lambda r, n, v, c: close(v, [5, 7])),
+    "building_graph": (lambda c: c.be.building_graph(), lambda r, n, v, c: equal(bool(v), c.graph)),
+    "assertion": (_assertion, lambda r, n, v, c: None if "NaN or Inf in the gradient of 'w' (rank " in str(v)
+                  and "1" in str(v) else f"the assertion said {v!r}"),
+    "after": (_after, lambda r, n, v, c: close(v, [3])),
+    "scope": (_scope, lambda r, n, v, c: (None if "decode.dense_kernel" in v else f"op {v!r} is not named after "
+                                          "the scope") if c.graph else equal(v, None)),
     "shared_state_written": (_shared_state_written, lambda r, n, v, c: close(v, 1)),
     "shared_state_read": (_shared_state_read, _expect_shared_read),
     "residual": (_per_rank_state, lambda r, n, v, c: close(v[0], [0, 0, 0]) or close(v[1], [1, 2, 3])
@@ -377,4 +358,97 @@ CASES = {
 }
 
 # Cases that must fail the tf.function they run in (their failed assertion), with this text in the error.
-GRAPH_FAILURES = {"require": "assertion failed: [NaN or Inf in the gradient of"}
+GRAPH_FAILURES = {"assertion": "(rank ] [1] [)]",
+                  "require": "assertion failed: [NaN or Inf in the gradient of"}
+
+
+# The step context (horovod_ext/compression/context.py) over each backend: c.context is a StepContext using c.be,
+# begun at step 3 with seed 7.
+def _begin(c):
+    return [c.context.step, c.context.seed, c.context.dense, c.context.failed()]
+
+
+def _require(c):
+    ctx, be = c.context, c.be
+    ctx.require(be.all_finite(c.t([1.0])), "fine")
+    ctx.require(be.all_finite(c.t([float("nan")])), "'w' (on rank {})", be.stack([1], "int32")[0])
+    ctx.require(be.equal(be.stack([-1], "int32")[0], -1), "'v' {}", be.stack([2], "int32")[0], error="payload")
+    if c.graph:  # assertions: the failed one fails the step when it runs
+        return ctx.guarded(c.t([1.0]))
+    return [list(e) for e in ctx.errors]
+
+
+def _expect_require(rank, n, value, c):
+    if c.graph:
+        return "the failed requirement did not fail the graph"  # the worker expects the run to raise
+    return equal(value, [["nonfinite", "'w' (on rank 1)"]])
+
+
+def _decoding(c):
+    ctx, item = c.context, c.item("dense/kernel", [1.0])
+    if c.graph:
+        with ctx.decoding(item):
+            op = c.be.copy(c.t([1.0]))
+        return op.name
+    with ctx.decoding(item):
+        raise ValueError("rank 1 sent a corrupted payload")
+    return [list(e) for e in ctx.errors]
+
+
+def _failed(c):
+    ctx = c.context
+    before = ctx.failed()
+    if not c.graph:
+        ctx.require(False, "x")
+    return [before, ctx.failed()]
+
+
+def _pending(c):
+    """What a graph's outputs wait for: the assertions and the runtime count; nothing eagerly."""
+    ctx = c.context
+    ctx.require(c.be.all_finite(c.t([1.0])), "fine")
+    ctx.count_runtime(payload_bytes=c.t(5.0, "float64"))
+    pending = ctx.pending()
+    return [len(pending), c.be.after(pending, c.t([3.0]))]
+
+
+def _timed(c):
+    with c.context.timed("compress_seconds"):
+        sum(range(20000))
+    return c.counted("compress_seconds")
+
+
+def _counting(method):
+    def case(c):
+        getattr(c.context, method)(payload_bytes=5,
+                                   wire_bytes=c.t(7.0, "float64") if method == "count_runtime" else 7)
+        return [c.counted("payload_bytes"), c.counted("wire_bytes")]
+    return case
+
+
+def _totals(c):
+    """Counts of a step made once and run `steps` times (TensorFlow); PyTorch's add to the statistics as they come."""
+    ctx = c.context
+    ctx.count(payload_bytes=5)
+    ctx.count_decided(payload_bytes=2)
+    if not ctx.built_steps:
+        return None
+    last, total = ctx.totals(10, ("payload_bytes",))
+    return [last["payload_bytes"], total["payload_bytes"]]
+
+
+CONTEXT_CASES = {
+    "begin": (_begin, lambda r, n, v, c: close(v[:2], [3, 7]) or equal(v[2:], [False, False])),
+    "require": (_require, _expect_require),
+    "decoding": (_decoding, lambda r, n, v, c: (None if "decode.dense_kernel" in v else f"op {v!r} is not named "
+                                                "after the tensor") if c.graph else
+                 equal(v, [["payload", "'dense/kernel': rank 1 sent a corrupted payload"]])),
+    "failed": (_failed, lambda r, n, v, c: equal(v, [False, False] if c.graph else [False, True])),
+    "guarded": (lambda c: c.context.guarded(c.t([3.0])), lambda r, n, v, c: close(v, [3])),
+    "pending": (_pending, lambda r, n, v, c: equal(v[0], 2 if c.graph else 0) or close(v[1], [3])),
+    "timed": (_timed, lambda r, n, v, c: None if (v > 0) == c.timed else f"timed={c.timed} but {v} s counted"),
+    "count": (_counting("count"), lambda r, n, v, c: close(v, [5, 7])),
+    "count_decided": (_counting("count_decided"), lambda r, n, v, c: close(v, [5, 7])),
+    "count_runtime": (_counting("count_runtime"), lambda r, n, v, c: close(v, [5, 7])),
+    "totals": (_totals, lambda r, n, v, c: close(v, [7, 52]) if c.built_steps else equal(v, None)),
+}

@@ -28,8 +28,8 @@ class RandomKCodec(Codec):
     bad_flag_error = "payload"
     nonfinite = "(NaN/Inf on some rank)"
 
-    def __init__(self, spec, be):
-        super().__init__(spec, be)
+    def __init__(self, spec, ctx):
+        super().__init__(spec, ctx)
         self.ratio, self.seed = spec.ratio, spec.seed
 
     def payload_bytes(self, numel):
@@ -44,7 +44,7 @@ class RandomKCodec(Codec):
             remainder[idx] = 0.0
             return g[idx], remainder
 
-        return be.numpy(encode_np, [flat, be.step], ("float32", "float32"))
+        return be.numpy(encode_np, [flat, self.ctx.step], ("float32", "float32"))
 
     def decode(self, be, item, gathered, into):
         n, k, key, nranks, divisor = item.numel, kept(item.numel, self.ratio), tensor_key(item.name), be.nranks, \
@@ -59,7 +59,7 @@ class RandomKCodec(Codec):
                 out[idx] += values[r * k:(r + 1) * k]
             return out / np.float32(divisor), np.int32(-1)
 
-        return be.numpy(decode_np, [gathered, be.step], ("float32", "int32"))
+        return be.numpy(decode_np, [gathered, self.ctx.step], ("float32", "int32"))
 
 
 class RandomK(CompressorSpec):

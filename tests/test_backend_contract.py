@@ -1,19 +1,28 @@
 """The backend contract (horovod_ext/compression/backend.py): both backends implement every primitive, and every
-primitive behaves as the contract says on PyTorch, TensorFlow eager and TensorFlow inside tf.function
-(tests/contract_cases.py, run by tests/workers/contract_worker.py under horovodrun -np 2)."""
+primitive, and every method of the step context over it (compression/context.py), behaves as the contract says on
+PyTorch, TensorFlow eager and TensorFlow inside tf.function (tests/contract_cases.py, run by
+tests/workers/contract_worker.py under horovodrun -np 2)."""
 import inspect
 
 import pytest
 
-from contract_cases import CASES
+from contract_cases import CASES, CONTEXT_CASES
 from horovod_ext.compression.backend import Backend
+from horovod_ext.compression.context import StepContext
 from hvdrun import horovodrun
 
 PRIMITIVES = sorted(Backend.__abstractmethods__)
+# the step context's methods a method's step calls (use: which backend; nranks: the backend's)
+CONTEXT = sorted(name for name, value in vars(StepContext).items()
+                 if callable(value) and not name.startswith("_") and name != "use")
 
 
 def test_every_primitive_has_a_conformance_case():
     assert sorted(CASES) == PRIMITIVES
+
+
+def test_every_method_of_the_step_context_has_a_conformance_case():
+    assert sorted(CONTEXT_CASES) == CONTEXT
 
 
 def test_the_contract_is_abstract_so_a_missing_primitive_fails_at_construction():
@@ -45,6 +54,6 @@ def test_every_primitive_conforms(framework):
     results, _ = horovodrun(2, "tests/workers/contract_worker.py", framework, timeout=300)
     for r in results:
         for mode, cases in r["results"].items():
-            assert sorted(cases) == PRIMITIVES, mode
+            assert sorted(cases) == sorted(PRIMITIVES + [f"context.{name}" for name in CONTEXT]), mode
             failures = {case: detail for case, detail in cases.items() if detail is not None}
             assert not failures, (r["rank"], mode, failures)

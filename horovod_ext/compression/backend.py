@@ -8,15 +8,16 @@ against the same expectations.
 Values are the framework's tensors. A "truth" is a Python bool (eager) or a boolean tensor (a graph); a "future"
 is whatever ``wait`` turns into the collective's result. Where a framework has nothing to do for a primitive, its
 backend still implements it, and its docstring says why (PyTorch checkpoints host state by reading the method at
-``state_dict()`` time, so ``shared_state_read`` / ``shared_state_written`` do nothing there; a TensorFlow graph
-cannot time its ops, so ``timed`` is a null context and its statistics say ``timed=False``).
+``state_dict()`` time, so ``shared_state_read`` / ``shared_state_written`` do nothing there; PyTorch never builds a
+graph, so ``after`` and ``scope`` do nothing there). The step's counter, seed, requirements and byte counts are the
+step context's (context.py), which uses ``building_graph``, ``assertion``, ``after``, ``scope`` and
+``kernel_errors`` for them.
 
 Attributes every backend has: ``nranks``, ``rank`` (of the process set), ``divisor`` (N for op Average, 1 for Sum),
-``step`` and ``seed`` (this step's counter and the random seed, as the kernels take them), ``kernels`` (the kernel
-table: uniform, functional signatures; see the codecs), ``stats`` (the CompressionStats the step adds to) and
-``errors`` (the (error, detail) pairs of the requirements that failed since begin_step, eagerly) and
-``carries_futures`` (whether a collective may stay in flight from one step into the next: PyTorch's eager handles
-may, a TensorFlow graph's tensors may not, so there a method waits in the step that started it).
+``kernels`` (the kernel table: uniform, functional signatures; see the codecs), ``kernel_errors`` (the exceptions
+a kernel raises for a corrupted payload) and ``carries_futures`` (whether a collective may stay in flight from one
+step into the next: PyTorch's eager handles may, a TensorFlow graph's tensors may not, so there a method waits in
+the step that started it).
 """
 import abc
 
@@ -26,17 +27,15 @@ class Backend(abc.ABC):
 
     nranks = rank = None
     divisor = 1.0
-    step = seed = None
     kernels = None
-    stats = None
-    errors = ()
+    kernel_errors = (ValueError,)
     carries_futures = False
 
     # ------------------------------------------------------------------------------------------------ a step
     @abc.abstractmethod
-    def begin_step(self, step, seed, dense):
-        """A step begins (the driver, before its first launch): its counter and seed (tensors in a graph), and
-        whether it goes dense (a rank has joined). Forgets the last step's requirements."""
+    def begin_step(self, dense):
+        """A step begins (the step context, before its first launch); dense: it goes dense (a rank has joined),
+        which step-level collective names may need to know."""
 
     @abc.abstractmethod
     def ranks_training(self, name):
@@ -196,41 +195,21 @@ class Backend(abc.ABC):
         """branches[index]() (tf.switch_case in a graph: every branch returns the same structure)."""
 
     @abc.abstractmethod
-    def require(self, truth, detail, value=None, error="nonfinite"):
-        """Record a failed requirement unless `truth`: `detail` with its "{}" filled with `value`. `error` is what
-        the step driver raises for it: "nonfinite" (FloatingPointError) or "payload" (a corrupted payload:
-        ValueError). Eagerly it is collected and raised after the step; in a graph it is an assertion."""
+    def building_graph(self):
+        """Whether ops are being built into a graph (TensorFlow inside tf.function), not run as they come."""
 
     @abc.abstractmethod
-    def decoding(self, item):
-        """A context around decoding one tensor's payloads: a corrupted payload that a kernel rejects is recorded
-        as a "payload" requirement naming the tensor (eagerly; the rest of the block is skipped), or fails the
-        graph from an op named after the tensor."""
+    def assertion(self, truth, data):
+        """An op that fails with the message `data` (strings and tensors, joined) unless `truth`: in a graph when
+        it runs (returned, for ``after``), eagerly at once."""
 
     @abc.abstractmethod
-    def failed(self):
-        """Whether a requirement failed so far this step (always False in a graph: its assertions run later)."""
+    def after(self, ops, x):
+        """x, once the graph ops `ops` have run (x itself eagerly)."""
 
     @abc.abstractmethod
-    def guarded(self, x):
-        """x, once every assertion recorded so far has passed (a graph); x itself eagerly."""
-
-    @abc.abstractmethod
-    def timed(self, field):
-        """A context that adds the seconds it lasts to statistics field `field`."""
-
-    # ----------------------------------------------------------------------------------------------- accounting
-    @abc.abstractmethod
-    def count(self, **amounts):
-        """Bytes (or elements) known when the step is built: the same every step."""
-
-    @abc.abstractmethod
-    def count_decided(self, **amounts):
-        """Bytes known only once a host decision is taken (GraVAC's path), called from that decision."""
-
-    @abc.abstractmethod
-    def count_runtime(self, **amounts):
-        """Bytes known only as the step runs (numbers, or tensors of them in a graph)."""
+    def scope(self, name):
+        """A context in which a graph's ops are named after `name` (nothing eagerly)."""
 
     # --------------------------------------------------------------------------------------------- shared state
     @abc.abstractmethod

@@ -3,8 +3,8 @@
 An adapter makes one StepDriver per optimizer (or aggregator) once the settings are agreed, and per step calls
 ``begin(step, seed)`` before the first gradient is launched, ``item(...)`` and ``launch(item)`` for each gradient
 (PyTorch: in its backward hook; TensorFlow: each in turn), then ``finish(items)``. The driver asks whether a rank
-has joined (join.py: the step goes dense), runs the method's two stages (plan.py), and raises what the backend
-recorded, the same error on every rank (each is decided from collective results):
+has joined (join.py: the step goes dense), runs the method's two stages (plan.py), and raises what the step's
+context (context.py) recorded, the same error on every rank (each is decided from collective results):
 
 - a NaN/Inf gradient: FloatingPointError (TensorFlow inside tf.function: InvalidArgumentError, same text);
 - a corrupted payload: ValueError naming the tensor and the rank that sent it (InvalidArgumentError in a graph).
@@ -28,11 +28,13 @@ PAYLOAD_HELP = "payloads are checked on arrival; a corrupted one fails the step 
 
 
 class StepDriver:
-    """The compressor's method (registry.method_for) over one backend, and the step's join check and errors."""
+    """The compressor's method (registry.method_for) over one backend and one step context (context.py), and the
+    step's join check and errors."""
 
-    def __init__(self, compression, backend, sizes, tag):
-        self.be = backend
-        self.method = method_for(compression)(compression, backend, sizes)
+    def __init__(self, compression, backend, context, sizes, tag):
+        self.be, self.ctx = backend, context
+        context.use(backend)
+        self.method = method_for(compression)(compression, context, sizes)
         self.tag = tag  # makes the join check's collective name unique per optimizer
         self.dense = False  # this step goes dense: some rank has called hvd.join()
         self.check = None  # the join check in flight, for a method that decides at finish()
@@ -42,22 +44,23 @@ class StepDriver:
         """A step begins (before its first launch): the join check, then the backend's step. Payload compressors
         cannot run while a rank is joined (join.py): one allreduce of 1 per step asks (eagerly). A method whose
         launch() is the same in a joined step (Method.join_decided_at_finish) reads the answer in finish(), so that
-        the check overlaps backward instead of stopping it, except in Horovod's elastic mode (ELASTIC)."""
+        the check overlaps backward instead of stopping it, except in Horovod's elastic mode (ELASTIC). The
+        check is asked before the step context begins: the answer decides whether the step goes dense."""
         check = None
         if self.method.needs_join_check:
             check = self.be.ranks_training(f"horovod_ext.training.{self.tag}")
         deferred = self.method.join_decided_at_finish and not ELASTIC
         self.check = check if check is not None and deferred else None
         self.dense = bool(check is not None and self.check is None and self.joined(check))
-        self.be.begin_step(step, seed, self.dense)
+        self.ctx.begin(step, seed, self.dense)
         if check is not None:
-            self.be.count(payload_bytes=JOIN_CHECK_BYTES, wire_bytes=join_check_wire_bytes(self.be.nranks))
+            self.ctx.count(payload_bytes=JOIN_CHECK_BYTES, wire_bytes=join_check_wire_bytes(self.be.nranks))
 
     def joined(self, check):
         """Whether some rank has joined, from the check's answer; a joined step is counted."""
         joined = a_rank_joined(self.be.wait(check), self.be.nranks)
         if joined:
-            extra = self.be.stats.extra
+            extra = self.ctx.stats.extra
             extra["join_dense_steps"] = extra.get("join_dense_steps", 0) + 1
         return joined
 
@@ -71,7 +74,7 @@ class StepDriver:
         """Start one gradient's communication: a sparse gradient by SparseGather, unless it is sent dense
         (sparse_as_dense, or a step in which some rank has joined, where every gradient goes dense)."""
         if item.sparse == "gather" and not self.dense:
-            return SparseGather.launch(self.be, item)
+            return SparseGather.launch(self.be, self.ctx, item)
         if item.sparse is not None:
             self.be.densify(item)
         if self.dense:
@@ -82,13 +85,13 @@ class StepDriver:
         """Finish every launched gradient; raise the step's recorded errors (see the module docstring)."""
         if self.check is not None:
             self.dense, self.check = self.joined(self.check), None
-        SparseGather.finish(self.be, [item for item in items if item.kind == "sparse"])
+        SparseGather.finish(self.be, self.ctx, [item for item in items if item.kind == "sparse"])
         items = [item for item in items if item.kind != "sparse"]
         if self.dense:
             self.method.finish_dense(self.be, items)
         else:
             self.method.finish(self.be, items)
-        errors = self.be.errors
+        errors = self.ctx.errors
         if errors:
             self.method.on_error(self.be)
             raise self.error(errors, step)

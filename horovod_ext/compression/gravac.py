@@ -313,22 +313,23 @@ class AdaptiveTopKMethod(SparseTransport, Method):
 
     Record = GravacRecord
 
-    def __init__(self, spec, be, sizes_):
-        super().__init__(spec, be, sizes_)
-        self.codec = ErrorFeedback(TopKCodec(spec, be))
+    def __init__(self, spec, ctx, sizes_):
+        super().__init__(spec, ctx, sizes_)
+        be = ctx.be
+        self.codec = ErrorFeedback(TopKCodec(spec, ctx))
         self.controller = GravacController(spec, be.nranks)
         self.be, self.nranks = be, be.nranks
         self.step_plan = None  # (theta_min, theta_c, path index, cf) of the step being launched
         self.readings = None  # the last step's averaged readings in flight (backends that carry futures)
         self.step_sizes = list(self.sizes)  # the sizes of the tensors this step compresses
-        self.choose(spec, be, self.sizes, spec.min_cf)
+        self.choose(spec, self.sizes, spec.min_cf)
 
     def launch(self, be, item):
         item.kind = "payload"
-        count_dense(be, item)
+        count_dense(self.ctx, item)
         theta_min, theta_c, path, _ = self._step(be)
         k = be.kernels
-        with be.timed("compress_seconds"):
+        with self.ctx.timed("compress_seconds"):
             item.work.flat, sumsq = self.codec.accumulate(be, item, be.flat32(item.grad))
             k_min = be.k_of(item.numel, theta_min)
             first, second = k.topk_select_nested(item.work.flat, k_min, be.k_of(item.numel, theta_c, upper=k_min))
@@ -343,7 +344,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
     def _gather(self, be, item):
         """Start the allgather of the tensor's theta_min selection; r keeps the rest. Returns (gathered, dense,
         (payload, wire) bytes) in flight, dense being nothing (switch's branches return alike)."""
-        with be.timed("compress_seconds"):
+        with self.ctx.timed("compress_seconds"):
             payload, _ = self.codec.encode(be, item, item.work.flat, candidates=item.work.candidates)
         size = be.size(payload)
         return be.allgather(payload, be.name("topk.min", item)), be.nothing("float32"), \
@@ -408,9 +409,9 @@ class AdaptiveTopKMethod(SparseTransport, Method):
     def _decide(self, agreed):
         path, cf, gain_min, gain_c = self.controller.decide(*agreed)
         self.be.shared_state_written(self)
-        self.be.count_decided(**self.decision_bytes(path, cf))
+        self.ctx.count_decided(**self.decision_bytes(path, cf))
         theta_min, theta_c = self.controller.log[-1]["theta_min"], self.controller.log[-1]["candidate_cf"]
-        self.be.stats.extra.update(cf=cf, path=path, gain_min=gain_min, gain_c=gain_c, theta_min=theta_min,
+        self.ctx.stats.extra.update(cf=cf, path=path, gain_min=gain_min, gain_c=gain_c, theta_min=theta_min,
                                    candidate_cf=theta_c, settled=self.controller.settled,
                                    planned_cf=self.controller.planned[1])
         return 0
@@ -429,19 +430,19 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         previous, = be.host(self.controller.previous_step_seconds, [], ("float64",))
         norms = be.stack([be.sum([item.work.energy[j] for item in items]) for j in range(3)] + [previous], "float64")
         agreement = be.allreduce(norms, be.step_name("adaptive_topk.norms"), "average")  # beside the payloads
-        be.count(payload_bytes=NORM_BYTES, wire_bytes=allreduce_wire_bytes(NORM_BYTES, be.nranks))
+        self.ctx.count(payload_bytes=NORM_BYTES, wire_bytes=allreduce_wire_bytes(NORM_BYTES, be.nranks))
         if self.sparse is not None:
             results = be.switch(path, [lambda: self._sparse(be, items), lambda: self._dense(be, items)])
             n = len(items)
             averages, flags = results[:n], results[n:2 * n]
             payload_bytes, wire_bytes = be.unstack(results[2 * n], 2)
-            be.count_runtime(payload_bytes=payload_bytes, wire_bytes=wire_bytes)
+            self.ctx.count_runtime(payload_bytes=payload_bytes, wire_bytes=wire_bytes)
         else:
             averages, flags = self._received(be, items, path)
         for item, avg, bad in zip(items, averages, flags):
-            require_decoded(be, self.codec, item, bad)
+            require_decoded(be, self.ctx, self.codec, item, bad)
             be.write(item, avg)
-            be.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
+            self.ctx.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
         be.host(self._step_ended, [], ("int32",))
         if be.carries_futures:
             self.readings = agreement
@@ -452,11 +453,11 @@ class AdaptiveTopKMethod(SparseTransport, Method):
     def _agree(self, be, agreed, when):
         """The controller takes in the rank-averaged readings and plans the next step, unless they are not finite
         (a NaN/Inf gradient: the step's error, raised on every rank)."""
-        be.require(be.all_finite(agreed), f"every tensor (the squared norms of the gradients{when} are not finite on "
-                                          f"some rank)")
-        if be.failed():
+        self.ctx.require(be.all_finite(agreed), f"every tensor (the squared norms of the gradients{when} are not "
+                                                f"finite on some rank)")
+        if self.ctx.failed():
             return
-        be.host(self._decide, [be.guarded(agreed)], ("int32",))
+        be.host(self._decide, [self.ctx.guarded(agreed)], ("int32",))
 
     def _received(self, be, items, path):
         """Wait for each tensor's collective started in launch() and decode it: the averages and the bad-rank
@@ -466,13 +467,13 @@ class AdaptiveTopKMethod(SparseTransport, Method):
             gathered_future, dense_future, nbytes = item.future
             gathered, dense = be.wait(gathered_future), be.wait(dense_future)
             sent.append(nbytes)
-            with be.timed("decompress_seconds"):
+            with self.ctx.timed("decompress_seconds"):
                 avg, bad = be.switch(path, [lambda: self._decode(be, item, gathered), lambda: [dense, be.no_flag()]])
             averages.append(avg)
             flags.append(bad)
         if sent:
             payload_bytes, wire_bytes = be.unstack(be.sum(sent), 2)
-            be.count_runtime(payload_bytes=payload_bytes, wire_bytes=wire_bytes)
+            self.ctx.count_runtime(payload_bytes=payload_bytes, wire_bytes=wire_bytes)
         return averages, flags
 
     def _decode(self, be, item, gathered):

@@ -9,7 +9,8 @@
 - **the seed**: the compressor's ``seed=`` if given, else rank 0's proposal (consistency.seed_proposal: the
   script's own seed, so a seeded script repeats itself), kept across checkpoints and resets;
 - **the method** (registry.py, through the step driver, driver.py): made once the settings are agreed, made again
-  for the new membership after an elastic reset;
+  for the new membership after an elastic reset, over the adapter's step context (context.py), which lives as
+  long as the run;
 - **the method's state**: the shared part (``Method.shared_state``: GraVAC's controller, sparse_reduce's regions)
   and this rank's error-feedback residuals, taken from a checkpoint or carried across a reset and handed to the
   method once it exists; ``state_dict`` / load and the statistics' observations.
@@ -39,8 +40,9 @@ class TrainingRun:
     next agreement; ``residuals``: this rank's residuals waiting for the method (from a checkpoint, or carried
     across a reset); ``method_state``: the method's shared state waiting for the method."""
 
-    def __init__(self, compression, stats, counters, tag, script_seed, what="horovod_ext DistributedOptimizer"):
-        self.compression, self.stats, self.counters, self.tag, self.what = compression, stats, counters, tag, what
+    def __init__(self, compression, context, counters, tag, script_seed, what="horovod_ext DistributedOptimizer"):
+        self.compression, self.counters, self.tag, self.what = compression, counters, tag, what
+        self.context, self.stats = context, context.stats  # the steps' context (context.py) and its statistics
         self.script_seed = script_seed  # () -> the seed the script gave its framework, or None (unseeded)
         self.driver = None
         self.agreement = None  # None: to agree; True: agreed; an exception: raised again at every step
@@ -76,7 +78,7 @@ class TrainingRun:
             given = getattr(self.compression, "seed", None)
             self.counters.seed = given if given is not None else proposals[0]["seed"]
         if self.driver is None:
-            self.driver = StepDriver(self.compression, backend, sizes, self.tag)
+            self.driver = StepDriver(self.compression, backend, self.context, sizes, self.tag)
         method = self.driver.method
         if offer is not None:
             method.load_shared_state(offer.get("method"))

@@ -14,13 +14,15 @@ A step has two stages, so that PyTorch keeps its overlap with backward:
 - ``finish(items)``: every gradient of the step is launched. What needs all of them (scale sharing, two-phase
   chunks, GraVAC's norms and decision) is done, every future waited for, and the averages written
   (``backend.write``). A gradient that held NaN/Inf, or a payload that does not decode, is recorded through
-  ``backend.require`` (identical on every rank: each is decided from collective results); the adapter raises the
-  step's records as one error, after which the method drops what error feedback kept (``on_error``).
+  the step context's ``require`` (context.py; identical on every rank: each is decided from collective results);
+  the driver raises the step's records as one error, after which the method drops what error feedback kept
+  (``on_error``).
 
 A step in which some rank has called hvd.join() goes dense (``launch_dense`` / ``finish_dense``, see join.py).
 
 The backend's contract is compression/backend.py (a typed interface both adapters implement, with a conformance
-test); the step driver (driver.py) makes the Items, calls the two stages and raises what the backend recorded.
+test); the step's counter, seed, requirements and byte counts are its context's (context.py), which a method and its
+codec hold; the step driver (driver.py) makes the Items, calls the two stages and raises what the context recorded.
 
 A method owns its per-step state: what it computes for one tensor between launch() and finish() lives in its
 Record (``item.work``, a new one per tensor and step), and what every rank holds alike (GraVAC's controller,
@@ -77,10 +79,10 @@ def send_dense(be, item, flat, codec, prefix):
                         "sum" if be.divisor == 1.0 else "average")
 
 
-def count_dense(be, item):
+def count_dense(ctx, item):
     """What Horovod's dense allreduce of this gradient would have sent (the baseline of every ratio)."""
     dense = item.numel * item.itemsize
-    be.count(dense_bytes=dense, elements=item.numel, dense_wire_bytes=allreduce_wire_bytes(dense, be.nranks))
+    ctx.count(dense_bytes=dense, elements=item.numel, dense_wire_bytes=allreduce_wire_bytes(dense, ctx.nranks))
 
 
 class Method:
@@ -95,22 +97,22 @@ class Method:
     join_decided_at_finish = False
     Record = Record  # the per-step record of one tensor (item.work)
 
-    def __init__(self, spec, be, sizes):
-        self.spec, self.sizes = spec, [int(n) for n in sizes]
+    def __init__(self, spec, ctx, sizes):
+        self.spec, self.ctx, self.sizes = spec, ctx, [int(n) for n in sizes]
         self.codec = Codec()
 
     def launch_dense(self, be, item):
         if not self.codec.holds_residuals:
-            return DenseSplit.launch(be, item)
+            return DenseSplit.launch(be, self.ctx, item)
         item.kind = "small"
-        count_dense(be, item)
+        count_dense(self.ctx, item)
         g_ef = self.codec.prepare(be, item, be.flat32(item.grad))
         item.future = send_dense(be, item, g_ef, self.codec, "dense")
-        be.count(payload_bytes=4 * item.numel, wire_bytes=allreduce_wire_bytes(4 * item.numel, be.nranks))
+        self.ctx.count(payload_bytes=4 * item.numel, wire_bytes=allreduce_wire_bytes(4 * item.numel, be.nranks))
         return item
 
     def finish_dense(self, be, items):
-        DenseSplit.finish(be, items)
+        DenseSplit.finish(be, self.ctx, items)
 
     def state(self, be):
         return self.codec.state(be)
@@ -156,8 +158,8 @@ class Linear(Method):
     def launch(self, be, item):
         item.kind = "linear"
         item.future, sent = be.allreduce_grad(item, be.name("hvdext", item), compression=self.spec)  # times compress()
-        count_dense(be, item)
-        be.count(payload_bytes=sent, wire_bytes=allreduce_wire_bytes(sent, be.nranks))
+        count_dense(self.ctx, item)
+        self.ctx.count(payload_bytes=sent, wire_bytes=allreduce_wire_bytes(sent, be.nranks))
         return item
 
     def finish(self, be, items):
@@ -174,19 +176,19 @@ class DenseSplit:
     """Tensors below a compressor's min_size (biases, norms) travel dense by allreduce, with the user's op."""
 
     @staticmethod
-    def launch(be, item):
+    def launch(be, ctx, item):
         item.kind = "small"
-        count_dense(be, item)
+        count_dense(ctx, item)
         item.future, sent = be.allreduce_grad(item, be.name("hvdext", item))
-        be.count(payload_bytes=sent, wire_bytes=allreduce_wire_bytes(sent, be.nranks))
+        ctx.count(payload_bytes=sent, wire_bytes=allreduce_wire_bytes(sent, be.nranks))
         return item
 
     @staticmethod
-    def finish(be, items):
+    def finish(be, ctx, items):
         for item in items:
             avg = be.wait(item.future)
             be.write(item, avg)
-            be.require(be.all_finite(avg), f"{item.name!r} (after averaging)")
+            ctx.require(be.all_finite(avg), f"{item.name!r} (after averaging)")
 
 
 class SparseGather:
@@ -196,15 +198,15 @@ class SparseGather:
     indices and values, which vary with the batch, counted as the step runs, sent to the N - 1 others."""
 
     @staticmethod
-    def launch(be, item):
+    def launch(be, ctx, item):
         item.kind = "sparse"
-        count_dense(be, item)
+        count_dense(ctx, item)
         item.future, sent = be.allreduce_sparse(item, be.name("sparse", item))
-        be.count_runtime(payload_bytes=sent, wire_bytes=sent * (be.nranks - 1))
+        ctx.count_runtime(payload_bytes=sent, wire_bytes=sent * (be.nranks - 1))
         return item
 
     @staticmethod
-    def finish(be, items):
+    def finish(be, ctx, items):
         for item in items:
             be.write(item, be.wait(item.future))
 
@@ -214,9 +216,9 @@ def stream_of(items):
     return types.SimpleNamespace(name="the two-phase stream of " + ", ".join(repr(i.name) for i in items))
 
 
-def require_decoded(be, codec, item, bad):
+def require_decoded(be, ctx, codec, item, bad):
     """A decoder's flag: -1, else the first rank whose payload failed (codec.bad_flag says what that means)."""
-    be.require(be.equal(bad, -1), f"{item.name!r} {codec.bad_flag}", bad, error=codec.bad_flag_error)
+    ctx.require(be.equal(bad, -1), f"{item.name!r} {codec.bad_flag}", bad, error=codec.bad_flag_error)
 
 
 class Allgather(Method):
@@ -225,9 +227,9 @@ class Allgather(Method):
 
     Bytes: the codec's payload_bytes(numel) per rank, (N-1) times on the ring (wire.py)."""
 
-    def __init__(self, spec, be, sizes):
-        super().__init__(spec, be, sizes)
-        self.codec = with_feedback(spec, spec.codec(spec, be))
+    def __init__(self, spec, ctx, sizes):
+        super().__init__(spec, ctx, sizes)
+        self.codec = with_feedback(spec, spec.codec(spec, ctx))
         self.Record = self.codec.Record
 
     def compressed(self, item):
@@ -235,42 +237,42 @@ class Allgather(Method):
 
     def launch(self, be, item):
         if not self.compressed(item):
-            return DenseSplit.launch(be, item)
+            return DenseSplit.launch(be, self.ctx, item)
         item.kind = "payload"
-        count_dense(be, item)
-        with be.timed("compress_seconds"):
+        count_dense(self.ctx, item)
+        with self.ctx.timed("compress_seconds"):
             payload, _ = self.codec.encode(be, item, self.codec.prepare(be, item, be.flat32(item.grad)))
         self._gather(be, item, payload)
         return item
 
     def _gather(self, be, item, payload):
         item.future = be.allgather(payload, be.name(self.spec.name, item))
-        count_payload(be, self.codec.payload_bytes(item.numel), payload)
-        be.count(compressed_elements=item.numel)
+        count_payload(be, self.ctx, self.codec.payload_bytes(item.numel), payload)
+        self.ctx.count(compressed_elements=item.numel)
 
     def finish(self, be, items):
-        DenseSplit.finish(be, [i for i in items if i.kind == "small"])
+        DenseSplit.finish(be, self.ctx, [i for i in items if i.kind == "small"])
         self.decode_all(be, [i for i in items if i.kind == "payload"])
 
     def decode_all(self, be, items):
         gathered = [(item, be.wait(item.future)) for item in items]
         for item, payloads in gathered:
-            with be.timed("decompress_seconds"), be.decoding(item):
+            with self.ctx.timed("decompress_seconds"), self.ctx.decoding(item):
                 avg, bad = self.codec.decode(be, item, payloads, be.output_buffer(item))
-                require_decoded(be, self.codec, item, bad)
+                require_decoded(be, self.ctx, self.codec, item, bad)
                 be.write(item, avg)
                 if self.codec.nonfinite:
-                    be.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
+                    self.ctx.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
 
 
-def count_payload(be, nbytes, payload):
+def count_payload(be, ctx, nbytes, payload):
     """A payload's bytes and what its allgather sends: nbytes where the size is fixed (known when the step is
     built), else the payload's own size, counted as the step runs (an entropy-coded payload)."""
     if nbytes is not None:
-        be.count(payload_bytes=nbytes, wire_bytes=allgather_wire_bytes(nbytes, be.nranks))
+        ctx.count(payload_bytes=nbytes, wire_bytes=allgather_wire_bytes(nbytes, be.nranks))
     else:
         size = be.size(payload)
-        be.count_runtime(payload_bytes=size, wire_bytes=size * (be.nranks - 1))
+        ctx.count_runtime(payload_bytes=size, wire_bytes=size * (be.nranks - 1))
 
 
 class Codec:
@@ -292,14 +294,14 @@ class Codec:
     nonfinite = "(NaN or Inf after averaging)"
     holds_residuals = False
 
-    def __init__(self, spec=None, be=None):
-        self.spec = spec
+    def __init__(self, spec=None, ctx=None):
+        self.spec, self.ctx = spec, ctx
         packing = spec.settings.get("packing") if spec is not None else None
         if packing is not None:  # compression_stats() says which packing ran ("auto" is resolved by then)
             if packing == "auto":
                 raise ValueError(f"Compression.{spec.name}: packing='auto' reached the codec unresolved; the "
                                  f"adapter resolves it for the gradients' device (CompressorSpec.for_device)")
-            be.stats.extra["packing"] = packing
+            ctx.stats.extra["packing"] = packing
 
     def sent(self, be, item, payload):
         raise NotImplementedError(f"{type(self).__name__} returns no remainder from encode() and has no sent(): "

@@ -69,9 +69,9 @@ class PowerSGDMethod(Method):
     Record = PowerSGDRecord
     join_decided_at_finish = True  # launch(): DenseSplit's allreduce, or M = g + e locally
 
-    def __init__(self, spec, be, sizes):
-        super().__init__(spec, be, sizes)
-        self.be = be
+    def __init__(self, spec, ctx, sizes):
+        super().__init__(spec, ctx, sizes)
+        self.be = ctx.be
         self.codec = with_feedback(spec, Codec())  # M = g (+ e): what P Q^T approximates
         self.wire_dtype, self.wire_itemsize = VALUE_DTYPES[spec.value_dtype]
         self.q = {}  # tensor name -> its Q's state (m * r float32)
@@ -83,11 +83,11 @@ class PowerSGDMethod(Method):
     def launch(self, be, item):
         layout = matrix_layout(be.shape(item.grad), self.spec.rank, self.spec.min_compression_rate)
         if layout is None:
-            return DenseSplit.launch(be, item)
+            return DenseSplit.launch(be, self.ctx, item)
         item.kind, item.work.layout = "matrix", layout
-        count_dense(be, item)
+        count_dense(self.ctx, item)
         self._q_state(be, item)  # made here, outside the step's branches (a tf.Variable is made once)
-        with be.timed("compress_seconds"):
+        with self.ctx.timed("compress_seconds"):
             item.work.flat = self.codec.prepare(be, item, be.flat32(item.grad))
         return item
 
@@ -98,17 +98,17 @@ class PowerSGDMethod(Method):
 
     # ------------------------------------------------------------------------------------------------ finish
     def finish(self, be, items):
-        DenseSplit.finish(be, [i for i in items if i.kind == "small"])
+        DenseSplit.finish(be, self.ctx, [i for i in items if i.kind == "small"])
         matrices = [i for i in items if i.kind == "matrix"]
         if not matrices:
             return
         self.step_items = [(i.numel,) + tuple(i.work.layout) for i in matrices]
-        compressed, q_source = be.host(self._decide, [be.step], ("int32", "int32"))
+        compressed, q_source = be.host(self._decide, [self.ctx.step], ("int32", "int32"))
         outputs = be.switch(compressed, [lambda: self._dense(be, matrices),
                                          lambda: self._compressed(be, matrices, q_source)])
         for item, avg, finite in zip(matrices, outputs[:len(matrices)], outputs[len(matrices):]):
             be.write(item, avg)
-            be.require(finite, f"{item.name!r} (NaN/Inf on some rank, or a factor beyond the fp16 range: "
+            self.ctx.require(finite, f"{item.name!r} (NaN/Inf on some rank, or a factor beyond the fp16 range: "
                                f"try value_dtype='fp32')")
 
     def _decide(self, step):
@@ -116,8 +116,8 @@ class PowerSGDMethod(Method):
         1 the last step's, 2 rank 0's, once after a checkpoint's state was taken on)."""
         self.be.shared_state_read(self)  # TensorFlow: a checkpoint may have restored it
         if int(step) < self.spec.start_iter:
-            self.be.stats.extra["compressing"] = False
-            self.be.count_decided(**self.dense_bytes())
+            self.ctx.stats.extra["compressing"] = False
+            self.ctx.count_decided(**self.dense_bytes())
             return 0, 0
         warm = self.warm and self.spec.warm_start
         source = (2 if self.agree else 1) if warm else 0
@@ -125,8 +125,8 @@ class PowerSGDMethod(Method):
         if self.spec.warm_start and not self.warm:
             self.warm = True
             self.be.shared_state_written(self)
-        self.be.stats.extra["compressing"] = True
-        self.be.count_decided(**self.compressed_bytes(agree=source == 2))
+        self.ctx.stats.extra["compressing"] = True
+        self.ctx.count_decided(**self.compressed_bytes(agree=source == 2))
         return 1, source
 
     def dense_bytes(self):
@@ -146,14 +146,14 @@ class PowerSGDMethod(Method):
     def finish_dense(self, be, items):
         """A step in which some rank has called hvd.join(): every matrix's M by allreduce, after which e = 0, as
         Method.launch_dense sends g + r (the ranks still training apply Horovod's own average)."""
-        DenseSplit.finish(be, [i for i in items if i.kind == "small"])
+        DenseSplit.finish(be, self.ctx, [i for i in items if i.kind == "small"])
         matrices = [i for i in items if i.kind == "matrix"]
         for item in matrices:
-            be.count(payload_bytes=4 * item.numel, wire_bytes=allreduce_wire_bytes(4 * item.numel, be.nranks))
+            self.ctx.count(payload_bytes=4 * item.numel, wire_bytes=allreduce_wire_bytes(4 * item.numel, be.nranks))
         averages = self._dense(be, matrices)
         for item, avg, finite in zip(matrices, averages[:len(matrices)], averages[len(matrices):]):
             be.write(item, avg)
-            be.require(finite, f"{item.name!r} (after averaging)")
+            self.ctx.require(finite, f"{item.name!r} (after averaging)")
 
     def _dense(self, be, items):
         """Every matrix's M by allreduce, after which e = 0 (before start_iter e is already 0); then whether each
@@ -177,18 +177,18 @@ class PowerSGDMethod(Method):
         qs = be.switch(q_source, [lambda: self._drawn_q(be, batches), lambda: self._kept_q(be, batches),
                                   lambda: self._agreed_q(be, batches)])
         ortho = self.spec.orthogonalization
-        with be.timed("compress_seconds"):
+        with self.ctx.timed("compress_seconds"):
             ms = [be.reshape(be.concat([i.work.flat for i in b]), (s[0], s[1], s[2])) for b, s in zip(batches, shapes)]
             qs = [be.orthogonalize(be.reshape(q, (s[0], s[2], s[3])), ortho) for q, s in zip(qs, shapes)]
             ps = [be.matmul(mat, q) for mat, q in zip(ms, qs)]
         ps = self._allreduce_factors(be, ps, [(b, n, r) for b, n, m, r in shapes], "sum", "powersgd.p")
-        with be.timed("compress_seconds"):
+        with self.ctx.timed("compress_seconds"):
             ps = [be.orthogonalize(p, ortho) for p in ps]
             qs = [be.matmul(mat, p, transpose_a=True) for mat, p in zip(ms, ps)]
         qs = self._allreduce_factors(be, qs, [(b, m, r) for b, n, m, r in shapes],
                                      "sum" if be.divisor == 1.0 else "average", "powersgd.q")
         averages, finite = {}, {}
-        with be.timed("decompress_seconds"):
+        with self.ctx.timed("decompress_seconds"):
             for batch, s, p, q in zip(batches, shapes, ps, qs):
                 approx = be.split(be.reshape(be.matmul(p, q, transpose_b=True), (-1,)), [i.numel for i in batch])
                 q_parts = be.split(be.reshape(q, (-1,)), [s[2] * s[3]] * s[0])
@@ -213,8 +213,8 @@ class PowerSGDMethod(Method):
         return [be.reshape(part, shape) for part, shape in zip(parts, shapes)]
 
     def _drawn_q(self, be, batches):
-        normal = be.kernels.normal
-        return [be.concat([normal(q_elements(i), be.seed, be.step, tensor_key(i.name), i.work.flat) for i in b])
+        normal, seed, step = be.kernels.normal, self.ctx.seed, self.ctx.step
+        return [be.concat([normal(q_elements(i), seed, step, tensor_key(i.name), i.work.flat) for i in b])
                 for b in batches]
 
     def _kept_q(self, be, batches):

@@ -127,9 +127,10 @@ class SparseReduce:
     concatenation), decode straight into the gradients' buffers (PyTorch), and touch only this rank's K entries of
     g_ef to leave each residual as the module docstring's step 4."""
 
-    def __init__(self, owner, codec, every, be):
+    def __init__(self, owner, codec, every, ctx):
         self.owner = owner  # the method whose shared state holds the regions
-        self.codec, self.be = codec, be  # codec: top-k's, in error feedback where the compressor keeps residuals
+        self.codec = codec  # top-k's, in error feedback where the compressor keeps residuals
+        self.ctx, self.be = ctx, ctx.be  # the step context (context.py) and its backend
         self.regions = Regions(every)
 
     def reduce(self, be, items, indices, tag):
@@ -138,20 +139,20 @@ class SparseReduce:
         for item in items:
             offsets.append(offsets[-1] + item.numel)
         kept = sum(be.size(idx) for idx in indices)
-        with be.timed("compress_seconds"):
+        with self.ctx.timed("compress_seconds"):
             positions = be.concat([idx + offset for idx, offset in zip(indices, offsets)])
         bounds, rebalance_bytes = self._bounds(be, positions, kept, offsets[-1], tag)  # may wait on an allreduce
-        with be.timed("compress_seconds"):
+        with self.ctx.timed("compress_seconds"):
             payload, region_bytes = k.topk_encode_regions([item.work.flat for item in items], positions, bounds,
                                                           self.codec.value_type)
         received = be.wait(be.alltoall(payload, region_bytes, be.step_name(f"topk.{tag}.sparse_reduce.alltoall")))
-        with be.timed("compress_seconds"):
+        with self.ctx.timed("compress_seconds"):
             # the owner sums what it received and keeps the ceil(K/P) largest sums (a corrupted payload gives a
             # marker payload instead, which fails phase 2 on every rank)
             reduced = k.topk_reduce_region(received, nranks, bounds[rank + 1] - bounds[rank],
                                            (kept + nranks - 1) // nranks, self.codec.value_type)
         gathered = be.wait(be.allgather(reduced, be.step_name(f"topk.{tag}.sparse_reduce.allgather")))
-        with be.timed("decompress_seconds"):
+        with self.ctx.timed("decompress_seconds"):
             averages = k.topk_decode_regions(gathered, bounds, be.divisor, [item.numel for item in items],
                                              [be.output_buffer(item) for item in items])
             if self.codec.holds_residuals:
@@ -205,14 +206,14 @@ class SparseTransport:
     only with delta-coded fp16/fp32 values; recorded in the statistics), and sparse_reduce's regions as the
     method's shared state (resume.py)."""
 
-    def choose(self, spec, be, sizes_, cf):
+    def choose(self, spec, sizes_, cf):
         requested = spec.transport
         if requested == "auto" and (spec.packing != "delta" or spec.value_dtype == "ternary"):
             requested = "allgather"
         value_bits = 32 if spec.value_dtype == "fp32" else 16
-        self.transport = choose_transport(requested, sizes_, cf, be.nranks, value_bits)
-        be.stats.extra["transport"] = self.transport
-        self.sparse = SparseReduce(self, self.codec, spec.rebalance_every, be) \
+        self.transport = choose_transport(requested, sizes_, cf, self.ctx.nranks, value_bits)
+        self.ctx.stats.extra["transport"] = self.transport
+        self.sparse = SparseReduce(self, self.codec, spec.rebalance_every, self.ctx) \
             if self.transport == "sparse_reduce" else None
 
     def shared_state(self):

@@ -34,8 +34,8 @@ class TernaryCodec(Codec):
     bad_flag = "(on rank {})"  # decode reports the first rank whose scale is not finite (a NaN/Inf gradient)
     nonfinite = None  # the decode's flag already covers every NaN/Inf
 
-    def __init__(self, spec, be):
-        super().__init__(spec, be)
+    def __init__(self, spec, ctx):
+        super().__init__(spec, ctx)
         self.clip = 0.0 if spec.clip is None else float(spec.clip)
         self.packing = PACKING_IDS[spec.packing]
 
@@ -49,18 +49,17 @@ class TernaryCodec(Codec):
     def encode(self, be, item, flat):
         if item.work.scale is None:
             self.scale(be, item, flat)
+        draws = (self.ctx.seed, self.ctx.step, tensor_key(item.name), be.rank)  # the counter-based draws' key
         if self.packing == ENTROPY:
-            payload = be.kernels.ternary_encode_entropy(flat, item.work.threshold, item.work.scale, be.seed, be.step,
-                                                        tensor_key(item.name), be.rank)
+            payload = be.kernels.ternary_encode_entropy(flat, item.work.threshold, item.work.scale, *draws)
         else:
-            payload = be.kernels.ternary_encode(flat, item.work.threshold, item.work.scale, be.seed, be.step,
-                                                tensor_key(item.name), be.rank, self.packing)
+            payload = be.kernels.ternary_encode(flat, item.work.threshold, item.work.scale, *draws, self.packing)
         return payload, None
 
     def codes(self, be, item, flat):
         """The unpacked codes (the same draws as encode), for the two-phase stream."""
-        return be.kernels.ternary_encode_codes(flat, item.work.threshold, item.work.scale, be.seed, be.step,
-                                               tensor_key(item.name), be.rank)
+        return be.kernels.ternary_encode_codes(flat, item.work.threshold, item.work.scale, self.ctx.seed,
+                                               self.ctx.step, tensor_key(item.name), be.rank)
 
     def decode(self, be, item, gathered, into):
         if self.packing == ENTROPY:  # a corrupted payload raises (the same on every rank: they hold the same bytes)
@@ -81,22 +80,22 @@ class TernaryMethod(Allgather):
     alltoall of packed code chunks, exact integer sums re-encoded at ceil(log2(2N+1)) bits, an allgather of those
     (two_phase.py has the chunk plan and its bytes)."""
 
-    def __init__(self, spec, be, sizes_):
-        super().__init__(spec, be, sizes_)
+    def __init__(self, spec, ctx, sizes_):
+        super().__init__(spec, ctx, sizes_)
         compressed = [n for n in self.sizes if n >= spec.min_size]
-        self.transport = choose_transport(spec.transport, spec.shared_scale, compressed, be.nranks,
+        self.transport = choose_transport(spec.transport, spec.shared_scale, compressed, ctx.nranks,
                                           FIXED_OF[spec.packing])
-        be.stats.extra["transport"] = self.transport
+        self.ctx.stats.extra["transport"] = self.transport
         self.plan = None
 
     def launch(self, be, item):
         if not self.compressed(item):
-            return DenseSplit.launch(be, item)
+            return DenseSplit.launch(be, self.ctx, item)
         if not self.spec.shared_scale:
             return super().launch(be, item)
         item.kind = "payload"
-        count_dense(be, item)
-        with be.timed("compress_seconds"):
+        count_dense(self.ctx, item)
+        with self.ctx.timed("compress_seconds"):
             item.work.flat = self.codec.prepare(be, item, be.flat32(item.grad))
             self.codec.scale(be, item, item.work.flat)
         return item
@@ -105,30 +104,30 @@ class TernaryMethod(Allgather):
         compressed = [i for i in items if i.kind == "payload"]
         if self.spec.shared_scale and compressed:
             self._share_scales(be, compressed)
-            if be.failed():
+            if self.ctx.failed():
                 compressed = []
             elif self.transport == "two_phase":
                 self._two_phase(be, compressed)
                 compressed = []
             else:
                 for item in compressed:
-                    with be.timed("compress_seconds"):
+                    with self.ctx.timed("compress_seconds"):
                         payload, _ = self.codec.encode(be, item, item.work.flat)  # with error feedback: r = g_ef - s t
                         item.work.flat = None
                     self._gather(be, item, payload)
-        DenseSplit.finish(be, [i for i in items if i.kind == "small"])
+        DenseSplit.finish(be, self.ctx, [i for i in items if i.kind == "small"])
         self.decode_all(be, compressed)
 
     def _share_scales(self, be, items):
         """TernGrad's scaler sharing: every rank takes the max over ranks of each tensor's scale."""
         agreed = be.wait(be.allreduce(be.stack([item.work.scale for item in items], "float32"),
                                       be.step_name("ternary.shared_scales"), "max"))
-        be.count(payload_bytes=4 * len(items), wire_bytes=scale_sharing_bytes(len(items), be.nranks))
+        self.ctx.count(payload_bytes=4 * len(items), wire_bytes=scale_sharing_bytes(len(items), be.nranks))
         values = be.unstack(agreed, len(items))
         for item, value in zip(items, values):
-            be.require(be.all_finite(value), f"{item.name!r} (on at least one rank)")
+            self.ctx.require(be.all_finite(value), f"{item.name!r} (on at least one rank)")
         for item, value in zip(items, values):
-            item.work.scale = be.guarded(value)
+            item.work.scale = self.ctx.guarded(value)
 
     def _two_phase(self, be, items):
         sizes_ = [item.numel for item in items]
@@ -137,7 +136,7 @@ class TernaryMethod(Allgather):
             self.plan = TwoPhasePlan(sizes_, be.nranks, fixed)
         plan, k, coded = self.plan, be.kernels, self.codec.packing == ENTROPY
         fixed_id = PACKING_IDS[fixed]
-        with be.timed("compress_seconds"):
+        with self.ctx.timed("compress_seconds"):
             codes = be.concat([self.codec.codes(be, item, item.work.flat) for item in items])
             for item in items:
                 if self.codec.holds_residuals:  # r = g_ef - s t of the codes' own draws: what the chunk sums carry
@@ -152,7 +151,7 @@ class TernaryMethod(Allgather):
                 splits = plan.send_splits
             send = be.concat(outgoing)
         received = be.wait(be.alltoall(send, splits, be.step_name("ternary.two_phase.alltoall")))
-        with be.timed("compress_seconds"):
+        with self.ctx.timed("compress_seconds"):
             count = plan.counts[be.rank]
             if coded:  # a corrupted chunk is flagged in this rank's stream: every rank then fails together
                 received, bad = k.ternary_entropy_to_packed(received, be.nranks, count, fixed_id)
@@ -161,7 +160,7 @@ class TernaryMethod(Allgather):
             else:
                 stream = k.ternary_sum_reencode(received, be.nranks, count, fixed_id, plan.bits)
         gathered = be.wait(be.allgather(stream, be.step_name("ternary.two_phase.allgather")))
-        with be.timed("decompress_seconds"), be.decoding(stream_of(items)):
+        with self.ctx.timed("decompress_seconds"), self.ctx.decoding(stream_of(items)):
             if coded:
                 gathered = k.two_phase_levels_decode(gathered, plan.counts, plan.bits)
             parts = [[] for _ in items]
@@ -174,13 +173,13 @@ class TernaryMethod(Allgather):
                                                        be.divisor))
             for item, pieces in zip(items, parts):
                 be.write(item, be.concat(pieces))
-        be.count(compressed_elements=plan.total)
+        self.ctx.count(compressed_elements=plan.total)
         if coded:
             sent = be.size(send)
-            be.count_runtime(payload_bytes=sent + be.size(stream),
+            self.ctx.count_runtime(payload_bytes=sent + be.size(stream),
                              wire_bytes=sent - be.size(outgoing[be.rank]) + (be.nranks - 1) * be.size(stream))
         else:
-            be.count(payload_bytes=plan.payload_bytes(be.rank), wire_bytes=plan.wire_bytes(be.rank))
+            self.ctx.count(payload_bytes=plan.payload_bytes(be.rank), wire_bytes=plan.wire_bytes(be.rank))
 
 
 class Ternary(CompressorSpec):

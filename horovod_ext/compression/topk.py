@@ -70,8 +70,8 @@ class TopKCodec(Codec):
     bad_flag_error = "payload"
     nonfinite = "(NaN/Inf on some rank, or beyond the fp16 range: try value_dtype='fp32')"
 
-    def __init__(self, spec, be):
-        super().__init__(spec, be)
+    def __init__(self, spec, ctx):
+        super().__init__(spec, ctx)
         self.value_type = VALUE_DTYPE_IDS[spec.value_dtype]
         self.coded = spec.packing == "delta"
         self.cf = 1.0 / spec.ratio if hasattr(spec, "ratio") else None
@@ -115,34 +115,34 @@ class TopKMethod(SparseTransport, Allgather):
     sparse_reduce (sparse_reduce.py): launch() selects each tensor's k as its gradient is ready, finish() runs the
     step's one alltoall and one allgather over all of them."""
 
-    def __init__(self, spec, be, sizes_):
-        super().__init__(spec, be, sizes_)
-        self.choose(spec, be, self.sizes, 1.0 / spec.ratio)
+    def __init__(self, spec, ctx, sizes_):
+        super().__init__(spec, ctx, sizes_)
+        self.choose(spec, self.sizes, 1.0 / spec.ratio)
 
     def launch(self, be, item):
         if self.sparse is None:
             return super().launch(be, item)
         item.kind = "payload"
-        count_dense(be, item)
-        with be.timed("compress_seconds"):
+        count_dense(self.ctx, item)
+        with self.ctx.timed("compress_seconds"):
             item.work.flat = self.codec.prepare(be, item, be.flat32(item.grad))
             item.work.k = self.codec.k(item.numel)
             item.work.candidates = be.kernels.topk_select(item.work.flat, item.work.k)
-        be.count(compressed_elements=item.numel)
+        self.ctx.count(compressed_elements=item.numel)
         return item
 
     def finish(self, be, items):
         if self.sparse is None:
             return super().finish(be, items)
-        DenseSplit.finish(be, [i for i in items if i.kind == "small"])
+        DenseSplit.finish(be, self.ctx, [i for i in items if i.kind == "small"])
         items = [i for i in items if i.kind == "payload"]
         if not items:
             return
         averages, payload_bytes, wire_bytes = self.sparse.reduce(be, items, [i.work.candidates for i in items], "static")
-        be.count_runtime(payload_bytes=payload_bytes, wire_bytes=wire_bytes)
+        self.ctx.count_runtime(payload_bytes=payload_bytes, wire_bytes=wire_bytes)
         for item, avg in zip(items, averages):
             be.write(item, avg)
-            be.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
+            self.ctx.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
 
 
 class TopK(AutoPacking, CompressorSpec):

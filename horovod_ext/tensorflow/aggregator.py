@@ -13,6 +13,7 @@ from horovod.tensorflow.functions import broadcast_object
 from horovod_ext import __version__
 from horovod_ext.compression import CompressionStats, is_payload_compressor
 from horovod_ext.compression.consistency import allgather_blobs, optimizer_settings
+from horovod_ext.compression.context import StepContext
 from horovod_ext.compression.horovod_args import check_predivide, outside_process_set
 from horovod_ext.compression.lifecycle import TrainingRun
 from horovod_ext.compression.specs import check_tensor, describe_compression, element_limit, resolved_for
@@ -103,9 +104,10 @@ class GradientAggregator(tf.Module):
         self.residuals = {}  # error feedback's tf.Variables, by tensor name (tracked for tf.train.Checkpoint)
         self.stats = CompressionStats(getattr(compression, "name", getattr(compression, "__name__", "custom")),
                                       timed=False)
-        self.backend = TFBackend(self, process_set, op, self.predivide, self.stats)
+        self.backend = TFBackend(self, process_set, op, self.predivide)
         # agreement, seed, elastic resets and the method (made at the first step, once the settings are agreed)
-        self.run = TrainingRun(compression, self.stats, VariableCounters(self.step, self.seed), self.name,
+        self.context = StepContext(self.stats, built_steps=True)  # a step is built once and run many times
+        self.run = TrainingRun(compression, self.context, VariableCounters(self.step, self.seed), self.name,
                                script_seed, what="horovod_ext (TensorFlow)")
         self._agreed_names = None  # the tensors the settings were agreed for
 
@@ -184,7 +186,7 @@ class GradientAggregator(tf.Module):
         """The step driver over every gradient (compression/driver.py): dense if some rank has called hvd.join()
         (asked eagerly only, see horovod_ext.compression.join); its errors raise on every rank when eager, and
         fail the step through assertions in a graph."""
-        be, driver = self.backend, self.run.driver
+        driver = self.run.driver
         step = self.step.read_value()
         driver.begin(step, self.seed.read_value())
         items = [driver.item(i, name, g, g.shape.num_elements(), g.dtype.size, sparse=self._sparse_kind(g))
@@ -193,8 +195,7 @@ class GradientAggregator(tf.Module):
             driver.launch(item)
         driver.finish(items, int(step) if tf.executing_eagerly() else "(in the graph)")
         out = [item.result for item in items]
-        counted = be.runtime_counted()
-        with tf.control_dependencies(be.guards + out + ([counted] if counted is not None else [])):
+        with tf.control_dependencies(self.context.pending() + out):
             out = [tf.identity(o) for o in out]
             self.step.assign_add(1)
         return out
@@ -207,7 +208,7 @@ class GradientAggregator(tf.Module):
         set for the new N, sparse_reduce's regions rebalanced) and this rank's residuals, whatever its new rank.
         The step's function must be traced again (KerasState drops the model's)."""
         self.run.elastic_reset(keep_shared=False)  # the shared part is in variables, which elastic_sync() sets
-        self.backend = TFBackend(self, self.process_set, self.op, self.predivide, self.stats)
+        self.backend = TFBackend(self, self.process_set, self.op, self.predivide)
 
     def elastic_commit(self):
         """This rank's state at a commit: the step counter, the seed, the method's shared state and this rank's
@@ -234,13 +235,10 @@ class GradientAggregator(tf.Module):
         payloads, as sent. With adaptive_topk also the
         controller's observations ("log", "throughput", "theta_ideal", "planned") and "planned_cf". Seconds are not measured in TensorFlow (a
         tf.function runs as one graph) and read 0."""
-        be = self.backend
         steps = int(self.step.numpy())
         fields = ("payload_bytes", "dense_bytes", "wire_bytes", "dense_wire_bytes", "elements", "compressed_elements")
         seconds = {"compress_seconds": 0.0, "decompress_seconds": 0.0, "comm_seconds": 0.0}
-        last = {k: be.per_step.get(k, 0) + be.decided_last.get(k, 0) + be.runtime_last.get(k, 0) for k in fields}
-        total = {k: be.per_step.get(k, 0) * steps + be.decided_total.get(k, 0) + be.runtime_total.get(k, 0)
-                 for k in fields}
+        last, total = self.context.totals(steps, fields)
         stats = self.stats.as_dict()
         stats.update(self.run.observations())
         stats.update(steps=steps, ranks=self.process_set.size(), seed=int(self.seed.numpy()) % 2 ** 64,

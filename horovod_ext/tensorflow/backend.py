@@ -2,7 +2,6 @@
 inside tf.function: Horovod's TensorFlow collectives (a future is the result tensor itself: TensorFlow orders the
 ops by their data), the custom ops, residuals as tf.Variables, host decisions in tf.py_function, branches as
 tf.switch_case, failed requirements collected eagerly and as assertions in a graph."""
-import contextlib
 import json
 import re
 
@@ -18,7 +17,6 @@ from .ops import TFKernels
 OPS = {"sum": hvd.Sum, "average": hvd.Average, "max": hvd.Max}
 DTYPES = {"float16": tf.float16, "float32": tf.float32, "float64": tf.float64, "int32": tf.int32,
           "int64": tf.int64, "uint8": tf.uint8}
-ERROR_PREFIXES = {"nonfinite": "NaN or Inf in the gradient of ", "payload": "corrupted payload of "}
 
 
 def collective_name(prefix, index, name):
@@ -70,29 +68,21 @@ class TFBackend(Backend):
     collected eagerly and become assertions in a graph, host state is mirrored in the module's variables."""
 
     kernels = TFKernels
+    kernel_errors = (ValueError, tf.errors.InvalidArgumentError)  # how a kernel rejects a corrupted payload
 
-    def __init__(self, module, process_set, op, predivide, stats):
+    def __init__(self, module, process_set, op, predivide):
         self.module = module  # the tf.Module that tracks the residual variables (checkpoints)
-        self.process_set, self.stats = process_set, stats
+        self.process_set = process_set
         # this rank's place in the set (None outside it, where Horovod raises and nothing is communicated)
         self.nranks, self.rank = process_set.size(), None if outside_process_set(process_set) else process_set.rank()
         self.op, self.predivide = op, predivide
         self.divisor = float(self.nranks) if op == hvd.Average else 1.0
-        self.step = self.seed = None
         self.generation = 0  # the reset generation in collective names (compression/generation.py), once agreed
-        self.errors, self.guards = [], []
-        self.per_step = {}  # bytes counted while the step is built (the same every step)
-        self.decided_total, self.decided_last = {}, {}  # bytes counted at host decisions, as they are taken
-        self.runtime_total, self.runtime_last = {}, {}  # bytes of entropy-coded payloads, as the steps run
-        self.runtime = []  # in a graph: (field, size tensor) of the step being built
         self.method_state = HostStateVariable(module.method_state)
 
-    def begin_step(self, step, seed, dense):
-        """A new step is being built (eagerly: run); step and seed are the aggregator's variables' values."""
-        self.step, self.seed = step, seed
-        self.errors, self.guards, self.per_step, self.runtime = [], [], {}, []
-        if tf.executing_eagerly():
-            self.runtime_last = {}
+    @staticmethod
+    def begin_step(dense):
+        """Nothing: step-level collective names are the same at every step (a graph's ops are made once)."""
 
     def ranks_training(self, name):
         """Eagerly only: inside tf.function the answer would be a tensor, and the choice between the dense and
@@ -263,75 +253,22 @@ class TFBackend(Backend):
     def switch(index, branches):
         return tf.switch_case(index, branches)
 
-    def require(self, truth, detail, value=None, error="nonfinite"):
-        if tf.executing_eagerly():
-            if not bool(truth):
-                self.errors.append((error, detail.replace("{}", str(int(value))) if value is not None else detail))
-            return
-        head, _, tail = detail.partition("{}")
-        data = [ERROR_PREFIXES[error] + head] + ([value, tail] if value is not None else [])
-        self.guards.append(tf.debugging.Assert(truth, data))
+    @staticmethod
+    def building_graph():
+        return not tf.executing_eagerly()
 
-    @contextlib.contextmanager
-    def decoding(self, item):
-        if not tf.executing_eagerly():  # a graph: the failing op's name carries the tensor's
-            with tf.name_scope(re.sub(r"[^A-Za-z0-9_.]", "_", f"decode.{item.name}")):
-                yield
-            return
-        try:
-            yield
-        except (ValueError, tf.errors.InvalidArgumentError) as exc:
-            message = exc.message if isinstance(exc, tf.errors.OpError) else str(exc)
-            self.errors.append(("payload", f"{item.name!r}: {message}"))
+    @staticmethod
+    def assertion(truth, data):
+        return tf.debugging.Assert(truth, data)
 
-    def failed(self):
-        return bool(self.errors)
-
-    def guarded(self, x):
-        if not self.guards:
-            return x
-        with tf.control_dependencies(self.guards):
+    @staticmethod
+    def after(ops, x):
+        with tf.control_dependencies(ops):
             return tf.identity(x)
 
     @staticmethod
-    def timed(field):
-        return contextlib.nullcontext()  # a tf.function runs as one graph: seconds are not measured in TensorFlow
-
-    def count(self, **amounts):
-        for key, value in amounts.items():
-            self.per_step[key] = self.per_step.get(key, 0) + value
-
-    def count_runtime(self, **amounts):
-        if tf.executing_eagerly():
-            self._add_runtime({key: float(value) for key, value in amounts.items()})
-        else:
-            self.runtime.extend(amounts.items())
-
-    def _add_runtime(self, amounts, new_step=False):
-        if new_step:
-            self.runtime_last = {}
-        for key, value in amounts.items():
-            self.runtime_last[key] = self.runtime_last.get(key, 0) + value
-            self.runtime_total[key] = self.runtime_total.get(key, 0) + value
-
-    def runtime_counted(self):
-        """In a graph: one host op that adds the step's runtime byte counts (a control dependency of its
-        outputs), or None."""
-        if not self.runtime:
-            return None
-        fields = sorted({key for key, _ in self.runtime})
-        totals = [tf.add_n([tf.cast(v, tf.float64) for key, v in self.runtime if key == f]) for f in fields]
-
-        def add(*values):
-            self._add_runtime(dict(zip(fields, (float(v) for v in values))), new_step=True)
-            return np.int32(0)
-
-        return tf.numpy_function(add, totals, tf.int32)
-
-    def count_decided(self, **amounts):
-        self.decided_last = dict(amounts)
-        for key, value in amounts.items():
-            self.decided_total[key] = self.decided_total.get(key, 0) + value
+    def scope(name):
+        return tf.name_scope(re.sub(r"[^A-Za-z0-9_.]", "_", name))
 
     def shared_state_read(self, method):
         """The method takes on module.method_state if a checkpoint restored it."""

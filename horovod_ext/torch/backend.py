@@ -100,6 +100,7 @@ class TorchBackend(Backend):
     which the optimizer sets once the ranks have agreed it."""
 
     kernels = TorchKernels
+    kernel_errors = (ValueError,)  # how a kernel rejects a corrupted payload
     carries_futures = True  # a Horovod handle may be waited for in a later step
 
     def __init__(self, process_set, op, predivide, stats):
@@ -112,19 +113,14 @@ class TorchBackend(Backend):
             self.grad_op, self.prescale, self.postscale = hvd.Sum, 1.0 / predivide, predivide / self.nranks
         else:
             self.grad_op, self.prescale, self.postscale = op, 1.0, 1.0
-        self.step = 0
-        self.seed = 0
         self.round = 0
         self.generation = 0
-        self.errors = []
 
-    def begin_step(self, step, seed, dense):
+    def begin_step(self, dense):
         """Only steps every rank takes advance the round in step-level collective names: a rank that has called
         hvd.join() takes no part in the dense steps of the others."""
-        self.step, self.seed = step, seed
         if not dense:
             self.round += 1
-        self.errors = []
 
     def ranks_training(self, name):
         with stale_names_reset():
@@ -250,7 +246,7 @@ class TorchBackend(Backend):
         if compression is hvd.Compression.none:
             compressed, ctx = compression.compress(item.grad)
         else:
-            with self.timed("compress_seconds"):
+            with timed_into(self.stats, "compress_seconds"):
                 compressed, ctx = compression.compress(item.grad)
         sent = compressed.numel() * compressed.element_size()
         with stale_names_reset():
@@ -322,36 +318,23 @@ class TorchBackend(Backend):
     def switch(index, branches):
         return branches[int(index)]()
 
-    def require(self, truth, detail, value=None, error="nonfinite"):
-        if not truth:
-            self.errors.append((error, detail.replace("{}", str(int(value))) if value is not None else detail))
-
-    @contextlib.contextmanager
-    def decoding(self, item):
-        try:
-            yield
-        except ValueError as exc:  # a kernel rejected a corrupted payload (every rank holds the same bytes)
-            self.errors.append(("payload", f"{item.name!r}: {exc}"))
-
-    def failed(self):
-        return bool(self.errors)
+    @staticmethod
+    def building_graph():
+        """Never: PyTorch runs eagerly (the step context records requirements and counts as they come)."""
+        return False
 
     @staticmethod
-    def guarded(x):
-        return x
+    def assertion(truth, data):
+        if not truth:
+            raise AssertionError("".join(str(d) for d in data))
 
-    def timed(self, field):
-        return timed_into(self.stats, field)
+    @staticmethod
+    def after(ops, x):
+        return x  # eager: what came before has run
 
-    def count(self, **amounts):
-        self.stats.add(**amounts)
-
-    def count_decided(self, **amounts):
-        """Eager: the decision is taken as the step runs, so its bytes add to the statistics as count's do."""
-        self.stats.add(**amounts)
-
-    def count_runtime(self, **amounts):
-        self.stats.add(**{key: float(value) for key, value in amounts.items()})
+    @staticmethod
+    def scope(name):
+        return contextlib.nullcontext()  # eager ops have no names
 
     def shared_state_read(self, method):
         """Nothing to take on: a checkpoint reaches the method only through the optimizer's load_state_dict(),

@@ -22,11 +22,12 @@ from horovod.common.process_sets import global_process_set
 from horovod_ext import __version__
 from horovod_ext.compression import CompressionStats, is_payload_compressor
 from horovod_ext.compression.consistency import allgather_blobs, optimizer_settings
+from horovod_ext.compression.context import StepContext
 from horovod_ext.compression.lifecycle import HostCounters, TrainingRun
 from horovod_ext.compression.horovod_args import (check_groups, check_named_parameters, check_predivide,
                                                   outside_process_set)
 from horovod_ext.compression.specs import describe_compression, element_limit, resolved_for
-from .backend import TorchBackend, drain, numpy_allgather
+from .backend import TorchBackend, drain, numpy_allgather, timed_into
 from .kernels import check_gradient
 
 _optimizer_ids = itertools.count()
@@ -80,7 +81,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_stats = CompressionStats(getattr(compression, "name", getattr(compression, "__name__", "custom")))
         self._hx_backend = TorchBackend(process_set, op, self._hx_predivide, self._hx_stats)
         # agreement, seed, checkpoints, elastic resets and the method (made once the settings are agreed)
-        self._hx_run = TrainingRun(compression, self._hx_stats, HostCounters(), self._hx_id, torch.initial_seed)
+        self._hx_run = TrainingRun(compression, StepContext(self._hx_stats, timer=timed_into), HostCounters(),
+                                   self._hx_id, torch.initial_seed)
         self._hx_pending = {}
         self._hx_begun = False  # the driver has begun this step (at its first launch)
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}

@@ -10,10 +10,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from contract_cases import CASES, GRAPH_FAILURES  # noqa: E402
+from contract_cases import CASES, CONTEXT_CASES, GRAPH_FAILURES  # noqa: E402
 from hvdrun import write_result  # noqa: E402
 
 from horovod_ext.compression import CompressionStats  # noqa: E402
+from horovod_ext.compression.context import StepContext  # noqa: E402
 from horovod_ext.compression.plan import Item  # noqa: E402
 
 
@@ -27,15 +28,25 @@ def plain(value, to_numpy):
     return value.decode() if isinstance(value, bytes) else value  # a tf.function returns str as a string tensor
 
 
+def begun(case):
+    """A context case: the step context begins (inside the tf.function in the graph mode), then the case."""
+    def run(c):
+        c.context.begin(3, 7, False)
+        return case(c)
+    return run
+
+
 def check(mode, rank, nranks, make_context, to_numpy, run=lambda fn: fn()):
     results = {}
-    for name, (case, expect) in CASES.items():
+    cases = dict(CASES)
+    cases.update({f"context.{name}": (begun(case), expect) for name, (case, expect) in CONTEXT_CASES.items()})
+    for name, (case, expect) in cases.items():
         ctx = make_context()
         ctx.rank = rank
         try:
             value = run(lambda: case(ctx))
         except Exception as exc:  # noqa: BLE001 - recorded for the test
-            fragment = GRAPH_FAILURES.get(name) if ctx.graph else None
+            fragment = GRAPH_FAILURES.get(name.replace("context.", "")) if ctx.graph else None
             results[name] = None if fragment and fragment in str(exc) else f"{type(exc).__name__}: {exc}"[:500]
             continue
         value = plain(value, to_numpy)
@@ -47,7 +58,7 @@ def run_torch():
     import torch
     import horovod_ext.torch as hvd
     from horovod.common.process_sets import global_process_set
-    from horovod_ext.torch.backend import TorchBackend
+    from horovod_ext.torch.backend import TorchBackend, timed_into
     hvd.init()
 
     def t(values, dtype="float32"):
@@ -56,6 +67,8 @@ def run_torch():
     def make_context():
         stats = CompressionStats("contract")
         be = TorchBackend(global_process_set, hvd.Average, 1.0, stats)
+        context = StepContext(stats, timer=timed_into)
+        context.use(be)
 
         def item(name, values):
             grad = t(values)
@@ -71,7 +84,8 @@ def run_torch():
                 return it.result
             return it.param.grad if it.param is not None else it.grad
 
-        return types.SimpleNamespace(be=be, t=t, item=item, sparse_item=sparse_item, graph=False, timed=True,
+        return types.SimpleNamespace(be=be, context=context, built_steps=False, t=t, item=item,
+                                     sparse_item=sparse_item, graph=False, timed=True,
                                      counted=lambda field: stats.current[field], written=written,
                                      dense=lambda x: x.to_dense() if x.is_sparse else x,
                                      set_method_state=lambda text: False)
@@ -98,11 +112,14 @@ def run_tf():
         with tf.init_scope():
             module.method_state = tf.Variable("", dtype=tf.string, trainable=False)
         module.residuals = {}
-        be = TFBackend(module, global_process_set, hvd.Average, 1.0, stats)
+        be = TFBackend(module, global_process_set, hvd.Average, 1.0)
+        context = StepContext(stats, built_steps=True)
+        context.use(be)
 
         def counted(field):
-            runtime = [v for key, v in be.runtime if key == field]
-            fixed = be.per_step.get(field, 0) + be.decided_last.get(field, 0) + be.runtime_last.get(field, 0)
+            runtime = [v for key, v in context.runtime if key == field]
+            fixed = context.per_step.get(field, 0) + context.decided_last.get(field, 0) \
+                + context.runtime_last.get(field, 0)
             return fixed + tf.add_n([tf.cast(v, tf.float64) for v in runtime]) if runtime else fixed
 
         def set_method_state(text):
@@ -117,7 +134,8 @@ def run_tf():
             grad = tf.IndexedSlices(t(rows), tf.constant(indices, tf.int64), tf.constant(shape, tf.int64))
             return Item(0, name, grad, int(np.prod(shape)), grad.dtype.size, sparse=sparse)
 
-        return types.SimpleNamespace(be=be, t=t, item=item, sparse_item=sparse_item, graph=graph, timed=False,
+        return types.SimpleNamespace(be=be, context=context, built_steps=True, t=t, item=item,
+                                     sparse_item=sparse_item, graph=graph, timed=False,
                                      counted=counted, written=lambda it: it.result, dense=tf.convert_to_tensor,
                                      set_method_state=set_method_state)
 
