@@ -17,6 +17,7 @@ import importlib  # noqa: E402
 from .compression import Compression  # noqa: E402
 from .functions import broadcast_optimizer_state  # noqa: E402
 from .project import project  # noqa: E402
+from .diloco import DiLoCoOptimizer  # noqa: E402
 from .leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402
 from .optimizer import DistributedOptimizer, complete_in_flight as _complete_in_flight  # noqa: E402
 
