@@ -2,6 +2,8 @@
 
     horovodrun -np 4 python -m horovod_ext.run --compression ternary train.py --epochs 5
     horovodrun -np 4 python -m horovod_ext.run --compression topk --compression-arg ratio=0.001 train.py
+    horovodrun -np 4 python -m horovod_ext.run --optimizer diloco --optimizer-arg inner_steps=50 \
+        --compression ternary --compression-arg error_feedback=True train.py
 
 Before the script runs, Horovod's ``horovod.torch.DistributedOptimizer``, ``horovod.tensorflow.DistributedGradientTape``
 and ``horovod.tensorflow.keras.DistributedOptimizer`` (and its Keras callbacks, which target Keras 2) are made to
@@ -12,6 +14,10 @@ modules are patched as they are imported, so no framework is imported that the s
 At exit rank 0 prints one line: bytes sent, their dense-equivalent, the ratio and the seconds spent communicating
 (PyTorch; TensorFlow runs a step as one graph, where communication is not timed apart from compute).
 A bad flag value exits with an error listing the allowed values on every rank, before the script starts.
+
+``--optimizer diloco`` (PyTorch) makes the script's ``hvd.DistributedOptimizer(optimizer, named_parameters)``
+a ``DiLoCoOptimizer`` around the same optimizer (its inner one), with the launcher's compression for the
+pseudo-gradients and ``--optimizer-arg`` for its arguments (inner_steps, outer_lr, outer_momentum, nesterov).
 """
 import argparse
 import ast
@@ -26,6 +32,7 @@ import sys
 from horovod_ext.compression.registry import payload_compressors
 
 LINEAR = ("none", "fp16")
+OPTIMIZERS = ("data_parallel", "diloco")
 CHOICES = LINEAR + tuple(payload_compressors())
 SUMMARY_PREFIX = "horovod_ext.run:"
 
@@ -41,27 +48,55 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="python -m horovod_ext.run",
         description="Run an unmodified Horovod script with horovod-ext compression (under horovodrun).")
-    parser.add_argument("--compression", required=True, choices=CHOICES,
+    parser.add_argument("--compression", default="none", choices=CHOICES,
                         help="the compressor every Horovod DistributedOptimizer / DistributedGradientTape of the "
-                             "script uses")
+                             "script uses (with --optimizer diloco: the pseudo-gradients')")
     parser.add_argument("--compression-arg", action="append", default=[], metavar="NAME=VALUE",
                         help="an argument of the compressor, e.g. ratio=0.001 or shared_scale=True (repeatable)")
+    parser.add_argument("--optimizer", default="data_parallel", choices=OPTIMIZERS,
+                        help="data_parallel: Horovod's DistributedOptimizer with the compression; diloco: "
+                             "DiLoCoOptimizer around the script's optimizer (PyTorch)")
+    parser.add_argument("--optimizer-arg", action="append", default=[], metavar="NAME=VALUE",
+                        help="an argument of the optimizer, e.g. inner_steps=50 (repeatable)")
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     args = parser.parse_args(argv)
-    kwargs = {}
-    for item in args.compression_arg:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            parser.error(f"--compression-arg must be NAME=VALUE, got {item!r}")
-        kwargs[name.strip()] = _literal(value.strip())
     try:
-        args.spec = build_compression(args.compression, kwargs)
+        args.spec = build_compression(args.compression, name_values(args.compression_arg, "--compression-arg"))
+        args.optimizer_kwargs = build_optimizer(args.optimizer,
+                                                name_values(args.optimizer_arg, "--optimizer-arg"))
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
     if not os.path.isfile(args.script):
         parser.error(f"script {args.script!r} does not exist")
     return args
+
+
+def name_values(items, flag):
+    """NAME=VALUE items as a dict of Python literals (bare words as strings)."""
+    kwargs = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"{flag} must be NAME=VALUE, got {item!r}")
+        kwargs[name.strip()] = _literal(value.strip())
+    return kwargs
+
+
+def build_optimizer(name, kwargs):
+    """The optimizer's arguments, checked now (data_parallel takes none)."""
+    if name == "data_parallel":
+        if kwargs:
+            raise ValueError(f"--optimizer data_parallel takes no --optimizer-arg (got {sorted(kwargs)})")
+        return {}
+    from horovod_ext.consensus.diloco import DEFAULTS, check_arguments
+
+    unknown = sorted(set(kwargs) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"--optimizer-arg {unknown[0]!r} is not an argument of diloco; allowed: "
+                         f"{', '.join(DEFAULTS)}")
+    check_arguments(**kwargs)
+    return kwargs
 
 
 def build_compression(name, kwargs):
@@ -132,7 +167,20 @@ def _bind(original, args, kwargs):
     return dict(bound.arguments)
 
 
-def torch_patch(module, choice, registry):
+def diloco_of(ext, arguments, original, optimizer_kwargs):
+    """The script's DistributedOptimizer(...) as a DiLoCoOptimizer around its optimizer; Horovod's arguments that
+    DiLoCo has no meaning for must be left at their defaults."""
+    defaults = {name: p.default for name, p in inspect.signature(original).parameters.items()}
+    for name in ("backward_passes_per_step", "op", "gradient_predivide_factor", "num_groups", "groups",
+                 "sparse_as_dense", "process_set"):
+        if name in arguments and arguments[name] is not defaults.get(name) and arguments[name] != defaults.get(name):
+            raise ValueError(f"--optimizer diloco: the script's DistributedOptimizer passes {name}="
+                             f"{arguments[name]!r}, which DiLoCoOptimizer does not take; leave it at its default")
+    return ext.DiLoCoOptimizer(arguments["optimizer"], arguments.get("named_parameters"),
+                               compression=arguments["compression"], **optimizer_kwargs)
+
+
+def torch_patch(module, choice, registry, kind="data_parallel", optimizer_kwargs=None):
     original = module.DistributedOptimizer
 
     def DistributedOptimizer(*args, **kwargs):
@@ -140,6 +188,10 @@ def torch_patch(module, choice, registry):
 
         arguments = _bind(original, args, kwargs)
         arguments["compression"] = choice if not isinstance(choice, str) else getattr(ext.Compression, choice)
+        if kind == "diloco":
+            diloco = diloco_of(ext, arguments, original, optimizer_kwargs or {})
+            registry.add(ext.rank(), diloco)
+            return diloco
         optimizer = ext.DistributedOptimizer(**arguments)
         registry.add(ext.rank(), optimizer)
         return optimizer
@@ -161,12 +213,19 @@ def torch_patch(module, choice, registry):
         setattr(module.elastic, name, getattr(elastic, name))
 
 
-def tensorflow_patch(module, choice, registry):
+def refuse_diloco(kind, what):
+    if kind == "diloco":
+        raise ValueError(f"--optimizer diloco runs PyTorch scripts; this script makes a TensorFlow {what} "
+                         f"(use --optimizer data_parallel)")
+
+
+def tensorflow_patch(module, choice, registry, kind="data_parallel"):
     original = module.DistributedGradientTape
 
     def DistributedGradientTape(*args, **kwargs):
         import horovod_ext.tensorflow as ext
 
+        refuse_diloco(kind, "DistributedGradientTape")
         arguments = _bind(original, args, kwargs)
         arguments["compression"] = choice if not isinstance(choice, str) else getattr(ext.Compression, choice)
         tape = ext.DistributedGradientTape(**arguments)
@@ -177,12 +236,13 @@ def tensorflow_patch(module, choice, registry):
     module.DistributedGradientTape = DistributedGradientTape
 
 
-def keras_patch(module, choice, registry):
+def keras_patch(module, choice, registry, kind="data_parallel"):
     original = module.DistributedOptimizer
 
     def DistributedOptimizer(*args, **kwargs):
         import horovod_ext.tensorflow.keras as ext
 
+        refuse_diloco(kind, "DistributedOptimizer")
         arguments = _bind(original, args, kwargs)
         arguments["compression"] = choice if not isinstance(choice, str) else getattr(ext.Compression, choice)
         optimizer = ext.DistributedOptimizer(**arguments)
@@ -237,10 +297,10 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.patches.pop(name)(module)
 
 
-def install(choice, registry):
-    patches = {"horovod.torch": lambda m: torch_patch(m, choice, registry),
-               "horovod.tensorflow": lambda m: tensorflow_patch(m, choice, registry),
-               "horovod.tensorflow.keras": lambda m: keras_patch(m, choice, registry)}
+def install(choice, registry, kind="data_parallel", optimizer_kwargs=None):
+    patches = {"horovod.torch": lambda m: torch_patch(m, choice, registry, kind, optimizer_kwargs),
+               "horovod.tensorflow": lambda m: tensorflow_patch(m, choice, registry, kind),
+               "horovod.tensorflow.keras": lambda m: keras_patch(m, choice, registry, kind)}
     for name in list(patches):
         if name in sys.modules:  # already imported (by a sitecustomize, say): patch it now
             patches.pop(name)(sys.modules[name])
@@ -249,8 +309,9 @@ def install(choice, registry):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    registry = Registry(args.compression)
-    install(args.spec, registry)
+    registry = Registry(args.compression if args.optimizer == "data_parallel" else
+                        f"{args.compression} (pseudo-gradients of --optimizer {args.optimizer})")
+    install(args.spec, registry, args.optimizer, args.optimizer_kwargs)
     script = os.path.abspath(args.script)
     sys.argv = [script] + list(args.script_args)
     sys.path.insert(0, os.path.dirname(script))

@@ -77,6 +77,12 @@ def run_rank_local(args):
     (["--compression", "fp16", "--compression-arg", "clip=1", "tests/scripts/plain_torch.py"], ["takes no"]),
     (["--compression", "topk", "--compression-arg", "ratio", "tests/scripts/plain_torch.py"], ["NAME=VALUE"]),
     (["--compression", "none", "missing.py"], ["does not exist"]),
+    (["--optimizer", "diloco", "--optimizer-arg", "inner_steps=0", "tests/scripts/plain_torch.py"],
+     ["inner_steps must be an integer >= 1, got 0"]),
+    (["--optimizer", "diloco", "--optimizer-arg", "warmup=3", "tests/scripts/plain_torch.py"],
+     ["'warmup' is not an argument of diloco; allowed: inner_steps, outer_lr, outer_momentum, nesterov"]),
+    (["--optimizer-arg", "inner_steps=2", "tests/scripts/plain_torch.py"], ["data_parallel takes no"]),
+    (["--optimizer", "lsgd", "tests/scripts/plain_torch.py"], ["invalid choice: 'lsgd'", "'data_parallel', 'diloco'"]),
 ])
 def test_bad_flags_fail_before_the_script(args, fragments):
     proc = run_rank_local(args)
@@ -91,6 +97,28 @@ def test_bad_flag_fails_on_every_rank_under_horovodrun():
                    collect=False, timeout=120)
     text = str(info.value)
     assert text.count("invalid choice: 'zip'") >= 1 and "final loss" not in text
+
+
+DILOCO_SUMMARY = re.compile(r"compression=ternary \(pseudo-gradients of --optimizer diloco\) sent ([\d.]+) MB, "
+                            r"dense-equivalent ([\d.]+) MB, ratio ([\d.]+)x, communication [\d.]+ s \((\d+) steps")
+
+
+def test_unmodified_script_runs_as_diloco():
+    """--optimizer diloco: the script's DistributedOptimizer becomes a DiLoCoOptimizer around its SGD, with
+    ternary pseudo-gradients every 5 steps: about 5 x 16 times fewer bytes than the dense allreduce per step."""
+    output = launch("tests/scripts/plain_torch.py", "ternary",
+                    ["--compression-arg", "error_feedback=True", "--optimizer", "diloco",
+                     "--optimizer-arg", "inner_steps=5"])
+    (sent, dense, ratio, steps), = (m.groups() for m in DILOCO_SUMMARY.finditer(output))
+    assert float(ratio) >= 60 and int(steps) == 20, output[-3000:]  # every step against the dense allreduce
+    assert "horovod_ext optimizer True" in output and "final loss" in output
+
+
+def test_diloco_refuses_a_tensorflow_script_on_every_rank():
+    with pytest.raises(AssertionError) as info:
+        launch("tests/scripts/plain_tf.py", "none", ["--optimizer", "diloco"], steps=2)
+    text = str(info.value)
+    assert "--optimizer diloco runs PyTorch scripts" in text and "final loss" not in text
 
 
 def test_timeline_shows_horovod_ext_collectives_by_tensor_name(tmp_path):

@@ -68,6 +68,7 @@ class _DiLoCo:
         """The inner step (the wrapped optimizer's); every inner_steps-th, then the outer round."""
         if self._hx_outer is None:
             self._hx_start()
+        self._hx_agree()  # at a step every rank takes, before it counts: a loaded checkpoint's counts are taken on
         loss = super().step(closure)
         with torch.no_grad():
             self._hx_inner += 1
@@ -103,7 +104,6 @@ class _DiLoCo:
     def _hx_outer_round(self):
         """Delta_m = theta - theta_m through the plan, then the outer step; every rank continues from theta."""
         s, run = self._hx_settings, self._hx_run
-        self._hx_agree()
         deltas = [theta - p.detach().float() for theta, p in zip(self._hx_outer, self._hx_params)]
         delta = exchange(run.driver, self._hx_names, deltas, run.counters.step, run.counters.seed,
                          lambda item: item.grad)
