@@ -19,6 +19,11 @@
 #      the table's "spread" column is the largest difference between the ranks' parameters (0 for data-parallel);
 #      ternary runs twice, and its "params" column (CRC-32 of the parameters) must be the same both times.
 #
+# ONLY=synthetic runs step 3 alone (with the builds it needs: no second Horovod, no CUDA tests, no kernels' timing,
+# no two-rank runs), for a short lease; SYNTHETIC_METHODS picks the per-step methods (default: none fp16 ternary topk
+# powersgd), and DILOCO=0 leaves out DiLoCo (--optimizer diloco: ternary pseudo-gradients with error feedback every
+# DILOCO_INNER_STEPS steps, default 5).
+#
 # Each step has its own deadline and log; after each, $OUT (default /tmp/gpu_checks) gets summary.txt (what passed),
 # the benchmarks' tables and logs.tar.gz (every log). BUDGET (seconds, default 560) is the whole run's.
 set -u
@@ -73,13 +78,17 @@ build_horovod() {  # build_horovod NCCL(auto|0) [TARGET]
 }
 (build_horovod auto) >"$LOG/horovod_build.log" 2>&1 &
 HOROVOD_BUILD=$!
-(build_horovod 0 "$GLOO_HOROVOD") >"$LOG/horovod_gloo_build.log" 2>&1 &
-GLOO_BUILD=$!
+ONLY=${ONLY:-all}
+GLOO_BUILD=
+if [ "$ONLY" = all ]; then
+  (build_horovod 0 "$GLOO_HOROVOD") >"$LOG/horovod_gloo_build.log" 2>&1 &
+  GLOO_BUILD=$!
+fi
 
 step ext_build 240 env HVDEXT_WITH_CUDA=1 $PY setup.py build_ext --inplace
 $PY -c "from horovod_ext import _torch_ops as o; print('built_with_cuda', o.built_with_cuda())" >>"$LOG/ext_build.log" 2>&1
 # GraVAC's nested selection goes through horovod_ext.torch, which imports Horovod: it waits for the build.
-step test_cuda 150 $PY -m pytest -q -p no:cacheprovider --tb=short -rfE -k "not nested" tests/test_cuda.py
+[ "$ONLY" = all ] && step test_cuda 150 $PY -m pytest -q -p no:cacheprovider --tb=short -rfE -k "not nested" tests/test_cuda.py
 
 wait_build() {  # wait_build PID NAME: 0 once it built, else says why
   while kill -0 "$1" 2>/dev/null && [ "$(left)" -gt 90 ]; do sleep 3; done
@@ -95,8 +104,10 @@ wait_build() {  # wait_build PID NAME: 0 once it built, else says why
   return $rc
 }
 wait_build $HOROVOD_BUILD horovod_build || { pack; exit 1; }
-step test_cuda_nested 60 $PY -m pytest -q -p no:cacheprovider --tb=short -rfE -k nested tests/test_cuda.py
-(cd benchmarks && step gpu_kernels 90 $PY gpu_kernels.py)
+if [ "$ONLY" = all ]; then
+  step test_cuda_nested 60 $PY -m pytest -q -p no:cacheprovider --tb=short -rfE -k nested tests/test_cuda.py
+  (cd benchmarks && step gpu_kernels 90 $PY gpu_kernels.py)
+fi
 cp benchmarks/out/gpu_kernels.md benchmarks/out/gpu_kernels.json "$LOG/" 2>/dev/null
 # horovodrun of whichever Horovod PYTHONPATH finds first
 HOROVODRUN="$LOG/horovodrun"
@@ -110,6 +121,11 @@ for c in ${SYNTHETIC_METHODS:-none fp16 ternary topk powersgd}; do
   step "synthetic_$c" 90 env HVDEXT_SYNC_TIMING=1 "$HOROVODRUN" -np 1 $PY -m horovod_ext.run --compression "$c" \
     "${SYNTHETIC[@]}"
 done
+if [ "${DILOCO:-1}" = 1 ]; then  # the script's DistributedOptimizer as DiLoCo: a round every DILOCO_INNER_STEPS
+  step "synthetic_diloco" 90 env HVDEXT_SYNC_TIMING=1 "$HOROVODRUN" -np 1 $PY -m horovod_ext.run --optimizer diloco \
+    --optimizer-arg "inner_steps=${DILOCO_INNER_STEPS:-5}" --compression ternary --compression-arg error_feedback=True \
+    "${SYNTHETIC[@]}"
+fi
 $PY - "$LOG" >"$LOG/synthetic_table.md" 2>&1 <<'TABLE'
 import glob, os, re, sys
 rows = ["| method | img/s | step ms | compute ms | compression ms | of the step | ratio |", "|---" * 7 + "|"]
@@ -129,11 +145,11 @@ print("\n".join(rows))
 if perf:
     compute = dict((n, c) for n, c, _ in perf).get("dense", perf[0][1])
     print(f"\nPERFMODEL --compute-seconds {compute / 1e3:.5f} --compression-seconds "
-          + ",".join(f"{n}={k / 1e3:.5f}" for n, c, k in perf if n not in ("dense", "fp16")))
+          + ",".join(f"{n}={k / 1e3:.5f}" for n, c, k in perf if n not in ("dense", "fp16", "diloco")))
 TABLE
 cat "$LOG/synthetic_table.md" | tee -a "$LOG/summary.txt"
 measured=$(sed -n 's/^PERFMODEL //p' "$LOG/synthetic_table.md")
-if [ -n "$measured" ]; then
+if [ -n "$measured" ] && [ "$ONLY" = all ]; then
   # shellcheck disable=SC2086
   step perfmodel_projection 30 $PY -m horovod_ext.perfmodel --model resnet50 $measured --gbit 10,25,100 \
     --ranks 8,16,64 --methods dense,fp16,ternary,topk,powersgd
@@ -141,7 +157,7 @@ if [ -n "$measured" ]; then
 fi
 
 # Two ranks on one GPU: CUDA tensors through Gloo on the host.
-if wait_build $GLOO_BUILD horovod_gloo_build; then
+if [ -n "$GLOO_BUILD" ] && wait_build $GLOO_BUILD horovod_gloo_build; then
   DIGITS=(examples/pytorch_digits.py --epochs 2)
   pids=()
   for c in none fp16 ternary ternary-shared ternary-2bit topk topk-allgather topk-1% adaptive_topk powersgd; do
