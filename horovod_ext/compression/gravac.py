@@ -412,8 +412,8 @@ class AdaptiveTopKMethod(SparseTransport, Method):
         self.ctx.count_decided(**self.decision_bytes(path, cf))
         theta_min, theta_c = self.controller.log[-1]["theta_min"], self.controller.log[-1]["candidate_cf"]
         self.ctx.stats.extra.update(cf=cf, path=path, gain_min=gain_min, gain_c=gain_c, theta_min=theta_min,
-                                   candidate_cf=theta_c, settled=self.controller.settled,
-                                   planned_cf=self.controller.planned[1])
+                                    candidate_cf=theta_c, settled=self.controller.settled,
+                                    planned_cf=self.controller.planned[1])
         return 0
 
     def _step_ended(self):

@@ -109,7 +109,7 @@ class PowerSGDMethod(Method):
         for item, avg, finite in zip(matrices, outputs[:len(matrices)], outputs[len(matrices):]):
             be.write(item, avg)
             self.ctx.require(finite, f"{item.name!r} (NaN/Inf on some rank, or a factor beyond the fp16 range: "
-                               f"try value_dtype='fp32')")
+                                     f"try value_dtype='fp32')")
 
     def _decide(self, step):
         """On the host, the same on every rank: (0, 0) before start_iter, else (1, where Q comes from: 0 drawn,

@@ -177,7 +177,7 @@ class TernaryMethod(Allgather):
         if coded:
             sent = be.size(send)
             self.ctx.count_runtime(payload_bytes=sent + be.size(stream),
-                             wire_bytes=sent - be.size(outgoing[be.rank]) + (be.nranks - 1) * be.size(stream))
+                                   wire_bytes=sent - be.size(outgoing[be.rank]) + (be.nranks - 1) * be.size(stream))
         else:
             self.ctx.count(payload_bytes=plan.payload_bytes(be.rank), wire_bytes=plan.wire_bytes(be.rank))
 
