@@ -13,7 +13,7 @@ EXPECTED = {"kernels": ["kernels_speedup.png"], "tf_kernels": ["tf_kernels_speed
             "tta": ["tta_accuracy.png", "tta_cf.png"],
             "gravac": ["gravac_cf.png", "gravac_cnn_2_accuracy.png"],
             "perfmodel": ["perfmodel_resnet50.png"], "soak": ["soak_rss_growth.png"],
-            "elastic_soak": ["elastic_soak_seconds_lost.png"]}
+            "elastic_soak": ["elastic_soak_seconds_lost.png"], "diloco": ["diloco_loss.png"]}
 
 
 def test_quick_benchmarks_write_json_tables_and_plots(tmp_path):
@@ -25,7 +25,7 @@ def test_quick_benchmarks_write_json_tables_and_plots(tmp_path):
     for name, plots in EXPECTED.items():
         line = next(l for l in proc.stdout.splitlines() if l.startswith(f"[run] {name}:"))
         if "skipped" in line:  # no namespace here (not root), or no GPU: a reason, not a crash
-            shaped = ("link", "powersgd", "tta", "gravac", "perfmodel")
+            shaped = ("link", "powersgd", "tta", "gravac", "perfmodel", "diloco")
             assert (name in shaped and ("namespace" in line or "root" in line)) or \
                 (name == "gpu_kernels" and ("GPU" in line or "without CUDA" in line)) or \
                 (name == "elastic_soak" and "third local host name" in line), line

@@ -267,3 +267,27 @@ def test_sparse_as_dense_feeds_an_optimizer_that_takes_only_sparse_gradients(com
         assert embedding.weight.grad.is_sparse
     moved = (embedding.weight.detach() != before).any(dim=1)
     assert moved[[1, 4, 9]].all()
+
+
+@pytest.mark.parametrize("wrap", ["diloco", "leader"])
+def test_a_scheduler_made_before_the_wrap_does_not_hide_the_wrappers_step(wrap):
+    """torch's LRScheduler puts a counting step() on the optimizer instance; the wrapper copies the instance's
+    attributes, and its own step() (the outer round, the consensus step) must still run, the schedule too."""
+    m = model()
+    inner = torch.optim.SGD(m.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(inner, lambda epoch: 0.5 ** epoch)
+    opt = hvd.DiLoCoOptimizer(inner, m.named_parameters(), inner_steps=2) if wrap == "diloco" else \
+        hvd.LeaderOptimizer(inner, m.named_parameters(), groups=None, period=2)
+    for step in range(4):
+        opt.zero_grad()
+        loss = loss_of(m, step)
+        loss.backward()
+        if wrap == "leader":
+            opt.report_loss(loss)
+        opt.step()
+        schedule.step()
+    stats = opt.compression_stats()
+    assert stats["steps"] == 4
+    if wrap == "diloco":
+        assert stats["outer_rounds"] == 2
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 4)

@@ -207,5 +207,8 @@ def DiLoCoOptimizer(optimizer, named_parameters=None, inner_steps=50, outer_lr=0
     cls = type(optimizer.__class__.__name__, (_DiLoCo, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)  # the same param_groups and state as the optimizer given
+    # a learning-rate scheduler made before the wrap put its counting step() on the optimizer instance: the
+    # class's step() (DiLoCo's) must not be hidden by it
+    wrapped.__dict__.pop("step", None)
     wrapped._hx_setup(named_parameters, arguments, compression if compression is not None else hvd.Compression.none)
     return wrapped

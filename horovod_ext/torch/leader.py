@@ -316,6 +316,9 @@ def _wrap(mixin, optimizer):
     cls = type(optimizer.__class__.__name__, (mixin, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)  # the same param_groups and state as the optimizer given
+    # a learning-rate scheduler made before the wrap put its counting step() on the optimizer instance: the
+    # class's step() (the consensus step's) must not be hidden by it
+    wrapped.__dict__.pop("step", None)
     return wrapped
 
 

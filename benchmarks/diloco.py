@@ -1,0 +1,126 @@
+"""Low-communication training on a shaped link: the transformer language model of lm.py with AdamW, trained by
+data-parallel AdamW (dense, ternary, top-k 1%) and by DiLoCo (dense, ternary and top-k pseudo-gradients with error
+feedback) at 2 ranks on loopback shaped to --mbit (benchmarks/diloco_worker.py has the runs). The data-parallel
+methods take --steps steps, DiLoCo's --diloco-steps (default 3 x --steps: its steps send nothing between rounds, so
+the comparison that matters is at the same seconds, not the same steps). Reports, per method,
+the final test loss and perplexity, the bytes sent against dense, and the bytes and training seconds until the
+test loss first reaches the target: dense's final loss plus 2%; a table and plots of loss against seconds and
+against bytes.
+
+    python benchmarks/diloco.py --mbit 100 --steps 400 --diloco-steps 1200 --inner-steps 50
+"""
+import argparse
+import json
+import os
+import sys
+
+from common import OUT_DIR, horovodrun_json, machine, markdown_table, write_outputs
+from shaped_link import NamespaceUnavailable, shaped_namespace
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+METHODS = ["dense", "ternary", "topk", "diloco", "diloco-ternary", "diloco-topk"]
+TARGET_MARGIN = 1.02  # the target: dense's final test loss plus 2%
+
+
+def first_reaching(curve, target, key):
+    return next((p[key] for p in curve if p["loss"] <= target), None)
+
+
+def plots(results, path_prefix, mbit):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for r in results:
+        axes[0].plot([p["seconds"] for p in r["curve"]], [p["loss"] for p in r["curve"]], marker="o", label=r["method"])
+        axes[1].plot([max(p["bytes"], 1) for p in r["curve"]], [p["loss"] for p in r["curve"]], marker="o",
+                     label=r["method"])
+    axes[0].set(title=f"test loss against training seconds, {mbit} Mbit/s", xlabel="seconds", ylabel="test loss")
+    axes[1].set(title="test loss against bytes sent (rank 0)", xlabel="bytes", ylabel="test loss", xscale="log")
+    for ax in axes:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path_prefix + "_loss.png", dpi=100)
+
+
+def output_name(mbit):
+    """diloco (the default 100 Mbit/s), else diloco_<mbit>mbit: the JSON, table and plot's name in benchmarks/out."""
+    return "diloco" if mbit == 100 else f"diloco_{mbit}mbit"
+
+
+def report(results, args):
+    name = output_name(args.mbit)
+    dense = next(r for r in results if r["method"] == "dense")
+    target = dense["curve"][-1]["loss"] * TARGET_MARGIN
+    dense_bytes = first_reaching(dense["curve"], target, "bytes")
+    rows = []
+    for r in results:
+        final = r["curve"][-1]["loss"]
+        seconds, sent = first_reaching(r["curve"], target, "seconds"), first_reaching(r["curve"], target, "bytes")
+        rows.append([r["method"], r["inner_steps"] or "-", f"{final:.3f}", f"{2.718281828 ** final:.1f}",
+                     f"{r['payload_bytes'] / 1e6:.2f}", f"{r['dense_bytes'] / max(r['payload_bytes'], 1):.0f}x",
+                     f"{sent / 1e6:.3f}" if sent is not None else "not reached",
+                     f"{dense_bytes / sent:.0f}x" if sent and dense_bytes else "-",
+                     f"{seconds:.1f}" if seconds is not None else "not reached"])
+    md = (f"Transformer LM ({results[0]['parameters'] / 1e6:.2f}M parameters, lm.py), AdamW, {args.steps} steps "
+          f"({args.diloco_steps} for DiLoCo), batch {args.batch} per rank, {results[0]['ranks']} ranks, loopback shaped to {args.mbit} Mbit/s. "
+          f"Target: dense's final test loss plus 2% ({target:.3f}), checked every {args.eval_every} steps.\n\n"
+          + markdown_table(["method", "H", "final test loss", "perplexity", "MB sent", "fewer bytes than dense",
+                            "MB to target", "fewer bytes to target", "s to target"], rows)
+          + f"\n\n![loss]({name}_loss.png)")
+    path = write_outputs(name, {"machine": machine(), "args": vars(args), "results": results}, md)
+    plots(results, os.path.join(OUT_DIR, name), args.mbit)
+    print(md)
+    print(f"\nwritten: {path}")
+    return 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="40 steps of dense, DiLoCo and DiLoCo with ternary "
+                                                             "pseudo-gradients (H = 10), 1-layer model")
+    parser.add_argument("--mbit", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--diloco-steps", type=int, default=None, help="DiLoCo's steps (default 3 x --steps)")
+    parser.add_argument("--inner-steps", type=int, default=50)
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--timeout", type=int, default=1800)
+    parser.add_argument("--report", metavar="JSON", help="only write the table and plots again from a run's JSON")
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.diloco_steps, args.inner_steps, args.eval_every, args.layers = 40, 40, 10, 10, 1
+        args.methods = "dense,diloco,diloco-ternary"
+    args.diloco_steps = args.diloco_steps or 3 * args.steps
+    if "dense" not in args.methods.split(","):
+        parser.error("--methods must include dense (the target is dense's final loss)")
+    if args.report:
+        with open(args.report) as f:
+            saved = json.load(f)
+        return report(saved["results"], argparse.Namespace(**saved["args"]))
+    worker = os.path.join(HERE, "diloco_worker.py")
+    options = ["--inner-steps", args.inner_steps, "--eval-every", args.eval_every, "--batch", args.batch,
+               "--layers", args.layers]
+    methods = args.methods.split(",")
+    groups = [([m for m in methods if not m.startswith("diloco")], args.steps),
+              ([m for m in methods if m.startswith("diloco")], args.diloco_steps)]
+    results = []
+    try:
+        with shaped_namespace(args.mbit) as prefix:
+            for group, steps in groups:
+                if group:
+                    print(f"[diloco] 2 ranks, {args.mbit} Mbit/s, {steps} steps: {','.join(group)}", flush=True)
+                    results += horovodrun_json(prefix, 2, worker, options + ["--method", ",".join(group),
+                                                                             "--steps", steps], args.timeout)
+    except NamespaceUnavailable as exc:
+        print(f"[diloco] skipped: {exc}")
+        return 0
+    return report(results, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
