@@ -31,12 +31,12 @@ from horovod_ext.consensus.accounting import account_dense_reference
 from horovod_ext.consensus.agreement import build_on_every_rank
 from horovod_ext.consensus.diloco import DiLoCoSettings, exchange, outer_update
 from .backend import TorchBackend, numpy_allgather, timed_into
+from .wrapping import StateInCheckpoint, wrap
 
-STATE_KEY = "horovod_ext"
 _ids = itertools.count()
 
 
-class _DiLoCo:
+class _DiLoCo(StateInCheckpoint):
     """Horovod's API around DiLoCo's outer loop; mixed in before the user's optimizer class, so super() reaches
     the user's optimizer (its step is the inner step)."""
 
@@ -146,6 +146,8 @@ class _DiLoCo:
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def _hx_ours(self):
+        """DiLoCo's part of state_dict(): inner steps taken, outer parameters and momentum, the exchange's step
+        counter, seed, statistics and this rank's error-feedback residuals."""
         clone = lambda values: None if values is None else [v.clone() for v in values]  # noqa: E731
         return {"inner": self._hx_inner, "outer": clone(self._hx_outer), "momentum": clone(self._hx_momentum),
                 "update_norm": self._hx_update_norm,
@@ -158,24 +160,6 @@ class _DiLoCo:
         self._hx_outer, self._hx_momentum = moved(ours["outer"]), moved(ours["momentum"])
         self._hx_update_norm = ours.get("update_norm")
         self._hx_run.load_state_dict(ours["run"], hvd.rank(), hvd.size())
-
-    def state_dict(self):
-        """The wrapped optimizer's state, plus DiLoCo's: inner steps taken, outer parameters and momentum, the
-        exchange's step counter, seed, statistics and this rank's error-feedback residuals."""
-        state = super().state_dict()
-        state[STATE_KEY] = self._hx_ours()
-        return state
-
-    def load_state_dict(self, state_dict):
-        state_dict = dict(state_dict)
-        ours = state_dict.pop(STATE_KEY, None)
-        super().load_state_dict(state_dict)
-        if ours is not None:
-            self._hx_load_ours(ours)
-
-    def _hx_base_step(self, closure=None):
-        """The wrapped optimizer's own step, without any collective (Horovod's state-creating step)."""
-        return super(_DiLoCo, self).step(closure)
 
     def _hx_broadcast_state(self, root_rank):
         """DiLoCo's part of broadcast_optimizer_state: root_rank's inner step count, outer parameters and
@@ -200,15 +184,8 @@ def DiLoCoOptimizer(optimizer, named_parameters=None, inner_steps=50, outer_lr=0
     error feedback keeps what a compressor drops for the next round) and an outer SGD step with Nesterov
     momentum moves the outer parameters: b = mu b + Delta, theta -= outer_lr (Delta + mu b); every rank continues
     from theta. Construction is collective: bad or differing arguments raise the same error on every rank."""
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"DiLoCoOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
     arguments = {"inner_steps": inner_steps, "outer_lr": outer_lr, "outer_momentum": outer_momentum,
                  "nesterov": nesterov}
-    cls = type(optimizer.__class__.__name__, (_DiLoCo, optimizer.__class__), {})
-    wrapped = cls.__new__(cls)
-    wrapped.__dict__.update(optimizer.__dict__)  # the same param_groups and state as the optimizer given
-    # a learning-rate scheduler made before the wrap put its counting step() on the optimizer instance: the
-    # class's step() (DiLoCo's) must not be hidden by it
-    wrapped.__dict__.pop("step", None)
+    wrapped = wrap(_DiLoCo, optimizer)
     wrapped._hx_setup(named_parameters, arguments, compression if compression is not None else hvd.Compression.none)
     return wrapped

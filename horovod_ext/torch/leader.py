@@ -35,8 +35,8 @@ from horovod_ext.consensus.leader import ELASTIC_EVALUATION, LEADER_EVALUATION, 
 from horovod_ext.consensus.state import ParameterState
 from horovod_ext.consensus.step import ElasticStep, LeaderStep
 from .backend import numpy_allgather, timed_into
+from .wrapping import StateInCheckpoint, wrap
 
-STATE_KEY = "horovod_ext"
 _ids = itertools.count()
 
 
@@ -178,7 +178,7 @@ class TorchParameterBackend(ParameterBackend):
         return timed_into(self.stats, "comm_seconds")
 
 
-class _ParameterSync:
+class _ParameterSync(StateInCheckpoint):
     """Horovod's API around a consensus step: construction on every rank, report_loss, step(), stats and
     checkpoints. Mixed in before the user's optimizer class, so super() reaches the user's optimizer."""
 
@@ -263,22 +263,6 @@ class _ParameterSync:
         state.center_values = None if center is None else [c.clone().to(p.device) for c, p in
                                                            zip(center, self._hx_params)]
 
-    def state_dict(self):
-        state = super().state_dict()
-        state[STATE_KEY] = self._hx_ours()
-        return state
-
-    def load_state_dict(self, state_dict):
-        state_dict = dict(state_dict)
-        ours = state_dict.pop(STATE_KEY, None)
-        super().load_state_dict(state_dict)
-        if ours is not None:
-            self._hx_load_ours(ours)
-
-    def _hx_base_step(self, closure=None):
-        """The wrapped optimizer's own step, without any collective (Horovod's state-creating step)."""
-        return super(_ParameterSync, self).step(closure)
-
     def _hx_broadcast_state(self, root_rank):
         """horovod_ext's part of broadcast_optimizer_state: root_rank's schedule (step counter, elected leaders,
         statistics, EASGD's center) on every rank; the running loss since the last election stays each rank's own."""
@@ -310,18 +294,6 @@ class _Elastic(_ParameterSync):
     _hx_evaluations = ELASTIC_EVALUATION
 
 
-def _wrap(mixin, optimizer):
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"{mixin._hx_what} wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    cls = type(optimizer.__class__.__name__, (mixin, optimizer.__class__), {})
-    wrapped = cls.__new__(cls)
-    wrapped.__dict__.update(optimizer.__dict__)  # the same param_groups and state as the optimizer given
-    # a learning-rate scheduler made before the wrap put its counting step() on the optimizer instance: the
-    # class's step() (the consensus step's) must not be hidden by it
-    wrapped.__dict__.pop("step", None)
-    return wrapped
-
-
 def LeaderOptimizer(optimizer, named_parameters=None, pull=0.1, global_pull=0.1, period=4, global_period=16,
                     groups="node", asynchronous=False, max_staleness=None):
     """Leader SGD (LSGD, Teng et al. 2019) over Horovod: wrap a torch optimizer.
@@ -347,7 +319,7 @@ def LeaderOptimizer(optimizer, named_parameters=None, pull=0.1, global_pull=0.1,
     waited for. Every rank applies the same schedule; max_staleness=0 is the synchronous optimizer.
     """
     arguments = LeaderSync.arguments(pull, global_pull, period, global_period, groups, asynchronous, max_staleness)
-    wrapped = _wrap(_Leader, optimizer)
+    wrapped = wrap(_Leader, optimizer)
     wrapped._hx_setup(named_parameters, lambda: LeaderSync(size=hvd.size(), **arguments), arguments, LeaderStep)
     return wrapped
 
@@ -364,6 +336,6 @@ def ElasticAveragingOptimizer(optimizer, named_parameters=None, beta=0.9, period
     period - 1, at least 1): center <- (1-beta)*center + beta*mean(x[s]), x_a <- x_a - (beta/p)*(x_a - center_old).
     """
     arguments = ElasticSync.arguments(beta, period, asynchronous, max_staleness)
-    wrapped = _wrap(_Elastic, optimizer)
+    wrapped = wrap(_Elastic, optimizer)
     wrapped._hx_setup(named_parameters, lambda: ElasticSync(size=hvd.size(), **arguments), arguments, ElasticStep)
     return wrapped

@@ -1,0 +1,40 @@
+"""How the parameter-space optimizers (LeaderOptimizer, ElasticAveragingOptimizer, DiLoCoOptimizer) wrap a torch
+optimizer: a class made of their mixin and the optimizer's own class, sharing its param_groups and state, and their
+state in its state_dict() under one key."""
+import torch
+
+STATE_KEY = "horovod_ext"
+
+
+def wrap(mixin, optimizer):
+    """An instance of (mixin, optimizer's class) holding the optimizer's attributes (the same param_groups and
+    state objects). A learning-rate scheduler made before the wrap put its counting step() on the optimizer
+    instance: it is dropped, so that the class's step() (the mixin's) is not hidden by it."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"{mixin._hx_what} wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    cls = type(optimizer.__class__.__name__, (mixin, optimizer.__class__), {})
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)
+    wrapped.__dict__.pop("step", None)
+    return wrapped
+
+
+class StateInCheckpoint:
+    """state_dict() / load_state_dict() of the wrapped optimizer with the mixin's own state (its _hx_ours() and
+    _hx_load_ours()) under STATE_KEY, and the wrapped optimizer's own step for Horovod's state-creating step."""
+
+    def state_dict(self):
+        state = super().state_dict()
+        state[STATE_KEY] = self._hx_ours()
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        ours = state_dict.pop(STATE_KEY, None)
+        super().load_state_dict(state_dict)
+        if ours is not None:
+            self._hx_load_ours(ours)
+
+    def _hx_base_step(self, closure=None):
+        """The wrapped optimizer's own step, without any collective (Horovod's state-creating step)."""
+        return super(StateInCheckpoint, self).step(closure)
