@@ -95,7 +95,7 @@ def build_optimizer(name, kwargs):
     if unknown:
         raise ValueError(f"--optimizer-arg {unknown[0]!r} is not an argument of diloco; allowed: "
                          f"{', '.join(DEFAULTS)}")
-    check_arguments(**kwargs)
+    check_arguments(**{k: v for k, v in kwargs.items() if k != "groups"})  # groups: checked against the job's size
     return kwargs
 
 
@@ -312,6 +312,9 @@ def main(argv=None):
     registry = Registry(args.compression if args.optimizer == "data_parallel" else
                         f"{args.compression} (pseudo-gradients of --optimizer {args.optimizer})")
     install(args.spec, registry, args.optimizer, args.optimizer_kwargs)
+    if (args.optimizer_kwargs or {}).get("groups") is not None:
+        # DiLoCo's worker groups are process sets made after the script's hvd.init(): Horovod's dynamic ones
+        os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
     script = os.path.abspath(args.script)
     sys.argv = [script] + list(args.script_args)
     sys.path.insert(0, os.path.dirname(script))

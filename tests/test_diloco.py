@@ -15,7 +15,8 @@ H, ROUNDS = 3, 4
 
 @pytest.fixture(scope="module", params=[2, 4])
 def results(request):
-    ranks, _ = horovodrun(request.param, "tests/workers/diloco_worker.py", timeout=400)
+    hosts = "localhost:2,127.0.0.1:2" if request.param == 4 else None  # two "nodes" of 2 ranks: groups="node"
+    ranks, _ = horovodrun(request.param, "tests/workers/diloco_worker.py", timeout=400, hosts=hosts)
     return ranks
 
 
@@ -45,6 +46,89 @@ def test_the_outer_step_is_the_references_on_the_ranks_own_parameters(results):
         else:
             np.testing.assert_allclose(got, theta, rtol=1e-6, atol=1e-6)
         theta = got  # the next round from the optimizer's own outer parameters
+
+
+def workers_of(results, name):
+    workers = results[0]["runs"][name]["workers"]
+    assert all(r["runs"][name]["workers"] == workers for r in results)
+    return workers
+
+
+def group_sgd(theta, data, lr=0.05, steps=H):
+    """SGD on the mean of the group's ranks' MSE losses (float64): what averaging their gradients steps."""
+    w, b = theta[:32].reshape(4, 8).astype(np.float64), theta[32:].astype(np.float64)
+    for _ in range(steps):
+        gw, gb = np.zeros_like(w), np.zeros_like(b)
+        for x, y in data:
+            x, y = np.asarray(x), np.asarray(y)
+            err = 2 * (x @ w.T + b - y) / y.size
+            gw += err.T @ x / len(data)
+            gb += err.sum(0) / len(data)
+        w, b = w - lr * gw, b - lr * gb
+    return np.concatenate([w.ravel(), b])
+
+
+def test_a_workers_ranks_average_their_gradients_and_only_its_leader_sends(results):
+    """groups: [[0, 1]] at 2 ranks (one worker), the two hosts' ranks at 4 (two workers). A worker's ranks hold the
+    same parameters after every inner step (SGD on the mean of their gradients); the outer step is the
+    reference's on the workers' parameters (one per worker, to the bit: a mean of at most two); the leaders alone
+    send across workers; a resumed run continues to the same bits."""
+    workers = workers_of(results, "groups-none")
+    assert workers == ([[0, 1]] if len(results) == 2 else [[0, 1], [2, 3]])
+    runs = [r["runs"]["groups-none"] for r in results]
+    theta, momentum = flat(runs[0]["outer"][0]), None
+    for k in range(ROUNDS):
+        for group in workers:
+            for rank in group:
+                assert runs[rank]["local"][k] == runs[group[0]]["local"][k], (k, rank)
+            expected = group_sgd(theta, [results[r]["data"] for r in group])
+            np.testing.assert_allclose(flat(runs[group[0]]["local"][k]), expected, rtol=1e-5, atol=1e-5)
+        theta, momentum, _ = reference.outer_round(theta, momentum, [flat(runs[g[0]]["local"][k]) for g in workers])
+        got = flat(runs[0]["outer"][k + 1])
+        assert np.array_equal(got.view(np.uint32), theta.view(np.uint32)), k
+        for run in runs:
+            assert run["outer"][k + 1] == runs[0]["outer"][k + 1]
+    dense_step = (8 * 4 + 4) * 4
+    for r, run in zip(results, runs):
+        leader = any(r["rank"] == g[0] for g in workers)
+        assert run["leader"] == leader
+        assert run["payload_bytes"] == (ROUNDS * dense_step if leader else 0), r["rank"]
+        assert run["dense_bytes"] == ROUNDS * H * dense_step
+        # the inner allreduce of every step, and the leader's broadcast of each round's average
+        assert run["inner"]["payload_bytes"] == ROUNDS * H * dense_step + (ROUNDS * dense_step if leader else 0)
+        assert run["resumed"] == run["outer"][3:], r["rank"]
+
+
+def test_compressed_inner_averages_keep_a_workers_ranks_identical(results):
+    """Ternary gradients inside the worker (error feedback) and ternary pseudo-gradients across: the ranks of a
+    worker still hold the same bits after every round's inner steps, every rank the same outer parameters; the
+    worker's ranks send less than half of what they send with dense gradients."""
+    workers = workers_of(results, "groups-ternary-inner")
+    runs = [r["runs"]["groups-ternary-inner"] for r in results]
+    for k in range(ROUNDS):
+        for group in workers:
+            for rank in group:
+                assert runs[rank]["local"][k] == runs[group[0]]["local"][k], (k, rank)
+        for run in runs:
+            assert run["outer"][k + 1] == runs[0]["outer"][k + 1]
+    for r, run in zip(results, runs):
+        dense_inner = r["runs"]["groups-none"]["inner"]["payload_bytes"]
+        assert run["inner"]["payload_bytes"] < dense_inner / 2, (r["rank"], run["inner"], dense_inner)
+        assert run["resumed"] == run["outer"][3:], r["rank"]
+
+
+def test_uneven_data_then_hvd_join_returns_on_every_rank(results):
+    """Rank r trains ROUNDS - r rounds, then every rank calls hvd.join(): each returns (the same last rank), the
+    rounds every rank took agree, and the ranks that went on kept moving their outer parameters."""
+    size = len(results)
+    for name in ("none", "ternary-ef"):
+        joins = [r["join"][name] for r in results]
+        assert len({j["last_joined"] for j in joins}) == 1, name
+        for rank, j in enumerate(joins):
+            assert j["rounds"] == ROUNDS - rank, (name, rank)
+            assert j["outer"] == joins[0]["outer"][:ROUNDS - rank], (name, rank)
+        last = flat(joins[0]["outer"][-1])
+        assert np.all(np.isfinite(last)) and not np.array_equal(last, flat(joins[0]["outer"][ROUNDS - size])), name
 
 
 def test_the_inner_steps_are_each_ranks_own(results):
@@ -81,6 +165,10 @@ def test_bad_arguments_raise_the_same_error_on_every_rank(results):
     assert "SettingsMismatch" in cases["inner_steps differs"]["type"]
     # a bad value on one rank: the settings differ, and every rank says which rank passed what
     assert "outer_lr: rank 0: 0.7; rank 1: -1.0" in cases["outer_lr on rank 1"]["message"]
+    assert "groups leave rank(s) [1] out" in cases["groups leave rank 1 out"]["message"]
+    assert "with groups=None every rank is a worker" in cases["inner_compression without groups"]["message"]
+    assert "SettingsMismatch" in cases["inner_compression on rank 0 only"]["type"]
+    assert "inner_compression" in cases["inner_compression on rank 0 only"]["message"]
     for r in results[1:]:
         assert [(e["case"], e["type"], e["message"]) for e in r["errors"]] == \
             [(e["case"], e["type"], e["message"]) for e in results[0]["errors"]]

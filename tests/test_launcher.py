@@ -114,6 +114,18 @@ def test_unmodified_script_runs_as_diloco():
     assert "horovod_ext optimizer True" in output and "final loss" in output
 
 
+def test_unmodified_script_runs_as_diloco_with_workers_of_a_hosts_ranks():
+    """--optimizer-arg groups=node at 4 ranks as two "nodes": the launcher turns Horovod's dynamic process sets on
+    for the script's own hvd.init(), each host's two ranks are one worker, and its leader alone sends."""
+    _, output = horovodrun(4, "-m", "horovod_ext.run", "--compression", "ternary", "--compression-arg",
+                           "error_feedback=True", "--optimizer", "diloco", "--optimizer-arg", "inner_steps=5",
+                           "--optimizer-arg", "groups=node", "tests/scripts/plain_torch.py", "--steps", 20,
+                           collect=False, timeout=300, hosts="localhost:2,127.0.0.1:2")
+    (sent, dense, ratio, steps), = (m.groups() for m in DILOCO_SUMMARY.finditer(output))
+    assert float(ratio) >= 60 and int(steps) == 20, output[-3000:]
+    assert "horovod_ext optimizer True" in output and "final loss" in output
+
+
 def test_diloco_refuses_a_tensorflow_script_on_every_rank():
     with pytest.raises(AssertionError) as info:
         launch("tests/scripts/plain_tf.py", "none", ["--optimizer", "diloco"], steps=2)

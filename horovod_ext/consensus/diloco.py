@@ -16,13 +16,26 @@ parameters (the same on every rank), theta_m this rank's after its inner steps a
 Each operation is one float32 rounding, in the order written (the frameworks' tensor operators with Python
 float scalars compute exactly that), so every rank's bits equal the reference's.
 
+A worker is one rank (``groups=None``) or a group of ranks (``groups="node"``: the ranks of a host; or explicit
+rank lists), a Horovod process set whose members average their gradients at every inner step (an allreduce over
+the group, through ``inner_compression``'s plan) and so hold the same parameters. At a round only the group's
+first rank (its leader) sends: the leaders average their pseudo-gradients across groups, and each leader then
+broadcasts the average inside its group, where every member takes the same outer step (DiLoCo's hierarchical
+setting, the multi-leader LSGD's layout: groups within a node, the outer exchange across nodes).
+
 The exchange is a step of the compression plan over the pseudo-gradients (a StepDriver of the run, with the
 round as its step counter): no second codec path. What a round sends is counted by the plan's context like a
 gradient step's; the dense reference of the inner steps between rounds is data-parallel SGD's allreduce.
 """
 import numbers
 
-DEFAULTS = {"inner_steps": 50, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}
+from .agreement import process_set_for
+from .groups import check_groups, describe_groups, group_of, resolve_groups
+
+DEFAULTS = {"inner_steps": 50, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True, "groups": None}
+NO_COMPRESSION = "NoneCompressor"  # describe_compression(Compression.none), in both frameworks
+GROUPS_HELP = ('groups must be None (every rank is a worker), "node" (the ranks of a host are one '
+               'worker) or a list of rank lists such as [[0, 1], [2, 3]]')
 
 
 def check_arguments(inner_steps=50, outer_lr=0.7, outer_momentum=0.9, nesterov=True):
@@ -41,18 +54,58 @@ def check_arguments(inner_steps=50, outer_lr=0.7, outer_momentum=0.9, nesterov=T
 
 
 class DiLoCoSettings:
-    """The outer loop's settings (check_arguments'), agreed across ranks at construction
-    (consensus/agreement.py's build_on_every_rank, which sets ``generation``)."""
+    """The outer loop's settings (check_arguments') and the workers, agreed across ranks at construction
+    (consensus/agreement.py's build_on_every_rank, which calls configure() with every rank's host and sets
+    ``generation``). After configure(): ``workers`` (the partition of the ranks into workers), ``group`` (this
+    rank's worker), ``leaders`` (each worker's first rank, the one that sends at a round), ``is_leader``."""
 
-    def __init__(self, **arguments):
+    def __init__(self, size=None, groups=None, inner_compressed=False, **arguments):
         checked = check_arguments(**arguments)
         self.inner_steps, self.outer_lr = checked["inner_steps"], checked["outer_lr"]
         self.outer_momentum, self.nesterov = checked["outer_momentum"], checked["nesterov"]
+        if groups is not None and size is None:
+            raise TypeError("DiLoCoSettings: groups need the job's size")
+        self.groups_arg = check_groups(groups, size, GROUPS_HELP) if groups is not None else None
+        if inner_compressed and groups is None:
+            raise ValueError("inner_compression compresses the gradients that a worker's ranks average at every "
+                             "inner step; with groups=None every rank is a worker of its own and averages nothing: "
+                             'pass groups ("node" or rank lists) or leave inner_compression at Compression.none')
+        self.workers = self.group = self.leaders = None
+        self.is_leader = True
         self.generation = 0
+
+    def configure(self, node_keys, rank):
+        """The workers, from every rank's host (node_keys[r]: rank r's, for groups="node")."""
+        size = len(node_keys)
+        self.workers = [[r] for r in range(size)] if self.groups_arg is None \
+            else resolve_groups(self.groups_arg, node_keys)
+        self.group = group_of(self.workers, rank)
+        self.leaders = [g[0] for g in self.workers]
+        self.is_leader = rank == self.group[0]
 
     def describe(self):
         return {"inner_steps": self.inner_steps, "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
-                "nesterov": self.nesterov}
+                "nesterov": self.nesterov, "groups": describe_groups(self.groups_arg)}
+
+
+def worker_process_sets(settings, size, add_process_set):
+    """(this rank's worker's process set, None if the worker is one rank; the leaders' process set). Every rank
+    adds every group's set and then the leaders', in the same order (Horovod's add_process_set is collective)."""
+    own = None
+    for group in settings.workers:
+        if len(group) > 1:
+            made = process_set_for(group, size, add_process_set)
+            if group == settings.group:
+                own = made
+    return own, process_set_for(settings.leaders, size, add_process_set)
+
+
+def averaged_pseudo_gradient(settings, deltas, across_leaders, in_group):
+    """Delta, the workers' average: across_leaders(deltas) on a leader (the exchange through the plan, over the
+    leaders' process set), then in_group(values) (the leader's broadcast to its group) where the worker has more
+    than one rank; a member that is not a leader passes its own deltas, which the broadcast replaces."""
+    delta = across_leaders(deltas) if settings.is_leader else deltas
+    return in_group(delta) if len(settings.group) > 1 else delta
 
 
 def outer_update(outer, momentum, delta, outer_lr, outer_momentum, nesterov):

@@ -26,18 +26,19 @@ def describe_groups(groups):
         return repr(groups)
 
 
-def check_groups(groups, size):
-    """Validate the groups argument; return None, "node" or a list of sorted rank lists. Raises ValueError."""
+def check_groups(groups, size, help_=GROUPS_HELP):
+    """Validate the groups argument; return None, "node" or a list of sorted rank lists. Raises ValueError (help_:
+    what the argument may be, for the message)."""
     if groups is None or groups == "node":
         return groups
     if isinstance(groups, str):
-        raise ValueError(f"{GROUPS_HELP}; got {groups!r}")
+        raise ValueError(f"{help_}; got {groups!r}")
     try:
         lists = [list(g) for g in groups]
     except TypeError:
-        raise ValueError(f"{GROUPS_HELP}; got {groups!r}") from None
+        raise ValueError(f"{help_}; got {groups!r}") from None
     if not lists or any(not g for g in lists):
-        raise ValueError(f"{GROUPS_HELP}; got {groups!r} (a group is empty)")
+        raise ValueError(f"{help_}; got {groups!r} (a group is empty)")
     for g in lists:
         for r in g:
             if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < size:

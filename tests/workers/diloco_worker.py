@@ -14,9 +14,26 @@ import horovod_ext.torch as hvd  # noqa: E402
 from hvdrun import expect_error, write_result  # noqa: E402
 
 H, ROUNDS = 3, 4
-COMPRESSIONS = {"none": lambda: hvd.Compression.none,
-                "ternary-ef": lambda: hvd.Compression.ternary(error_feedback=True, min_size=16),
+TERNARY = lambda: hvd.Compression.ternary(error_feedback=True, min_size=16)  # noqa: E731
+COMPRESSIONS = {"none": lambda: hvd.Compression.none, "ternary-ef": TERNARY,
                 "topk-ef": lambda: hvd.Compression.topk(ratio=0.1)}
+
+
+def groups():
+    """Workers of two ranks: one worker at 2 ranks, the two "nodes" of -H localhost:2,127.0.0.1:2 at 4."""
+    return [[0, 1]] if hvd.size() == 2 else "node"
+
+
+# with groups: (outer compression, inner compression)
+GROUPED = {"groups-none": (lambda: hvd.Compression.none, lambda: hvd.Compression.none),
+           "groups-ternary-inner": (TERNARY, TERNARY)}
+
+
+def arguments(name):
+    if name in GROUPED:
+        outer, inner = GROUPED[name]
+        return {"compression": outer(), "inner_compression": inner(), "groups": groups()}
+    return {"compression": COMPRESSIONS[name]()}
 
 
 def data(rank):
@@ -30,7 +47,7 @@ def run(name, rounds=ROUNDS, resume_at=None):
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4)
     inner = torch.optim.SGD(model.parameters(), lr=0.05)
-    opt = hvd.DiLoCoOptimizer(inner, model.named_parameters(), inner_steps=H, compression=COMPRESSIONS[name]())
+    opt = hvd.DiLoCoOptimizer(inner, model.named_parameters(), inner_steps=H, **arguments(name))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     x, y = data(hvd.rank())
     local, outer, saved = [], [[p.detach().clone().tolist() for p in model.parameters()]], None
@@ -60,11 +77,12 @@ def resumed(name, saved):
     torch.manual_seed(1)  # not the first run's model: everything must come from the checkpoint
     model = torch.nn.Linear(8, 4)
     opt = hvd.DiLoCoOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters(),
-                              inner_steps=H, compression=COMPRESSIONS[name]())
-    if name != "none" or hvd.rank() == 0:
+                              inner_steps=H, **arguments(name))
+    broadcast = name in ("none", "groups-none")  # no residuals: rank 0's checkpoint for every rank
+    if not broadcast or hvd.rank() == 0:
         model.load_state_dict(saved[0])
         opt.load_state_dict(saved[1])
-    if name == "none":
+    if broadcast:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(opt, root_rank=0)
     x, y = data(hvd.rank())
@@ -78,21 +96,50 @@ def resumed(name, saved):
     return outer
 
 
+def uneven_then_join(name):
+    """Uneven data (rank r has r rounds fewer), then hvd.join() on every rank: the rounds of the ranks still
+    training average with the joined ranks' zeros (Horovod's join), and every rank returns from join."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    opt = hvd.DiLoCoOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters(),
+                              inner_steps=H, **arguments(name))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    x, y = data(hvd.rank())
+    outer = []
+    for step in range(1, (ROUNDS - hvd.rank()) * H + 1):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        if step % H == 0:
+            outer.append([p.detach().clone().tolist() for p in model.parameters()])
+    last = hvd.join()
+    return {"outer": outer, "last_joined": int(last), "rounds": opt.compression_stats()["outer_rounds"]}
+
+
 def main():
     hvd.init()
-    out = {"rank": hvd.rank(), "size": hvd.size(), "runs": {}, "errors": []}
-    for name in COMPRESSIONS:
+    out = {"rank": hvd.rank(), "size": hvd.size(), "runs": {}, "join": {}, "errors": []}
+    x, y = data(hvd.rank())
+    out["data"] = [x.tolist(), y.tolist()]
+    for name in [*COMPRESSIONS, *GROUPED]:
         model, opt, local, outer, saved = run(name, resume_at=2)
         stats = opt.compression_stats()
         out["runs"][name] = {"local": local, "outer": outer, "resumed": resumed(name, saved),
                              "payload_bytes": stats["total"]["payload_bytes"],
                              "dense_bytes": stats["total"]["dense_bytes"], "rounds": stats["outer_rounds"],
-                             "norm": stats["outer_update_norm"]}
+                             "norm": stats["outer_update_norm"], "workers": stats["workers"],
+                             "leader": stats["leader"], "inner": stats.get("inner", {}).get("total")}
+    for name in ("none", "ternary-ef"):
+        out["join"][name] = uneven_then_join(name)
     model = torch.nn.Linear(8, 4)
     bad = {"inner_steps=0": {"inner_steps": 0}, "outer_lr=0": {"outer_lr": 0.0},
            "outer_momentum=1": {"outer_momentum": 1.0},
            "inner_steps differs": {"inner_steps": 5 + hvd.rank()},
-           "outer_lr on rank 1": {"outer_lr": -1.0 if hvd.rank() == 1 else 0.7}}
+           "outer_lr on rank 1": {"outer_lr": -1.0 if hvd.rank() == 1 else 0.7},
+           "groups leave rank 1 out": {"groups": [[0]] if hvd.size() == 2 else [[0], [2, 3]]},
+           "inner_compression without groups": {"inner_compression": TERNARY()},
+           "inner_compression on rank 0 only": {"groups": groups(),
+                                                "inner_compression": TERNARY() if hvd.rank() == 0 else None}}
     for case, kwargs in bad.items():
         out["errors"].append(expect_error(case, lambda: hvd.DiLoCoOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), **kwargs)))
