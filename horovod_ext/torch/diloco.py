@@ -84,6 +84,20 @@ class _DiLoCo(StateInCheckpoint):
         self._hx_inner_backend = None if self._hx_group_set is None else \
             TorchBackend(self._hx_group_set, hvd.Average, 1.0, self._hx_inner_stats)
 
+    def _hx_forget_in_flight(self):
+        """Drop the collectives in flight without waiting (Horovod failed under them, or is being reset)."""
+        self._hx_run.forget_in_flight()
+        self._hx_inner_run.forget_in_flight()
+
+    def _hx_elastic_reset(self):
+        """After Horovod's elastic reset (horovod_ext.torch.elastic): the workers are made again for the new
+        membership (collective: settings checked on every rank, groups made into process sets again), and both
+        plans at their next step, from this rank's state (its residuals carried over). The outer parameters,
+        momentum and inner step count come back from the commit (restore) and then from rank 0 (sync)."""
+        self._hx_run.elastic_reset()
+        self._hx_inner_run.elastic_reset()
+        self._hx_build()
+
     def _hx_allgather_blobs(self, blob):
         return allgather_blobs(blob, numpy_allgather(), f"horovod_ext.{self._hx_what}.{self._hx_id}.settings")
 
@@ -169,7 +183,7 @@ class _DiLoCo(StateInCheckpoint):
             leader = s.group[0]
             for i, value in enumerate(values):
                 hvd.broadcast_(value, root_rank=leader, process_set=self._hx_group_set,
-                               name=f"horovod_ext.diloco.{self._hx_id}.share.{i}")
+                               name=f"horovod_ext.diloco.{self._hx_id}.share.{s.generation}.{i}")
             if hvd.rank() == leader:
                 self._hx_inner_stats.add(payload_bytes=sum(v.numel() * v.element_size() for v in values))
             return values

@@ -22,7 +22,8 @@ synchronized from rank 0):
   error-feedback residuals as they were at the commit, whatever rank number it has next.
 - ``on_reset()`` (after Horovod's init, before ``sync()`` and the user's reset callbacks): the optimizer rebuilds
   everything sized by N for the new membership (DistributedOptimizer: at its next step, from a settings exchange
-  made as at start; LeaderOptimizer / ElasticAveragingOptimizer: at once, collectively).
+  made as at start; LeaderOptimizer / ElasticAveragingOptimizer / DiLoCoOptimizer: at once, collectively; DiLoCo's outer
+  parameters, momentum and inner step count come back from the commit, then from rank 0 at ``sync()``).
 - ``sync()``: the model's parameters and the optimizer state from rank 0, with horovod_ext's broadcast_optimizer_state
   (the shared part: step counter, seed, statistics, GraVAC's controller, sparse_reduce's regions, the schedule).
 

@@ -44,7 +44,8 @@ COMPRESSORS = {
     "adaptive_topk": lambda: hvd.Compression.adaptive_topk,
     "powersgd": lambda: hvd.Compression.powersgd(rank=2),
 }
-PARAMETER_SPACE = ("lsgd", "async_lsgd", "easgd")
+PARAMETER_SPACE = ("lsgd", "async_lsgd", "easgd", "diloco")
+DILOCO_INNER_STEPS = 4
 
 
 def data():
@@ -73,6 +74,9 @@ def make(method):
         return model, hvd.ElasticAveragingOptimizer(base, model.named_parameters())
     if method == "horovod":  # Horovod's own optimizer (the launcher's --compression replaces it)
         return model, hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    if method == "diloco":  # the outer step every 4 steps, ternary pseudo-gradients with error feedback
+        return model, hvd.DiLoCoOptimizer(base, model.named_parameters(), inner_steps=DILOCO_INNER_STEPS,
+                                          compression=hvd.Compression.ternary(error_feedback=True))
     if method in ("lsgd", "async_lsgd"):
         return model, hvd.LeaderOptimizer(base, model.named_parameters(), groups=None,
                                           asynchronous=method == "async_lsgd")
@@ -118,6 +122,8 @@ def method_result(method, model, opt, kept, x_test, y_test):
     if method == "topk_sparse_reduce":
         regions = opt._hx_run.driver.method.sparse.regions
         extra["region_bounds"] = len(regions.bounds) if regions.bounds is not None else None
+    if method == "diloco":
+        extra["outer_rounds"] = stats["outer_rounds"]
     return {"accuracy": accuracy, "params": params.tolist(), "stats_steps": stats["steps"], "residuals_kept": kept,
             "transport": stats.get("transport"), "last_wire_bytes": stats["last_step"].get("wire_bytes"), **extra}
 
@@ -139,7 +145,8 @@ def main():
         resets.append((state.step, hvd.size(), time.time()))
         for method, (_, opt) in trained_by.items():
             saved = state._handlers[f"optimizer_{method}"]._saved_optimizer_state
-            committed = saved.get("horovod_ext", {}).get("residuals")
+            ours = saved.get("horovod_ext", {})
+            committed = ours.get("residuals") if "run" not in ours else ours["run"].get("residuals")  # DiLoCo's
             if committed:
                 held = opt._hx_run.residuals or {}
                 kept[method].append(sorted(held) == sorted(committed)
@@ -171,7 +178,7 @@ def main():
                     f.write(str(time.time()))
                 os.kill(os.getpid(), signal.SIGKILL)  # mid-step: this step's collectives are in flight
             for method, (model, opt) in trained_by.items():
-                if method in PARAMETER_SPACE:
+                if hasattr(opt, "report_loss"):
                     opt.report_loss(losses[method])
                 for group in opt.param_groups:
                     group["lr"] = learning_rate(state.step, steps)
