@@ -1,5 +1,7 @@
 """horovod_ext.torch in one process (Horovod of size 1): dtypes, gradient accumulation, checkpoints, stats and
 misuse errors. Multi-rank behaviour is in test_torch_multiprocess.py."""
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -272,20 +274,23 @@ def test_sparse_as_dense_feeds_an_optimizer_that_takes_only_sparse_gradients(com
 @pytest.mark.parametrize("wrap", ["diloco", "leader"])
 def test_a_scheduler_made_before_the_wrap_does_not_hide_the_wrappers_step(wrap):
     """torch's LRScheduler puts a counting step() on the optimizer instance; the wrapper copies the instance's
-    attributes, and its own step() (the outer round, the consensus step) must still run, the schedule too."""
+    attributes, and its own step() (the outer round, the consensus step) must still run, the schedule too, with
+    no warning that the scheduler stepped before the optimizer."""
     m = model()
     inner = torch.optim.SGD(m.parameters(), lr=0.1)
     schedule = torch.optim.lr_scheduler.LambdaLR(inner, lambda epoch: 0.5 ** epoch)
     opt = hvd.DiLoCoOptimizer(inner, m.named_parameters(), inner_steps=2) if wrap == "diloco" else \
         hvd.LeaderOptimizer(inner, m.named_parameters(), groups=None, period=2)
-    for step in range(4):
-        opt.zero_grad()
-        loss = loss_of(m, step)
-        loss.backward()
-        if wrap == "leader":
-            opt.report_loss(loss)
-        opt.step()
-        schedule.step()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*lr_scheduler.step.*before.*optimizer.step")
+        for step in range(4):
+            opt.zero_grad()
+            loss = loss_of(m, step)
+            loss.backward()
+            if wrap == "leader":
+                opt.report_loss(loss)
+            opt.step()
+            schedule.step()
     stats = opt.compression_stats()
     assert stats["steps"] == 4
     if wrap == "diloco":

@@ -1,6 +1,8 @@
 """How the parameter-space optimizers (LeaderOptimizer, ElasticAveragingOptimizer, DiLoCoOptimizer) wrap a torch
 optimizer: a class made of their mixin and the optimizer's own class, sharing its param_groups and state, and their
 state in its state_dict() under one key."""
+import weakref
+
 import torch
 
 STATE_KEY = "horovod_ext"
@@ -9,13 +11,25 @@ STATE_KEY = "horovod_ext"
 def wrap(mixin, optimizer):
     """An instance of (mixin, optimizer's class) holding the optimizer's attributes (the same param_groups and
     state objects). A learning-rate scheduler made before the wrap put its counting step() on the optimizer
-    instance: it is dropped, so that the class's step() (the mixin's) is not hidden by it."""
+    instance (it calls the optimizer class's step and marks the optimizer it watches as stepped): that one is
+    replaced by one that calls the class's step (the mixin's) and marks the same optimizer, so that the scheduler
+    neither bypasses the mixin nor warns that step() was not called."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"{mixin._hx_what} wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
     cls = type(optimizer.__class__.__name__, (mixin, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
-    wrapped.__dict__.pop("step", None)
+    scheduled = wrapped.__dict__.pop("step", None)
+    if getattr(scheduled, "_wrapped_by_lr_sched", False):
+        watched, this = weakref.ref(optimizer), weakref.ref(wrapped)
+
+        def step(*args, **kwargs):
+            if watched() is not None:
+                watched()._opt_called = True  # what the scheduler's own wrapper records
+            return cls.step(this(), *args, **kwargs)
+
+        step._wrapped_by_lr_sched = True
+        wrapped.step = step
     return wrapped
 
 
