@@ -1,13 +1,24 @@
 """Low-communication training on a shaped link: the transformer language model of lm.py with AdamW, trained by
-data-parallel AdamW (dense, ternary, top-k 1%) and by DiLoCo (dense, ternary and top-k pseudo-gradients with error
-feedback) at 2 ranks on loopback shaped to --mbit (benchmarks/diloco_worker.py has the runs). The data-parallel
-methods take --steps steps, DiLoCo's --diloco-steps (default 3 x --steps: its steps send nothing between rounds, so
-the comparison that matters is at the same seconds, not the same steps). Reports, per method,
+data-parallel AdamW (dense, ternary, top-k 1%), PyTorch DDP's PowerSGD hook, LSGD, and DiLoCo (dense, ternary and
+top-k pseudo-gradients with error feedback; at 10 Mbit/s also H = 10 and 100) at --ranks ranks (4: two "nodes" of
+2, DiLoCo also with groups="node") on loopback shaped to --mbit (benchmarks/diloco_worker.py has the runs). The
+per-step methods take --steps steps, DiLoCo's --diloco-steps (default 3 x --steps: its steps send nothing between
+rounds, so the comparison that matters is at the same seconds, not the same steps). Reports, per method,
 the final test loss and perplexity, the bytes sent against dense, and the bytes and training seconds until the
 test loss first reaches the target: dense's final loss plus 2%; a table and plots of loss against seconds and
 against bytes.
 
     python benchmarks/diloco.py --mbit 100 --steps 400 --diloco-steps 1200 --inner-steps 50
+    python benchmarks/diloco.py --mbit 10        # adds the H sweep
+    python benchmarks/diloco.py --ranks 4        # two nodes of 2; DiLoCo's workers also as groups="node"
+    python benchmarks/diloco.py --model cnn      # the digits CNN (or the nplm) with SGD: dense against DiLoCo
+
+--model cnn / nplm trains benchmarks/gravac_models.py's model with SGD (momentum 0.9) for gravac.py's schedule
+(tta_worker.py's runs): dense data-parallel SGD against DiLoCo around the same SGD (H = 50, dense and ternary
+pseudo-gradients; ternary also at H = 10); the target is dense's final test accuracy less half a point.
+
+At 4 ranks the whole loopback is shaped: a group's own allreduce crosses the slow link too (on real nodes it
+would not), which counts against the "-node" rows.
 """
 import argparse
 import json
@@ -18,7 +29,14 @@ from common import OUT_DIR, horovodrun_json, machine, markdown_table, write_outp
 from shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-METHODS = ["dense", "ternary", "topk", "diloco", "diloco-ternary", "diloco-topk"]
+METHODS = ["dense", "ternary", "topk", "powersgd-hook", "lsgd", "diloco", "diloco-ternary", "diloco-topk"]
+H_SWEEP = ["diloco-ternary-h10", "diloco-ternary-h100"]  # at 10 Mbit/s, beside H = 50
+GROUPED = ["diloco-node", "diloco-ternary-node"]  # at 4 ranks
+HOSTS = {4: "localhost:2,127.0.0.1:2"}
+
+
+def default_methods(mbit, ranks):
+    return METHODS + (H_SWEEP if mbit == 10 and ranks == 2 else []) + (GROUPED if ranks == 4 else [])
 TARGET_MARGIN = 1.02  # the target: dense's final test loss plus 2%
 
 
@@ -45,13 +63,14 @@ def plots(results, path_prefix, mbit):
     fig.savefig(path_prefix + "_loss.png", dpi=100)
 
 
-def output_name(mbit):
-    """diloco (the default 100 Mbit/s), else diloco_<mbit>mbit: the JSON, table and plot's name in benchmarks/out."""
-    return "diloco" if mbit == 100 else f"diloco_{mbit}mbit"
+def output_name(mbit, ranks=2):
+    """diloco (100 Mbit/s, 2 ranks), else diloco_<mbit>mbit[_<ranks>ranks]: the JSON, table and plot's name in
+    benchmarks/out."""
+    return ("diloco" if mbit == 100 else f"diloco_{mbit}mbit") + ("" if ranks == 2 else f"_{ranks}ranks")
 
 
 def report(results, args):
-    name = output_name(args.mbit)
+    name = output_name(args.mbit, getattr(args, "ranks", 2))
     dense = next(r for r in results if r["method"] == "dense")
     target = dense["curve"][-1]["loss"] * TARGET_MARGIN
     dense_bytes = first_reaching(dense["curve"], target, "bytes")
@@ -77,24 +96,84 @@ def report(results, args):
     return 0
 
 
+MODEL_METHODS = ["dense", "diloco", "diloco-ternary", "diloco-ternary-h10"]
+ACCURACY_MARGIN = 0.005  # the target on the accuracy models: dense's final accuracy less half a point
+
+
+def first_at_least(curve, target, key):
+    return next((p[key] for p in curve if p["accuracy"] >= target - 1e-9), None)
+
+
+def report_accuracy(results, args):
+    """The accuracy models' table: bytes and seconds to dense's final accuracy less half a point."""
+    name = f"diloco_{args.model}_{args.mbit}mbit"
+    dense = next(r for r in results if r["method"] == "dense")
+    target = dense["curve"][-1]["accuracy"] - ACCURACY_MARGIN
+    dense_bytes = first_at_least(dense["curve"], target, "bytes")
+    rows = []
+    for r in results:
+        total = r["curve"][-1]["bytes"]
+        seconds, sent = first_at_least(r["curve"], target, "seconds"), first_at_least(r["curve"], target, "bytes")
+        rows.append([r["method"], f"{r['curve'][-1]['accuracy']:.2%}", f"{total / 1e6:.2f}",
+                     f"{dense['curve'][-1]['bytes'] / max(total, 1):.0f}x",
+                     f"{sent / 1e6:.3f}" if sent is not None else "not reached",
+                     f"{dense_bytes / max(sent, 1):.0f}x" if sent is not None and dense_bytes else "-",
+                     f"{seconds:.1f}" if seconds is not None else "not reached",
+                     f"{dense['curve'][-1]['seconds']:.1f}" if r is dense else f"{r['curve'][-1]['seconds']:.1f}"])
+    md = (f"{args.model} ({results[0]['parameters'] / 1e6:.2f}M parameters, gravac_models.py), SGD momentum 0.9, "
+          f"{results[0]['ranks']} ranks, loopback shaped to {args.mbit} Mbit/s, seed 42. Target: dense's final "
+          f"test accuracy less half a point ({target:.2%}).\n\n"
+          + markdown_table(["method", "final accuracy", "MB sent", "fewer bytes than dense", "MB to target",
+                            "fewer bytes to target", "s to target", "s in all"], rows))
+    path = write_outputs(name, {"machine": machine(), "args": vars(args), "results": results}, md)
+    print(md)
+    print(f"\nwritten: {path}")
+    return 0
+
+
+def accuracy_model(args):
+    """--model cnn / nplm: tta_worker.py's runs of MODEL_METHODS (or --methods) in one launch."""
+    from gravac import TRAINING
+
+    methods = args.methods or ",".join(MODEL_METHODS)
+    if "dense" not in methods.split(","):
+        raise SystemExit("--methods must include dense (the target is dense's final accuracy)")
+    try:
+        with shaped_namespace(args.mbit) as prefix:
+            print(f"[diloco] {args.model}, {args.ranks} ranks, {args.mbit} Mbit/s: {methods}", flush=True)
+            results = horovodrun_json(prefix, args.ranks, os.path.join(HERE, "tta_worker.py"),
+                                      ["--method", methods, "--model", args.model, "--seed", 42,
+                                       *TRAINING[args.model]], args.timeout, hosts=HOSTS.get(args.ranks))
+    except NamespaceUnavailable as exc:
+        print(f"[diloco] skipped: {exc}")
+        return 0
+    return report_accuracy(results, args)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="40 steps of dense, DiLoCo and DiLoCo with ternary "
                                                              "pseudo-gradients (H = 10), 1-layer model")
     parser.add_argument("--mbit", type=int, default=100)
+    parser.add_argument("--ranks", type=int, choices=(2, 4), default=2)
+    parser.add_argument("--model", choices=("lm", "cnn", "nplm"), default="lm")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--diloco-steps", type=int, default=None, help="DiLoCo's steps (default 3 x --steps)")
     parser.add_argument("--inner-steps", type=int, default=50)
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--methods", default=None, help="comma-separated (default: every method of the link and "
+                                                         "ranks, see METHODS, H_SWEEP, GROUPED)")
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--report", metavar="JSON", help="only write the table and plots again from a run's JSON")
     args = parser.parse_args()
+    if args.model != "lm":
+        return accuracy_model(args)
     if args.quick:
         args.steps, args.diloco_steps, args.inner_steps, args.eval_every, args.layers = 40, 40, 10, 10, 1
         args.methods = "dense,diloco,diloco-ternary"
+    args.methods = args.methods or ",".join(default_methods(args.mbit, args.ranks))
     args.diloco_steps = args.diloco_steps or 3 * args.steps
     if "dense" not in args.methods.split(","):
         parser.error("--methods must include dense (the target is dense's final loss)")
@@ -113,9 +192,11 @@ def main():
         with shaped_namespace(args.mbit) as prefix:
             for group, steps in groups:
                 if group:
-                    print(f"[diloco] 2 ranks, {args.mbit} Mbit/s, {steps} steps: {','.join(group)}", flush=True)
-                    results += horovodrun_json(prefix, 2, worker, options + ["--method", ",".join(group),
-                                                                             "--steps", steps], args.timeout)
+                    print(f"[diloco] {args.ranks} ranks, {args.mbit} Mbit/s, {steps} steps: {','.join(group)}",
+                          flush=True)
+                    results += horovodrun_json(prefix, args.ranks, worker,
+                                               options + ["--method", ",".join(group), "--steps", steps],
+                                               args.timeout, hosts=HOSTS.get(args.ranks))
     except NamespaceUnavailable as exc:
         print(f"[diloco] skipped: {exc}")
         return 0

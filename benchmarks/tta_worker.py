@@ -2,8 +2,8 @@
 --hidden) with each listed method in turn (one launch for several runs; each run starts from the same model and data
 order) and records, per run, test accuracy against training time after every epoch, the step time and bytes per step
 (--json: a list, one entry per method). Methods: horovod_ext compressors (data-parallel SGD),
-horovod_ext's parameter-space optimizers (LSGD, multi-leader LSGD, EASGD: each worker samples from the whole
-training set, and the leader's parameters or the center are evaluated), or PyTorch DDP dense, with its fp16 hook
+horovod_ext's parameter-space optimizers (LSGD, multi-leader LSGD, EASGD, DiLoCo: each worker samples from the
+whole training set, and the leader's parameters, the center or DiLoCo's outer parameters are evaluated), or PyTorch DDP dense, with its fp16 hook
 or its PowerSGD hook (rank 4; see baselines.py)."""
 import argparse
 import contextlib
@@ -43,7 +43,13 @@ OPTIMIZERS = {"lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups=
               "async_lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups=None, asynchronous=True),
               "async_multi_lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups="node",
                                                                          asynchronous=True),
-              "async_easgd": lambda opt, named: hvd.ElasticAveragingOptimizer(opt, named, asynchronous=True)}
+              "async_easgd": lambda opt, named: hvd.ElasticAveragingOptimizer(opt, named, asynchronous=True),
+              # DiLoCo around the SGD: H = 50 (its default) or 10, dense or ternary pseudo-gradients (error feedback)
+              "diloco": lambda opt, named: hvd.DiLoCoOptimizer(opt, named),
+              "diloco-ternary": lambda opt, named: hvd.DiLoCoOptimizer(
+                  opt, named, compression=hvd.Compression.ternary(error_feedback=True)),
+              "diloco-ternary-h10": lambda opt, named: hvd.DiLoCoOptimizer(
+                  opt, named, inner_steps=10, compression=hvd.Compression.ternary(error_feedback=True))}
 LEADERS = {"lsgd", "multi_lsgd", "async_lsgd", "async_multi_lsgd"}  # also evaluated at the center variable
 COMPUTE = "compute"  # compute alone: each rank trains its own model, no collective in a step (the lower bound)
 
@@ -87,7 +93,11 @@ def train(args, method):
         with torch.no_grad(), evaluated:  # LSGD: the best worker; EASGD: the center
             accuracy = accuracy_of(model, x_test, y_test)
             test_loss = loss_fn(model(x_test), y_test).item()  # the language models' log-perplexity
-        curve.append({"epoch": epoch, "step": step, "seconds": train_seconds, "accuracy": accuracy,
+        if method in DDP_METHODS or method == COMPUTE:
+            sent = (payload if method in DDP_METHODS else 0) * step
+        else:
+            sent = optimizer.compression_stats()["total"]["payload_bytes"]
+        curve.append({"epoch": epoch, "step": step, "seconds": train_seconds, "accuracy": accuracy, "bytes": sent,
                       "loss": test_loss})
         if method in LEADERS:  # the paper's figures evaluate the center variable (the workers' average)
             with torch.no_grad(), optimizer.evaluation_parameters(which="center"):
@@ -109,7 +119,7 @@ def train(args, method):
             optimizer.zero_grad()
             loss = loss_fn(model(x_train[idx]), y_train[idx])
             loss.backward()
-            if parameter_space:
+            if hasattr(optimizer, "report_loss"):  # LSGD's election, EASGD's
                 optimizer.report_loss(loss)
             optimizer.step()
             step_times.append(time.perf_counter() - t0)
