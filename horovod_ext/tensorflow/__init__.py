@@ -2,8 +2,8 @@
 
 ``import horovod_ext.tensorflow as hvd`` keeps everything of ``horovod.tensorflow`` and replaces ``Compression``
 (adds ``ternary``) and ``DistributedGradientTape`` (works on Keras 3 variables; payload compressors by
-allgather), adds LeaderOptimizer (LSGD) and ElasticAveragingOptimizer (EASGD) for Keras 3 optimizers, and
-makes ``init`` enable dynamic process sets. For model.fit, see horovod_ext.tensorflow.keras.
+allgather), adds LeaderOptimizer (LSGD), ElasticAveragingOptimizer (EASGD) and DiLoCoOptimizer for Keras 3
+optimizers, and makes ``init`` enable dynamic process sets. For model.fit, see horovod_ext.tensorflow.keras.
 """
 import horovod.tensorflow as _horovod
 from horovod.tensorflow import *  # noqa: F401,F403  (everything of horovod.tensorflow is still there)
@@ -12,6 +12,7 @@ from horovod_ext.consensus.init import make_init  # noqa: E402
 from horovod_ext.horovod_internals import framework_basics  # noqa: E402
 
 from .compression import Compression  # noqa: E402
+from .diloco import DiLoCoOptimizer  # noqa: E402
 from .gradient_tape import DistributedGradientTape  # noqa: E402
 from .leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402
 from .project import project  # noqa: E402

@@ -18,6 +18,7 @@ import horovod.tensorflow as _horovod  # noqa: E402
 from horovod_ext.consensus.init import make_init  # noqa: E402
 from horovod_ext.horovod_internals import framework_basics  # noqa: E402
 from horovod_ext.tensorflow.compression import Compression  # noqa: E402
+from horovod_ext.tensorflow.diloco import DiLoCoOptimizer  # noqa: E402
 from horovod_ext.tensorflow.leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402
 from horovod_ext.tensorflow.project import project  # noqa: E402
 from .optimizer import DistributedOptimizer  # noqa: E402

@@ -1,0 +1,189 @@
+"""DiLoCoOptimizer for Keras 3 (horovod_ext/tensorflow/diloco.py) under horovodrun at 2 ranks and at 4 as two
+"nodes" of 2, one launch each (tests/workers/diloco_keras_worker.py): eagerly, inside tf.function and with
+model.fit, the outer step against the NumPy reference (python/hvdext_reference/diloco.py), replicas identical after
+every round with every compressor, eager and tf.function to the same bits, a resumed run's bits, the bytes against
+dense as in PyTorch (tests/test_diloco.py), evaluation_parameters(), and bad arguments raised on every rank."""
+import numpy as np
+import pytest
+
+from hvdext_reference import diloco as reference
+from hvdrun import horovodrun
+
+H, ROUNDS = 3, 4
+MODES = ("eager", "graph")
+TORCH_KEYS = {"total", "last_step", "steps", "compression", "outer_rounds", "outer_update_norm", "inner_steps",
+              "inner_steps_taken", "optimizer", "ranks", "workers", "leader"}
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["np2", "np4-two-nodes"])
+def results(request):
+    hosts = "localhost:2,127.0.0.1:2" if request.param == 4 else None  # two "nodes" of 2 ranks: groups="node"
+    ranks, _ = horovodrun(request.param, "tests/workers/diloco_keras_worker.py", timeout=300, hosts=hosts)
+    assert [r["rank"] for r in ranks] == list(range(request.param))
+    return ranks
+
+
+def flat(params):
+    return np.concatenate([np.asarray(p, dtype=np.float32).ravel() for p in params])
+
+
+def runs_of(results, name, mode):
+    return [r["fit"] if mode == "fit" else r["runs"][name][mode] for r in results]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_rank_continues_from_the_same_outer_parameters_with_every_compressor(results, mode):
+    for name in results[0]["runs"]:
+        runs = runs_of(results, name, mode)
+        assert len(runs[0]["outer"]) == ROUNDS + 1 and runs[0]["rounds"] == ROUNDS, name
+        for run in runs[1:]:
+            assert run["outer"] == runs[0]["outer"], name
+    fit = runs_of(results, "none", "fit")
+    assert fit[0]["rounds"] == ROUNDS and all(run["outer"] == fit[0]["outer"] for run in fit)
+
+
+@pytest.mark.parametrize("mode", [*MODES, "fit"])
+def test_the_outer_step_is_the_references_on_the_ranks_own_parameters(results, mode):
+    """Dense pseudo-gradients: the reference's Nesterov step on the mean of what the ranks held after their inner
+    steps; to the bit at 2 ranks, within a float32 rounding of the sum's order at 4 (Horovod's ring)."""
+    runs = runs_of(results, "none", mode)
+    theta, momentum = flat(runs[0]["outer"][0]), None
+    for k in range(ROUNDS):
+        locals_ = [flat(run["local"][k]) for run in runs]
+        theta, momentum, _ = reference.outer_round(theta, momentum, locals_)
+        got = flat(runs[0]["outer"][k + 1])
+        if len(results) == 2:
+            assert np.array_equal(got.view(np.uint32), theta.view(np.uint32)), k
+        else:
+            np.testing.assert_allclose(got, theta, rtol=1e-6, atol=1e-6)
+        theta = got  # the next round from the optimizer's own outer parameters
+
+
+def same_bits(a, b, dense_at_4):
+    """Equal to the bit, except a dense allreduce at 4 ranks: Horovod's ring adds each chunk of a buffer in its own
+    order, and whether it fuses a step's tensors into one buffer depends on when they reach it (a tf.function
+    hands them over together, an eager step one by one), so there the sums agree within a float32 rounding. The
+    payload compressors decode every rank's payload in rank order: the same bits at any size."""
+    if dense_at_4:
+        assert len(a) == len(b)
+        for params_a, params_b in zip(a, b):  # rounds
+            np.testing.assert_allclose(flat(params_a), flat(params_b), rtol=1e-6, atol=1e-7)
+    else:
+        assert a == b
+
+
+def test_eager_tf_function_and_model_fit_give_the_same_bits(results):
+    dense_at_4 = len(results) > 2
+    for r in results:
+        for name, by_mode in r["runs"].items():
+            for key in ("local", "outer"):
+                same_bits(by_mode["eager"][key], by_mode["graph"][key], dense_at_4 and name == "none")
+        for key in ("local", "outer"):
+            same_bits(r["fit"][key], r["runs"]["none"]["graph"][key], dense_at_4)
+
+
+def group_sgd(theta, data, lr=0.05, steps=H):
+    """SGD on the mean of the group's ranks' MSE losses (float64; Keras's kernel is (in, out))."""
+    w, b = theta[:32].reshape(8, 4).astype(np.float64), theta[32:].astype(np.float64)
+    for _ in range(steps):
+        gw, gb = np.zeros_like(w), np.zeros_like(b)
+        for x, y in data:
+            x, y = np.asarray(x), np.asarray(y)
+            err = 2 * (x @ w + b - y) / y.size
+            gw += x.T @ err / len(data)
+            gb += err.sum(0) / len(data)
+        w, b = w - lr * gw, b - lr * gb
+    return np.concatenate([w.ravel(), b])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_workers_ranks_average_their_gradients_and_only_its_leader_sends(results, mode):
+    """groups: [[0, 1]] at 2 ranks, the two hosts' ranks at 4: a worker's ranks hold the same bits after every
+    inner step (SGD on the mean of their gradients), the outer step is the reference's on the workers' parameters
+    (to the bit: a mean of at most two), only leaders send across workers, and the group's bytes (every step's
+    gradients, the leader's broadcast of each round's average) are counted under "inner"."""
+    runs = runs_of(results, "groups-none", mode)
+    workers = runs[0]["workers"]
+    assert workers == ([[0, 1]] if len(results) == 2 else [[0, 1], [2, 3]])
+    theta, momentum = flat(runs[0]["outer"][0]), None
+    for k in range(ROUNDS):
+        for group in workers:
+            for rank in group:
+                assert runs[rank]["local"][k] == runs[group[0]]["local"][k], (k, rank)
+            expected = group_sgd(theta, [results[r]["data"] for r in group])
+            np.testing.assert_allclose(flat(runs[group[0]]["local"][k]), expected, rtol=1e-5, atol=1e-5)
+        theta, momentum, _ = reference.outer_round(theta, momentum, [flat(runs[g[0]]["local"][k]) for g in workers])
+        assert np.array_equal(flat(runs[0]["outer"][k + 1]).view(np.uint32), theta.view(np.uint32)), k
+        assert all(run["outer"][k + 1] == runs[0]["outer"][k + 1] for run in runs)
+    dense_step = (8 * 4 + 4) * 4
+    for rank, run in enumerate(runs):
+        leader = any(rank == g[0] for g in workers)
+        assert run["leader"] == leader and run["rounds"] == ROUNDS
+        assert run["payload_bytes"] == (ROUNDS * dense_step if leader else 0), rank
+        assert run["dense_bytes"] == ROUNDS * H * dense_step
+        assert run["inner"]["payload_bytes"] == ROUNDS * H * dense_step + (ROUNDS * dense_step if leader else 0)
+    compressed = runs_of(results, "groups-ternary-inner", mode)
+    for k in range(ROUNDS):
+        for group in workers:
+            assert all(compressed[r]["local"][k] == compressed[group[0]]["local"][k] for r in group), k
+    for rank, run in enumerate(compressed):
+        assert run["inner"]["payload_bytes"] < runs[rank]["inner"]["payload_bytes"] / 2, rank
+
+
+def test_the_inner_steps_are_each_ranks_own(results):
+    runs = runs_of(results, "none", "eager")
+    assert flat(runs[0]["local"][0]).tolist() != flat(runs[1]["local"][0]).tolist()
+
+
+def test_a_resumed_run_continues_to_the_same_bits(results):
+    """tf.function, from each rank's checkpoint of round 2 (Compression.none: rank 0's, broadcast)."""
+    for r in results:
+        for name, by_mode in r["runs"].items():
+            run = by_mode["graph"]
+            same_bits(run["resumed"], run["outer"][3:], len(results) > 2 and name == "none")
+            assert run["resumed_rounds"] == ROUNDS
+
+
+def test_compressed_pseudo_gradients_send_less_and_still_train(results):
+    dense_step = (8 * 4 + 4) * 4  # the Dense(4)'s float32 gradients, every step
+    for mode in MODES:
+        runs = {name: by_mode[mode] for name, by_mode in results[0]["runs"].items()}
+        assert runs["none"]["dense_bytes"] == ROUNDS * H * dense_step  # against the dense allreduce of every step
+        assert runs["none"]["payload_bytes"] == ROUNDS * dense_step  # one dense exchange per round
+        for name in ("ternary-ef", "topk-ef"):
+            assert runs[name]["dense_bytes"] == ROUNDS * H * dense_step
+            assert runs[name]["payload_bytes"] < runs["none"]["payload_bytes"] / 2, (mode, name)
+            start, end = flat(runs[name]["outer"][0]), flat(runs[name]["outer"][-1])
+            dense_end = flat(runs["none"]["outer"][-1])
+            assert np.dot(end - start, dense_end - start) > 0.5 * np.dot(dense_end - start, dense_end - start), name
+            assert runs[name]["norm"] > 0
+        for run in runs.values():
+            assert TORCH_KEYS <= set(run["keys"]) and run["inner_steps_taken"] == ROUNDS * H
+    assert results[0]["fit"]["dense_bytes"] == ROUNDS * H * dense_step
+
+
+def test_evaluation_parameters_swap_the_outer_parameters_in(results):
+    for r in results:
+        e = r["evaluation"]
+        assert e["inside"] == e["outer"] == results[0]["evaluation"]["outer"]
+        assert e["after"] == e["own"] != e["outer"]
+
+
+def test_bad_arguments_raise_the_same_error_on_every_rank(results):
+    cases = {e["case"]: e for e in results[0]["errors"]}
+    assert "inner_steps must be an integer >= 1" in cases["inner_steps=0"]["message"]
+    assert "outer_lr must be a number > 0" in cases["outer_lr=0"]["message"]
+    assert "outer_momentum must be a number in [0, 1)" in cases["outer_momentum=1"]["message"]
+    assert "nesterov must be True or False" in cases["nesterov=1"]["message"]
+    assert "SettingsMismatch" in cases["inner_steps differs"]["type"]
+    assert "outer_lr: rank 0: 0.7; rank 1: -1.0" in cases["outer_lr on rank 1"]["message"]
+    assert "groups leave rank(s) [1] out" in cases["groups leave rank 1 out"]["message"]
+    assert "with groups=None every rank is a worker" in cases["inner_compression without groups"]["message"]
+    assert "SettingsMismatch" in cases["inner_compression on rank 0 only"]["type"]
+    assert "inner_compression" in cases["inner_compression on rank 0 only"]["message"]
+    assert cases["not keras"]["type"] == "TypeError"
+    for r in results:
+        assert r["alive"] == len(results)
+    for r in results[1:]:
+        assert [(e["case"], e["type"], e["message"]) for e in r["errors"]] == \
+            [(e["case"], e["type"], e["message"]) for e in results[0]["errors"]]

@@ -1,0 +1,207 @@
+"""DiLoCoOptimizer for Keras 3 under horovodrun (tests/test_diloco_keras.py): tests/workers/diloco_worker.py's
+runs, eagerly, inside tf.function and with model.fit. Each rank fits its own linear-regression data with SGD inner
+steps (H = 3, 4 rounds); the inner optimizer records the rank's parameters after each inner step that ends a round
+(before the exchange), and the loop the outer parameters after each round. Per compressor and mode the ranks
+report those, the statistics, and (tf.function) a resume from each rank's checkpoint after round 2 (Compression.none:
+Horovod's idiom, rank 0 restores and broadcasts); then evaluation_parameters() and the bad arguments, each raised on
+every rank. One launch holds every case (TensorFlow starts slowly)."""
+import os
+import sys
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import horovod_ext.tensorflow.keras as hvd  # noqa: E402
+from horovod.tensorflow import broadcast  # noqa: E402
+from hvdrun import expect_error, write_result  # noqa: E402
+
+hvd.init()
+RANK, SIZE = hvd.rank(), hvd.size()
+H, ROUNDS = 3, 4
+COMPRESSIONS = {"none": lambda: hvd.Compression.none,
+                "ternary-ef": lambda: hvd.Compression.ternary(error_feedback=True, min_size=16),
+                "topk-ef": lambda: hvd.Compression.topk(ratio=0.1)}
+TERNARY = lambda: hvd.Compression.ternary(error_feedback=True, min_size=16)  # noqa: E731
+
+
+def groups():
+    """Workers of two ranks: one worker at 2 ranks, the two "nodes" of -H localhost:2,127.0.0.1:2 at 4."""
+    return [[0, 1]] if SIZE == 2 else "node"
+
+
+# with groups: (outer compression, inner compression)
+GROUPED = {"groups-none": (lambda: hvd.Compression.none, lambda: hvd.Compression.none),
+           "groups-ternary-inner": (TERNARY, TERNARY)}
+RECORDED = []  # the rank's parameters after each inner step that ends a round (before the exchange)
+
+
+def record(*values):
+    record.steps += 1
+    if record.steps % H == 0:
+        RECORDED.append([np.asarray(v).tolist() for v in values])
+
+
+class RecordingSGD(keras.optimizers.SGD):
+    """SGD that records the parameters after its step (the inner step: DiLoCoOptimizer's round comes after)."""
+
+    def apply(self, grads, trainable_variables=None):
+        super().apply(grads, trainable_variables)
+        if tf.executing_eagerly():
+            record(*[v.numpy() for v in trainable_variables])
+        else:
+            tf.py_function(record, [tf.convert_to_tensor(v) for v in trainable_variables], [])
+
+
+def data(rank):
+    rng = np.random.default_rng(100 + rank)
+    x = rng.normal(size=(32, 8)).astype(np.float32)
+    y = (x @ np.linspace(-1.0, 1.0, 32, dtype=np.float32).reshape(8, 4) * np.float32(1 + 0.1 * rank)
+         + np.float32(0.5 * rank)).astype(np.float32)
+    return x, y
+
+
+def model(seed):
+    keras.utils.set_random_seed(seed)  # also the script's seed, which the exchange's seed is proposed from
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, name="linear")], name="m")
+
+
+def params(m):
+    return [v.numpy().tolist() for v in m.trainable_variables]
+
+
+def optimizer(name, **kwargs):
+    if name in GROUPED:
+        outer, inner = GROUPED[name]
+        kwargs.update(compression=outer(), inner_compression=inner(), groups=groups())
+    else:
+        kwargs.update(compression=COMPRESSIONS[name]())
+    return hvd.DiLoCoOptimizer(RecordingSGD(0.05), inner_steps=H, **kwargs)
+
+
+def stepper(m, opt, graph):
+    x, y = data(RANK)
+    loss_fn = keras.losses.MeanSquaredError()
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, m(x))
+        opt.apply_gradients(zip(tape.gradient(loss, m.trainable_variables), m.trainable_variables))
+
+    return tf.function(step) if graph else step
+
+
+def checkpoint(m, opt):
+    return tf.train.Checkpoint(model=m, optimizer=opt, horovod_ext=opt.horovod_ext)
+
+
+def run(name, mode, tmp):
+    """4 rounds; returns the record, and (mode "graph") the path of this rank's checkpoint after round 2."""
+    RECORDED.clear()
+    record.steps = 0
+    m = model(0)
+    opt = optimizer(name)
+    outer, saved = [params(m)], None
+    if mode == "fit":
+        class Outer(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if (batch + 1) % H == 0:
+                    outer.append(params(m))
+
+        m.compile(optimizer=opt, loss="mse")
+        m.fit(tf.data.Dataset.from_tensors(data(RANK)).repeat(), epochs=1, steps_per_epoch=ROUNDS * H, shuffle=False,
+              verbose=0, callbacks=[Outer()])
+    else:
+        step = stepper(m, opt, mode == "graph")
+        for k in range(1, ROUNDS * H + 1):
+            step()
+            if k % H == 0:
+                outer.append(params(m))
+                if mode == "graph" and k == 2 * H:
+                    saved = checkpoint(m, opt).write(os.path.join(tmp, f"{name}-rank{RANK}"))
+    stats = opt.compression_stats()
+    out = {"local": list(RECORDED), "outer": outer, "payload_bytes": stats["total"]["payload_bytes"],
+           "dense_bytes": stats["total"]["dense_bytes"], "rounds": stats["outer_rounds"],
+           "norm": stats["outer_update_norm"], "keys": sorted(stats),
+           "inner_steps_taken": stats["inner_steps_taken"], "workers": stats["workers"], "leader": stats["leader"],
+           "inner": stats.get("inner", {}).get("total")}
+    return out, m, opt, saved
+
+
+def resumed(name, path):
+    """Rounds 3 and 4 from the checkpoint of round 2, in a fresh model and optimizer (tf.function). With error
+    feedback every rank reads its own checkpoint (its residuals are its own), before the first step; with
+    Compression.none Horovod's idiom: rank 0 reads it, then its variables and broadcast_state()."""
+    m = model(1)  # not the first run's model: everything must come from the checkpoint
+    opt = optimizer(name)
+    if name in ("none", "groups-none"):
+        opt.build(m.trainable_variables)
+        if RANK == 0:
+            checkpoint(m, opt).read(path).assert_consumed()
+        for i, v in enumerate(m.variables + opt.variables):  # as BroadcastGlobalVariablesCallback does
+            v.assign(broadcast(tf.convert_to_tensor(v), 0, name=f"resume.{name}.{i}", ignore_name_scope=True))
+        opt.horovod_ext.broadcast_state(root_rank=0)
+    else:
+        checkpoint(m, opt).read(path)
+    step = stepper(m, opt, graph=True)
+    outer = []
+    for k in range(2 * H + 1, ROUNDS * H + 1):
+        step()
+        if k % H == 0:
+            outer.append(params(m))
+    return outer, opt.compression_stats()["outer_rounds"]
+
+
+def evaluation(m, opt):
+    """One inner step after the last round: inside evaluation_parameters() the model holds the outer parameters,
+    after it its own again."""
+    own_before = params(m)
+    stepper(m, opt, graph=False)()
+    own = params(m)
+    with opt.evaluation_parameters():
+        inside = params(m)
+    return {"inside": inside, "own": own, "after": params(m), "outer": own_before}
+
+
+def bad_arguments():
+    def make(**kwargs):
+        return hvd.DiLoCoOptimizer(keras.optimizers.SGD(0.1), **kwargs)
+
+    bad = {"inner_steps=0": {"inner_steps": 0}, "outer_lr=0": {"outer_lr": 0.0},
+           "outer_momentum=1": {"outer_momentum": 1.0}, "nesterov=1": {"nesterov": 1},
+           "inner_steps differs": {"inner_steps": 5 + RANK},
+           "outer_lr on rank 1": {"outer_lr": -1.0 if RANK == 1 else 0.7},
+           "groups leave rank 1 out": {"groups": [[0]] if SIZE == 2 else [[0], [2, 3]]},
+           "inner_compression without groups": {"inner_compression": hvd.Compression.fp16},
+           "inner_compression on rank 0 only": {"groups": groups(),
+                                                "inner_compression": TERNARY() if RANK == 0 else None}}
+    errors = [expect_error(case, lambda kwargs=kwargs: make(**kwargs)) for case, kwargs in bad.items()]
+    errors.append(expect_error("not keras", lambda: hvd.DiLoCoOptimizer(object())))
+    return errors
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix=f"hvdext-diloco-keras-{RANK}-")
+    out = {"rank": RANK, "size": SIZE, "runs": {}, "fit": None, "errors": []}
+    x, y = data(RANK)
+    out["data"] = [x.tolist(), y.tolist()]
+    for name in [*COMPRESSIONS, *GROUPED]:
+        out["runs"][name] = {}
+        for mode in ("eager", "graph"):
+            result, m, opt, saved = run(name, mode, tmp)
+            if mode == "eager" and name == "none":
+                out["evaluation"] = evaluation(m, opt)
+            if saved is not None:
+                result["resumed"], result["resumed_rounds"] = resumed(name, saved)
+            out["runs"][name][mode] = result
+    out["fit"], _, _, _ = run("none", "fit", tmp)
+    out["errors"] = bad_arguments()
+    out["alive"] = float(hvd.allreduce(tf.constant([1.0]), name="alive", op=hvd.Sum).numpy()[0])
+    write_result(RANK, out)
+
+
+if __name__ == "__main__":
+    main()
