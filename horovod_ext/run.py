@@ -15,9 +15,10 @@ At exit rank 0 prints one line: bytes sent, their dense-equivalent, the ratio an
 (PyTorch; TensorFlow runs a step as one graph, where communication is not timed apart from compute).
 A bad flag value exits with an error listing the allowed values on every rank, before the script starts.
 
-``--optimizer diloco`` (PyTorch) makes the script's ``hvd.DistributedOptimizer(optimizer, named_parameters)``
+``--optimizer diloco`` makes the script's ``hvd.DistributedOptimizer(optimizer, ...)`` (PyTorch's or Keras's)
 a ``DiLoCoOptimizer`` around the same optimizer (its inner one), with the launcher's compression for the
-pseudo-gradients and ``--optimizer-arg`` for its arguments (inner_steps, outer_lr, outer_momentum, nesterov).
+pseudo-gradients and ``--optimizer-arg`` for its arguments (inner_steps, outer_lr, outer_momentum, nesterov,
+groups); a TensorFlow script's DistributedGradientTape has no optimizer to wrap and is refused.
 """
 import argparse
 import ast
@@ -55,7 +56,7 @@ def parse_args(argv):
                         help="an argument of the compressor, e.g. ratio=0.001 or shared_scale=True (repeatable)")
     parser.add_argument("--optimizer", default="data_parallel", choices=OPTIMIZERS,
                         help="data_parallel: Horovod's DistributedOptimizer with the compression; diloco: "
-                             "DiLoCoOptimizer around the script's optimizer (PyTorch)")
+                             "DiLoCoOptimizer around the script's optimizer (PyTorch, Keras)")
     parser.add_argument("--optimizer-arg", action="append", default=[], metavar="NAME=VALUE",
                         help="an argument of the optimizer, e.g. inner_steps=50 (repeatable)")
     parser.add_argument("script", help="the training script")
@@ -215,8 +216,9 @@ def torch_patch(module, choice, registry, kind="data_parallel", optimizer_kwargs
 
 def refuse_diloco(kind, what):
     if kind == "diloco":
-        raise ValueError(f"--optimizer diloco runs PyTorch scripts; this script makes a TensorFlow {what} "
-                         f"(use --optimizer data_parallel)")
+        raise ValueError(f"--optimizer diloco wraps an optimizer (PyTorch's or Keras's DistributedOptimizer); this "
+                         f"script makes a TensorFlow {what}, which has no optimizer to wrap (use --optimizer "
+                         f"data_parallel)")
 
 
 def tensorflow_patch(module, choice, registry, kind="data_parallel"):
@@ -236,15 +238,18 @@ def tensorflow_patch(module, choice, registry, kind="data_parallel"):
     module.DistributedGradientTape = DistributedGradientTape
 
 
-def keras_patch(module, choice, registry, kind="data_parallel"):
+def keras_patch(module, choice, registry, kind="data_parallel", optimizer_kwargs=None):
     original = module.DistributedOptimizer
 
     def DistributedOptimizer(*args, **kwargs):
         import horovod_ext.tensorflow.keras as ext
 
-        refuse_diloco(kind, "DistributedOptimizer")
         arguments = _bind(original, args, kwargs)
         arguments["compression"] = choice if not isinstance(choice, str) else getattr(ext.Compression, choice)
+        if kind == "diloco":
+            optimizer = diloco_of(ext, arguments, original, optimizer_kwargs or {})
+            registry.add(ext.rank(), optimizer, timed=False)
+            return optimizer
         optimizer = ext.DistributedOptimizer(**arguments)
         registry.add(ext.rank(), optimizer, timed=False)
         return optimizer
@@ -300,7 +305,7 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def install(choice, registry, kind="data_parallel", optimizer_kwargs=None):
     patches = {"horovod.torch": lambda m: torch_patch(m, choice, registry, kind, optimizer_kwargs),
                "horovod.tensorflow": lambda m: tensorflow_patch(m, choice, registry, kind),
-               "horovod.tensorflow.keras": lambda m: keras_patch(m, choice, registry, kind)}
+               "horovod.tensorflow.keras": lambda m: keras_patch(m, choice, registry, kind, optimizer_kwargs)}
     for name in list(patches):
         if name in sys.modules:  # already imported (by a sitecustomize, say): patch it now
             patches.pop(name)(sys.modules[name])
