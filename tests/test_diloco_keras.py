@@ -130,6 +130,20 @@ def test_a_workers_ranks_average_their_gradients_and_only_its_leader_sends(resul
         assert run["inner"]["payload_bytes"] < runs[rank]["inner"]["payload_bytes"] / 2, rank
 
 
+def test_uneven_data_then_hvd_join_returns_on_every_rank(results):
+    """Eagerly: rank r trains ROUNDS - r rounds, then every rank calls hvd.join(): each returns (the same last
+    rank), the rounds every rank took agree, and the ranks that went on kept moving their outer parameters."""
+    size = len(results)
+    for name in ("none", "ternary-ef"):
+        joins = [r["join"][name] for r in results]
+        assert len({j["last_joined"] for j in joins}) == 1, name
+        for rank, j in enumerate(joins):
+            assert j["rounds"] == ROUNDS - rank, (name, rank)
+            assert j["outer"] == joins[0]["outer"][:ROUNDS - rank], (name, rank)
+        last = flat(joins[0]["outer"][-1])
+        assert np.all(np.isfinite(last)) and not np.array_equal(last, flat(joins[0]["outer"][ROUNDS - size])), name
+
+
 def test_the_inner_steps_are_each_ranks_own(results):
     runs = runs_of(results, "none", "eager")
     assert flat(runs[0]["local"][0]).tolist() != flat(runs[1]["local"][0]).tolist()

@@ -83,12 +83,13 @@ def test_launcher_runs_an_unmodified_elastic_script():
         assert got["params"] == results[0]["methods"]["horovod"]["params"], where
 
 @pytest.mark.skipif(third_host() is None, reason="this machine has no third local name for a host")
-@pytest.mark.parametrize("method", ["topk", "lsgd", "easgd"])
+@pytest.mark.parametrize("method", ["topk", "lsgd", "easgd", "diloco"])
 def test_keras_fit_worker_killed_and_added(method):
-    """Horovod's elastic Keras pattern (KerasState and its three callbacks) with top-k, multi-leader LSGD and
-    EASGD: the survivor rolls back to its last commit at N = 1, two ranks join at N = 3, and every rank ends the
-    epochs with identical weights (LSGD: the elected leader's; EASGD: the center, which the added ranks received)
-    and as many optimizer steps as iterations (no rolled-back step counted twice)."""
+    """Horovod's elastic Keras pattern (KerasState and its three callbacks) with top-k, multi-leader LSGD, EASGD
+    and DiLoCo: the survivor rolls back to its last commit at N = 1, two ranks join at N = 3, and every rank ends
+    the epochs with identical weights (LSGD: the elected leader's; EASGD: the center, which the added ranks
+    received; DiLoCo: the outer parameters) and as many optimizer steps as iterations (no rolled-back step
+    counted twice)."""
     epochs, per_epoch, kill_at, add_at = 6, 10, 23, 35
     results, output = horovodrun_elastic(KERAS_WORKER, epochs, per_epoch, kill_at, add_at, method, timeout=300)
     where = f"{method}:\n{failure_report(output, 3000)}"

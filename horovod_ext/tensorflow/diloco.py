@@ -32,7 +32,7 @@ from horovod.tensorflow.functions import broadcast_object
 
 from horovod_ext.compression import CompressionStats
 from horovod_ext.compression.consistency import allgather_blobs
-from horovod_ext.compression.horovod_args import check_named_parameters
+from horovod_ext.compression.horovod_args import check_named_parameters, outside_process_set
 from horovod_ext.compression.specs import describe_compression
 from horovod_ext.compression.wire import allreduce_wire_bytes
 from horovod_ext.consensus.agreement import build_on_every_rank
@@ -40,6 +40,7 @@ from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averag
                                           worker_process_sets)
 from .aggregator import GradientAggregator, variable_names
 from .backend import numpy_allgather
+from .elastic_state import assign_all, broadcast_variables, numpy_values
 
 WHAT = "DiLoCoOptimizer"
 _ids = itertools.count()
@@ -77,9 +78,10 @@ class DiLoCoState(tf.Module):
     theta| of the last round), and ``exchange``, the GradientAggregator the pseudo-gradients travel through (its
     step counter is the round counter; its seed and error-feedback residuals)."""
 
-    def __init__(self, settings, compression, inner_compression, n, group_set, leaders_set):
+    def __init__(self, make_workers, compression, inner_compression, n):
         super().__init__(name=f"horovod_ext_diloco_{n}")
-        self.settings, self.n, self.group_set = settings, n, group_set
+        self.n, self._make_workers = n, make_workers
+        settings, group_set, leaders_set = make_workers()
         with tf.init_scope():
             self.inner = tf.Variable(0, dtype=tf.int64, trainable=False, name="inner")
             self.started = tf.Variable(False, trainable=False, name="started")
@@ -89,15 +91,29 @@ class DiLoCoState(tf.Module):
         # across workers, over the leaders' process set (a rank that does not lead its worker never sends)
         self.exchange = GradientAggregator(compression, hvd.Average, leaders_set,
                                            name=f"horovod_ext_diloco_exchange_{n}")
-        # inside a worker of several ranks: every inner step's gradients, averaged over its process set
-        self.inner_average = None if group_set is None else GradientAggregator(
-            inner_compression, hvd.Average, group_set, name=f"horovod_ext_diloco_inner_{n}")
+        # with groups: inside this rank's worker, every inner step's gradients averaged over its process set
+        self.inner_average = None if settings.groups_arg is None else GradientAggregator(
+            inner_compression, hvd.Average, group_set or leaders_set, name=f"horovod_ext_diloco_inner_{n}")
+        self._configure(settings, group_set, leaders_set)
         self._bound = None
+
+    def _configure(self, settings, group_set, leaders_set):
+        """The workers of the job's membership: the settings, and the aggregators' process sets."""
+        self.settings, self.group_set = settings, group_set
+        self.exchange.process_set, self.exchange.outside = leaders_set, outside_process_set(leaders_set)
+        if self.inner_average is not None and group_set is not None:
+            self.inner_average.process_set, self.inner_average.outside = group_set, outside_process_set(group_set)
+
+    @property
+    def averaging_in_group(self):
+        """Whether this rank's worker has other ranks (their gradients are averaged at every inner step)."""
+        return self.inner_average is not None and self.group_set is not None
 
     # ------------------------------------------------------------------------------------------------ build
     def build(self, variables):
-        """The outer parameters and momentum for `variables` (eagerly, once), and the exchange's settings agreed
-        (collective: every rank builds at its first step)."""
+        """The outer parameters and momentum for `variables` (eagerly, once; nothing collective, so that a rank
+        added by elastic training builds before its sync): the aggregators agree on their settings at their first
+        step."""
         variables = list(variables)
         if self._bound is not None:
             bound = self._bound.variables
@@ -113,11 +129,6 @@ class DiLoCoState(tf.Module):
             self.momentum.extend(tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False, name=f"momentum_{i}")
                                  for i, v in enumerate(variables))
             self._bound = _Bound(variables)
-            names = variable_names(variables)
-            if self.settings.is_leader:  # the exchange's settings, among the leaders (the first step, as torch)
-                self.exchange._agree(names, self.outer)  # noqa: SLF001
-            if self.inner_average is not None:
-                self.inner_average._agree(names, self.outer)  # noqa: SLF001
 
     @property
     def variables_bound(self):
@@ -200,7 +211,7 @@ class DiLoCoState(tf.Module):
         stats.update(optimizer=WHAT, ranks=hvd.size(), steps=inner, inner_steps=self.settings.inner_steps,
                      inner_steps_taken=inner, outer_rounds=rounds, outer_update_norm=None if np.isnan(norm) else norm,
                      workers=self.settings.workers, leader=self.settings.is_leader)
-        if self.inner_average is not None:
+        if self.averaging_in_group:
             group = self.inner_average.compression_stats()
             shared = rounds * 4 * numel if self.settings.is_leader else 0  # the float32 averages broadcast
             group["total"] = CompressionStats._summary(  # noqa: SLF001
@@ -224,6 +235,40 @@ class DiLoCoState(tf.Module):
             for v, value in zip(self.variables_bound, own):
                 v.assign(value)
 
+    # -------------------------------------------------------------------------------------- elastic training
+    def _values(self):
+        return [self.inner, self.started, self.has_momentum, self.update_norm, *self.outer, *self.momentum]
+
+    def _aggregators(self):
+        return [a for a in (self.exchange, self.inner_average) if a is not None]
+
+    def elastic_commit(self):
+        """This rank's state at a commit (keras/elastic.py's KerasState): the inner step count, the outer parameters
+        and momentum, and each aggregator's (round counter, seed, method state, this rank's residuals)."""
+        return {"values": numpy_values(self._values()), "aggregators": [a.elastic_commit() for a in self._aggregators()]}
+
+    def elastic_restore(self, saved):
+        assign_all(self._values(), saved["values"])
+        for aggregator, state in zip(self._aggregators(), saved["aggregators"]):
+            aggregator.elastic_restore(state)
+
+    def elastic_reset(self):
+        """After Horovod's elastic reset: the workers of the new membership (collective: the settings checked on
+        every rank, the groups made into process sets again) and the aggregators built again for them at the next
+        trace, each rank's residuals carried over; the outer state comes from the commit, then from rank 0."""
+        with tf.init_scope():
+            self._configure(*self._make_workers())
+            for aggregator in self._aggregators():
+                aggregator.elastic_reset()
+
+    def elastic_sync(self):
+        """Rank 0's inner step count, outer parameters and momentum, and its aggregators' shared state, on every
+        rank (an added rank builds its variables first: KerasState builds the optimizer before the sync)."""
+        with tf.init_scope():
+            broadcast_variables(self._values(), f"diloco.{self.n}")
+            for aggregator in self._aggregators():
+                aggregator.elastic_sync()
+
     # -------------------------------------------------------------------------------------------- checkpoints
     def broadcast_state(self, root_rank=0):
         """Horovod's resume idiom (root_rank restored a checkpoint and broadcasts the model's and the optimizer's
@@ -233,9 +278,8 @@ class DiLoCoState(tf.Module):
         if self._bound is None:
             raise RuntimeError(f"{WHAT}: broadcast_state() needs the optimizer built on every rank first: call "
                                f"optimizer.build(model.trainable_variables) on every rank before it")
-        aggregators = [a for a in (self.exchange, self.inner_average) if a is not None]
-        shared = [self.inner, self.started, self.has_momentum, self.update_norm, *self.outer, *self.momentum,
-                  *[v for a in aggregators for v in (a.step, a.seed)]]
+        aggregators = self._aggregators()
+        shared = [*self._values(), *[v for a in aggregators for v in (a.step, a.seed)]]
         for i, v in enumerate(shared):
             v.assign(hvd.broadcast(tf.convert_to_tensor(v), root_rank=root_rank, ignore_name_scope=True,
                                    name=f"horovod_ext.diloco.{self.n}.state.{i}"))
@@ -272,13 +316,17 @@ def DiLoCoOptimizer(optimizer, named_parameters=None, inner_steps=50, outer_lr=0
         gather = functools.partial(allgather_blobs, allgather=numpy_allgather(), tag=f"hvdext.{WHAT}.{n}")
         compared = dict(arguments, groups=groups, inner_compression=_described(inner_compression))
         inner_compressed = _described(inner_compression) != NO_COMPRESSION
-        settings = build_on_every_rank(
-            lambda: DiLoCoSettings(size=hvd.size(), groups=groups, inner_compressed=inner_compressed, **arguments),
-            compared, tensors, gather, hvd.rank(), hvd.size(), WHAT)
-        group_set, leaders_set = worker_process_sets(settings, hvd.size(), hvd.add_process_set)
+
+        def make_workers():
+            """(settings, this rank's worker's process set, the leaders') for the job's membership, on every rank."""
+            settings = build_on_every_rank(
+                lambda: DiLoCoSettings(size=hvd.size(), groups=groups, inner_compressed=inner_compressed, **arguments),
+                compared, tensors, gather, hvd.rank(), hvd.size(), WHAT)
+            return (settings, *worker_process_sets(settings, hvd.size(), hvd.add_process_set))
+
         none = hvd.Compression.none
-        state = DiLoCoState(settings, compression if compression is not None else none,
-                            inner_compression if inner_compression is not None else none, n, group_set, leaders_set)
+        state = DiLoCoState(make_workers, compression if compression is not None else none,
+                            inner_compression if inner_compression is not None else none, n)
     base = optimizer.__class__
 
     def build(self, var_list):
@@ -291,7 +339,7 @@ def DiLoCoOptimizer(optimizer, named_parameters=None, inner_steps=50, outer_lr=0
         state = self.horovod_ext
         state.build(variables)
         with tf.control_dependencies([s for s in [state.start()] if s is not None]):
-            if state.inner_average is not None:  # a worker of several ranks: the average of their gradients
+            if state.averaging_in_group:  # a worker of several ranks: the average of their gradients
                 grads = state.inner_average.aggregate(list(grads), variables)
             base.apply(self, grads, variables)  # the inner step, on this worker's gradients
         state.after_inner_step()

@@ -16,7 +16,7 @@ import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import horovod_ext.tensorflow.keras as hvd  # noqa: E402
-from horovod.tensorflow import broadcast  # noqa: E402
+from horovod.tensorflow import broadcast, join  # noqa: E402
 from hvdrun import expect_error, write_result  # noqa: E402
 
 hvd.init()
@@ -166,6 +166,21 @@ def evaluation(m, opt):
     return {"inside": inside, "own": own, "after": params(m), "outer": own_before}
 
 
+def uneven_then_join(name):
+    """Eagerly, rank r trains ROUNDS - r rounds, then every rank calls hvd.join(): the rounds of the ranks still
+    training average with the joined ranks' zeros (Horovod's join), and every rank returns."""
+    m = model(0)
+    opt = optimizer(name)
+    step = stepper(m, opt, graph=False)
+    outer = []
+    for k in range(1, (ROUNDS - RANK) * H + 1):
+        step()
+        if k % H == 0:
+            outer.append(params(m))
+    last = join()  # horovod.tensorflow's (Horovod's Keras API has none)
+    return {"outer": outer, "last_joined": int(last), "rounds": opt.compression_stats()["outer_rounds"]}
+
+
 def bad_arguments():
     def make(**kwargs):
         return hvd.DiLoCoOptimizer(keras.optimizers.SGD(0.1), **kwargs)
@@ -198,6 +213,7 @@ def main():
                 result["resumed"], result["resumed_rounds"] = resumed(name, saved)
             out["runs"][name][mode] = result
     out["fit"], _, _, _ = run("none", "fit", tmp)
+    out["join"] = {name: uneven_then_join(name) for name in ("none", "ternary-ef")}
     out["errors"] = bad_arguments()
     out["alive"] = float(hvd.allreduce(tf.constant([1.0]), name="alive", op=hvd.Sum).numpy()[0])
     write_result(RANK, out)
