@@ -5,12 +5,11 @@ on every rank (tests/workers/diloco_worker.py)."""
 import numpy as np
 import pytest
 
+from diloco_checks import H, ROUNDS, check_uneven_then_join, check_worker_argument_errors, flat, group_sgd
 from hvdext_reference import diloco as reference
 from hvdrun import horovodrun
 
 from horovod_ext.consensus.diloco import check_arguments
-
-H, ROUNDS = 3, 4
 
 
 @pytest.fixture(scope="module", params=[2, 4])
@@ -18,10 +17,6 @@ def results(request):
     hosts = "localhost:2,127.0.0.1:2" if request.param == 4 else None  # two "nodes" of 2 ranks: groups="node"
     ranks, _ = horovodrun(request.param, "tests/workers/diloco_worker.py", timeout=400, hosts=hosts)
     return ranks
-
-
-def flat(params):
-    return np.concatenate([np.asarray(p, dtype=np.float32).ravel() for p in params])
 
 
 def test_every_rank_continues_from_the_same_outer_parameters_with_every_compressor(results):
@@ -52,20 +47,6 @@ def workers_of(results, name):
     workers = results[0]["runs"][name]["workers"]
     assert all(r["runs"][name]["workers"] == workers for r in results)
     return workers
-
-
-def group_sgd(theta, data, lr=0.05, steps=H):
-    """SGD on the mean of the group's ranks' MSE losses (float64): what averaging their gradients steps."""
-    w, b = theta[:32].reshape(4, 8).astype(np.float64), theta[32:].astype(np.float64)
-    for _ in range(steps):
-        gw, gb = np.zeros_like(w), np.zeros_like(b)
-        for x, y in data:
-            x, y = np.asarray(x), np.asarray(y)
-            err = 2 * (x @ w.T + b - y) / y.size
-            gw += err.T @ x / len(data)
-            gb += err.sum(0) / len(data)
-        w, b = w - lr * gw, b - lr * gb
-    return np.concatenate([w.ravel(), b])
 
 
 def test_a_workers_ranks_average_their_gradients_and_only_its_leader_sends(results):
@@ -118,17 +99,8 @@ def test_compressed_inner_averages_keep_a_workers_ranks_identical(results):
 
 
 def test_uneven_data_then_hvd_join_returns_on_every_rank(results):
-    """Rank r trains ROUNDS - r rounds, then every rank calls hvd.join(): each returns (the same last rank), the
-    rounds every rank took agree, and the ranks that went on kept moving their outer parameters."""
-    size = len(results)
-    for name in ("none", "ternary-ef"):
-        joins = [r["join"][name] for r in results]
-        assert len({j["last_joined"] for j in joins}) == 1, name
-        for rank, j in enumerate(joins):
-            assert j["rounds"] == ROUNDS - rank, (name, rank)
-            assert j["outer"] == joins[0]["outer"][:ROUNDS - rank], (name, rank)
-        last = flat(joins[0]["outer"][-1])
-        assert np.all(np.isfinite(last)) and not np.array_equal(last, flat(joins[0]["outer"][ROUNDS - size])), name
+    """Rank r trains ROUNDS - r rounds, then every rank calls hvd.join() (diloco_checks.py)."""
+    check_uneven_then_join(results)
 
 
 def test_the_inner_steps_are_each_ranks_own(results):
@@ -165,10 +137,7 @@ def test_bad_arguments_raise_the_same_error_on_every_rank(results):
     assert "SettingsMismatch" in cases["inner_steps differs"]["type"]
     # a bad value on one rank: the settings differ, and every rank says which rank passed what
     assert "outer_lr: rank 0: 0.7; rank 1: -1.0" in cases["outer_lr on rank 1"]["message"]
-    assert "groups leave rank(s) [1] out" in cases["groups leave rank 1 out"]["message"]
-    assert "with groups=None every rank is a worker" in cases["inner_compression without groups"]["message"]
-    assert "SettingsMismatch" in cases["inner_compression on rank 0 only"]["type"]
-    assert "inner_compression" in cases["inner_compression on rank 0 only"]["message"]
+    check_worker_argument_errors(cases)
     for r in results[1:]:
         assert [(e["case"], e["type"], e["message"]) for e in r["errors"]] == \
             [(e["case"], e["type"], e["message"]) for e in results[0]["errors"]]

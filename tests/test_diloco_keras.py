@@ -6,10 +6,10 @@ dense as in PyTorch (tests/test_diloco.py), evaluation_parameters(), and bad arg
 import numpy as np
 import pytest
 
+from diloco_checks import H, ROUNDS, check_uneven_then_join, check_worker_argument_errors, flat, group_sgd
 from hvdext_reference import diloco as reference
 from hvdrun import horovodrun
 
-H, ROUNDS = 3, 4
 MODES = ("eager", "graph")
 TORCH_KEYS = {"total", "last_step", "steps", "compression", "outer_rounds", "outer_update_norm", "inner_steps",
               "inner_steps_taken", "optimizer", "ranks", "workers", "leader"}
@@ -21,10 +21,6 @@ def results(request):
     ranks, _ = horovodrun(request.param, "tests/workers/diloco_keras_worker.py", timeout=300, hosts=hosts)
     assert [r["rank"] for r in ranks] == list(range(request.param))
     return ranks
-
-
-def flat(params):
-    return np.concatenate([np.asarray(p, dtype=np.float32).ravel() for p in params])
 
 
 def runs_of(results, name, mode):
@@ -82,20 +78,6 @@ def test_eager_tf_function_and_model_fit_give_the_same_bits(results):
             same_bits(r["fit"][key], r["runs"]["none"]["graph"][key], dense_at_4)
 
 
-def group_sgd(theta, data, lr=0.05, steps=H):
-    """SGD on the mean of the group's ranks' MSE losses (float64; Keras's kernel is (in, out))."""
-    w, b = theta[:32].reshape(8, 4).astype(np.float64), theta[32:].astype(np.float64)
-    for _ in range(steps):
-        gw, gb = np.zeros_like(w), np.zeros_like(b)
-        for x, y in data:
-            x, y = np.asarray(x), np.asarray(y)
-            err = 2 * (x @ w + b - y) / y.size
-            gw += x.T @ err / len(data)
-            gb += err.sum(0) / len(data)
-        w, b = w - lr * gw, b - lr * gb
-    return np.concatenate([w.ravel(), b])
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_a_workers_ranks_average_their_gradients_and_only_its_leader_sends(results, mode):
     """groups: [[0, 1]] at 2 ranks, the two hosts' ranks at 4: a worker's ranks hold the same bits after every
@@ -110,7 +92,7 @@ def test_a_workers_ranks_average_their_gradients_and_only_its_leader_sends(resul
         for group in workers:
             for rank in group:
                 assert runs[rank]["local"][k] == runs[group[0]]["local"][k], (k, rank)
-            expected = group_sgd(theta, [results[r]["data"] for r in group])
+            expected = group_sgd(theta, [results[r]["data"] for r in group], kernel_in_out=True)
             np.testing.assert_allclose(flat(runs[group[0]]["local"][k]), expected, rtol=1e-5, atol=1e-5)
         theta, momentum, _ = reference.outer_round(theta, momentum, [flat(runs[g[0]]["local"][k]) for g in workers])
         assert np.array_equal(flat(runs[0]["outer"][k + 1]).view(np.uint32), theta.view(np.uint32)), k
@@ -131,17 +113,8 @@ def test_a_workers_ranks_average_their_gradients_and_only_its_leader_sends(resul
 
 
 def test_uneven_data_then_hvd_join_returns_on_every_rank(results):
-    """Eagerly: rank r trains ROUNDS - r rounds, then every rank calls hvd.join(): each returns (the same last
-    rank), the rounds every rank took agree, and the ranks that went on kept moving their outer parameters."""
-    size = len(results)
-    for name in ("none", "ternary-ef"):
-        joins = [r["join"][name] for r in results]
-        assert len({j["last_joined"] for j in joins}) == 1, name
-        for rank, j in enumerate(joins):
-            assert j["rounds"] == ROUNDS - rank, (name, rank)
-            assert j["outer"] == joins[0]["outer"][:ROUNDS - rank], (name, rank)
-        last = flat(joins[0]["outer"][-1])
-        assert np.all(np.isfinite(last)) and not np.array_equal(last, flat(joins[0]["outer"][ROUNDS - size])), name
+    """Eagerly: rank r trains ROUNDS - r rounds, then every rank calls hvd.join() (diloco_checks.py)."""
+    check_uneven_then_join(results)
 
 
 def test_the_inner_steps_are_each_ranks_own(results):
@@ -191,10 +164,7 @@ def test_bad_arguments_raise_the_same_error_on_every_rank(results):
     assert "nesterov must be True or False" in cases["nesterov=1"]["message"]
     assert "SettingsMismatch" in cases["inner_steps differs"]["type"]
     assert "outer_lr: rank 0: 0.7; rank 1: -1.0" in cases["outer_lr on rank 1"]["message"]
-    assert "groups leave rank(s) [1] out" in cases["groups leave rank 1 out"]["message"]
-    assert "with groups=None every rank is a worker" in cases["inner_compression without groups"]["message"]
-    assert "SettingsMismatch" in cases["inner_compression on rank 0 only"]["type"]
-    assert "inner_compression" in cases["inner_compression on rank 0 only"]["message"]
+    check_worker_argument_errors(cases)
     assert cases["not keras"]["type"] == "TypeError"
     for r in results:
         assert r["alive"] == len(results)

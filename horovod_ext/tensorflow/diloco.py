@@ -25,14 +25,13 @@ import functools
 import itertools
 
 import horovod.tensorflow as hvd
-import keras
 import numpy as np
 import tensorflow as tf
 from horovod.tensorflow.functions import broadcast_object
 
 from horovod_ext.compression import CompressionStats
 from horovod_ext.compression.consistency import allgather_blobs
-from horovod_ext.compression.horovod_args import check_named_parameters, outside_process_set
+from horovod_ext.compression.horovod_args import outside_process_set
 from horovod_ext.compression.specs import describe_compression
 from horovod_ext.compression.wire import allreduce_wire_bytes
 from horovod_ext.consensus.agreement import build_on_every_rank
@@ -41,6 +40,7 @@ from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averag
 from .aggregator import GradientAggregator, variable_names
 from .backend import numpy_allgather
 from .elastic_state import assign_all, broadcast_variables, numpy_values
+from .wrapping import checked_named_tensors, wrap
 
 WHAT = "DiLoCoOptimizer"
 _ids = itertools.count()
@@ -303,12 +303,7 @@ def DiLoCoOptimizer(optimizer, named_parameters=None, inner_steps=50, outer_lr=0
     differing arguments raise the same error on every rank. ``groups`` (None, "node" or rank lists) and
     ``inner_compression``: workers of several ranks, as in PyTorch (process sets: initialize with
     horovod_ext.tensorflow.keras.init(), which enables dynamic process sets)."""
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(f"{WHAT} needs a Keras 3 optimizer (keras.optimizers.SGD, AdamW, ...); got "
-                        f"{type(optimizer).__module__}.{type(optimizer).__name__}")
-    check_named_parameters(named_parameters, None, WHAT)  # the Keras optimizer is not built yet
-    named = list(named_parameters) if named_parameters is not None else []
-    tensors = [(name, tuple(v.shape), tf.as_dtype(v.dtype).name) for name, v in named]
+    named, tensors = checked_named_tensors(optimizer, named_parameters, WHAT)
     arguments = {"inner_steps": inner_steps, "outer_lr": outer_lr, "outer_momentum": outer_momentum,
                  "nesterov": nesterov}
     n = next(_ids)
@@ -351,9 +346,5 @@ def DiLoCoOptimizer(optimizer, named_parameters=None, inner_steps=50, outer_lr=0
     def compression_stats(self):
         return self.horovod_ext.compression_stats()
 
-    cls = type(base.__name__, (base,), {"build": build, "apply": apply,
-                                        "evaluation_parameters": evaluation_parameters,
-                                        "compression_stats": compression_stats})
-    wrapped = cls.from_config(optimizer.get_config())
-    object.__setattr__(wrapped, "horovod_ext", state)  # not a Keras-tracked attribute
-    return wrapped
+    return wrap(optimizer, {"build": build, "apply": apply, "evaluation_parameters": evaluation_parameters,
+                            "compression_stats": compression_stats}, state)

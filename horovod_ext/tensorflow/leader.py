@@ -26,7 +26,6 @@ import itertools
 import warnings
 
 import horovod.tensorflow as hvd
-import keras
 import numpy as np
 import tensorflow as tf
 from horovod.tensorflow.functions import broadcast_object
@@ -34,7 +33,6 @@ from horovod.tensorflow.functions import broadcast_object
 from horovod_ext.compression import CompressionStats
 from horovod_ext.compression.consistency import allgather_blobs
 from horovod_ext.compression.generation import named
-from horovod_ext.compression.horovod_args import check_named_parameters
 from horovod_ext.consensus import ElasticSync, LeaderSync
 from horovod_ext.consensus.agreement import build_on_every_rank
 from horovod_ext.consensus.backend import ParameterBackend
@@ -44,6 +42,7 @@ from horovod_ext.consensus.step import ElasticStep, LeaderStep
 from .aggregator import variable_names
 from .backend import DTYPES, HostStateVariable, as_tuple, collective_name, numpy_allgather
 from .elastic_state import assign_all, broadcast_variables, numpy_values
+from .wrapping import checked_named_tensors, wrap
 
 _ids = itertools.count()
 
@@ -308,12 +307,7 @@ class _State(tf.Module):
 
 def _wrap(optimizer, sync_class, step_class, arguments, named_parameters, evaluations, default):
     what = sync_class.what
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(f"{what} needs a Keras 3 optimizer (keras.optimizers.SGD, Adam, ...); got "
-                        f"{type(optimizer).__module__}.{type(optimizer).__name__}")
-    check_named_parameters(named_parameters, None, what)  # the Keras optimizer is not built yet
-    named = list(named_parameters) if named_parameters is not None else []
-    tensors = [(n, tuple(v.shape), tf.as_dtype(v.dtype).name) for n, v in named]
+    named, tensors = checked_named_tensors(optimizer, named_parameters, what)
     n = next(_ids)
 
     def build():
@@ -351,12 +345,8 @@ def _wrap(optimizer, sync_class, step_class, arguments, named_parameters, evalua
     def compression_stats(self):
         return self.horovod_ext.compression_stats()
 
-    cls = type(base.__name__, (base,), {"apply": apply, "report_loss": report_loss,
-                                        "evaluation_parameters": evaluation_parameters,
-                                        "compression_stats": compression_stats})
-    wrapped = cls.from_config(optimizer.get_config())
-    object.__setattr__(wrapped, "horovod_ext", state)  # not a Keras-tracked attribute
-    return wrapped
+    return wrap(optimizer, {"apply": apply, "report_loss": report_loss, "evaluation_parameters": evaluation_parameters,
+                            "compression_stats": compression_stats}, state)
 
 
 def LeaderOptimizer(optimizer, named_parameters=None, pull=0.1, global_pull=0.1, period=4, global_period=16,
