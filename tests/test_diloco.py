@@ -110,9 +110,16 @@ def test_the_inner_steps_are_each_ranks_own(results):
 
 
 def test_a_resumed_run_continues_to_the_same_bits(results):
+    """To the bit, except dense pseudo-gradients averaged by Horovod's ring at 4 ranks: whether it fuses a round's
+    tensors into one buffer depends on when they reach it, and the sum's order with it (within a float32
+    rounding). The payload compressors decode in rank order, and two workers' mean is exact: the same bits."""
     for r in results:
         for name, run in r["runs"].items():
-            assert run["resumed"] == run["outer"][3:], (r["rank"], name)
+            if name == "none" and len(results) > 2:
+                for resumed, outer in zip(run["resumed"], run["outer"][3:], strict=True):
+                    np.testing.assert_allclose(flat(resumed), flat(outer), rtol=1e-6, atol=1e-7)
+            else:
+                assert run["resumed"] == run["outer"][3:], (r["rank"], name)
 
 
 def test_compressed_pseudo_gradients_send_less_and_still_train(results):
