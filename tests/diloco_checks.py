@@ -2,6 +2,7 @@
 workers' results: the workers' linear regression stepped by SGD on the mean of a group's gradients, uneven data
 then hvd.join(), and the bad worker arguments' errors."""
 import numpy as np
+from hvdext_reference import diloco as reference
 
 H, ROUNDS, LR = 3, 4, 0.05  # tests/workers/diloco_worker.py's and diloco_keras_worker.py's
 
@@ -25,6 +26,21 @@ def group_sgd(theta, data, kernel_in_out=False, lr=LR, steps=H):
             gb += err.sum(0) / len(data)
         w, b = w - lr * gw, b - lr * gb
     return np.concatenate([(w.T if kernel_in_out else w).ravel(), b])
+
+
+def check_outer_steps_against_reference(runs):
+    """Dense pseudo-gradients, every rank a worker (runs: each rank's record): the reference's Nesterov step on
+    the mean of what the ranks held after their inner steps, each round from the optimizer's own outer parameters;
+    to the bit at 2 ranks (a + b, halved), within a float32 rounding of the sum's order at 4 (Horovod's ring)."""
+    theta, momentum = flat(runs[0]["outer"][0]), None
+    for k in range(ROUNDS):
+        theta, momentum, _ = reference.outer_round(theta, momentum, [flat(run["local"][k]) for run in runs])
+        got = flat(runs[0]["outer"][k + 1])
+        if len(runs) == 2:
+            assert np.array_equal(got.view(np.uint32), theta.view(np.uint32)), k
+        else:
+            np.testing.assert_allclose(got, theta, rtol=1e-6, atol=1e-6)
+        theta = got
 
 
 def check_uneven_then_join(results):

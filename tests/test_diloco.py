@@ -5,7 +5,8 @@ on every rank (tests/workers/diloco_worker.py)."""
 import numpy as np
 import pytest
 
-from diloco_checks import H, ROUNDS, check_uneven_then_join, check_worker_argument_errors, flat, group_sgd
+from diloco_checks import (H, ROUNDS, check_outer_steps_against_reference, check_uneven_then_join,
+                           check_worker_argument_errors, flat, group_sgd)
 from hvdext_reference import diloco as reference
 from hvdrun import horovodrun
 
@@ -31,16 +32,7 @@ def test_the_outer_step_is_the_references_on_the_ranks_own_parameters(results):
     what the ranks held after their inner steps; to the bit at 2 ranks (a + b, halved), within a float32
     rounding of the sum's order at 4 (Horovod's ring adds in its own order)."""
     runs = [r["runs"]["none"] for r in results]
-    theta, momentum = flat(runs[0]["outer"][0]), None
-    for k in range(ROUNDS):
-        locals_ = [flat(run["local"][k]) for run in runs]
-        theta, momentum, _ = reference.outer_round(theta, momentum, locals_)
-        got = flat(runs[0]["outer"][k + 1])
-        if len(results) == 2:
-            assert np.array_equal(got.view(np.uint32), theta.view(np.uint32)), k
-        else:
-            np.testing.assert_allclose(got, theta, rtol=1e-6, atol=1e-6)
-        theta = got  # the next round from the optimizer's own outer parameters
+    check_outer_steps_against_reference(runs)
 
 
 def workers_of(results, name):

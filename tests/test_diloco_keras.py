@@ -6,7 +6,8 @@ dense as in PyTorch (tests/test_diloco.py), evaluation_parameters(), and bad arg
 import numpy as np
 import pytest
 
-from diloco_checks import H, ROUNDS, check_uneven_then_join, check_worker_argument_errors, flat, group_sgd
+from diloco_checks import (H, ROUNDS, check_outer_steps_against_reference, check_uneven_then_join,
+                           check_worker_argument_errors, flat, group_sgd)
 from hvdext_reference import diloco as reference
 from hvdrun import horovodrun
 
@@ -43,16 +44,7 @@ def test_the_outer_step_is_the_references_on_the_ranks_own_parameters(results, m
     """Dense pseudo-gradients: the reference's Nesterov step on the mean of what the ranks held after their inner
     steps; to the bit at 2 ranks, within a float32 rounding of the sum's order at 4 (Horovod's ring)."""
     runs = runs_of(results, "none", mode)
-    theta, momentum = flat(runs[0]["outer"][0]), None
-    for k in range(ROUNDS):
-        locals_ = [flat(run["local"][k]) for run in runs]
-        theta, momentum, _ = reference.outer_round(theta, momentum, locals_)
-        got = flat(runs[0]["outer"][k + 1])
-        if len(results) == 2:
-            assert np.array_equal(got.view(np.uint32), theta.view(np.uint32)), k
-        else:
-            np.testing.assert_allclose(got, theta, rtol=1e-6, atol=1e-6)
-        theta = got  # the next round from the optimizer's own outer parameters
+    check_outer_steps_against_reference(runs)
 
 
 def same_bits(a, b, dense_at_4):
