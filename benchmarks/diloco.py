@@ -164,7 +164,8 @@ def main():
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--methods", default=None, help="comma-separated (default: every method of the link and "
-                                                         "ranks, see METHODS, H_SWEEP, GROUPED)")
+                                                         "ranks, see METHODS, H_SWEEP, GROUPED); any DiLoCo "
+                                                         "variant diloco_methods.py names, e.g. diloco-lr1-m0")
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--report", metavar="JSON", help="only write the table and plots again from a run's JSON")
     args = parser.parse_args()

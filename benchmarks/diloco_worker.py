@@ -6,10 +6,10 @@ Methods: "dense" (data-parallel AdamW: horovod_ext's DistributedOptimizer, Compr
 "topk" (the same with ternary, and top-k 1% with error feedback), "powersgd-hook" (PyTorch DDP with its PowerSGD
 hook at rank 4, baselines.py), "lsgd" (LeaderOptimizer around AdamW, one leader, its defaults), "diloco"
 (DiLoCoOptimizer around AdamW, dense pseudo-gradients), "diloco-ternary" and "diloco-topk" (ternary with error
-feedback, top-k 1%). A DiLoCo method may end in "-h<H>" (its inner steps; default --inner-steps) and "-node"
-(groups="node": a host's ranks are one worker). The test loss is the model's (LSGD: the leader's; DiLoCo: the outer
-parameters', evaluation_parameters()) on the first --eval-sequences test sequences, every --eval-every steps and at
-the end; evaluation is not counted in the training seconds.
+feedback, top-k 1%); a DiLoCo method may also name its inner steps, outer learning rate and momentum, and
+groups="node" (benchmarks/diloco_methods.py; inner steps default to --inner-steps). The test loss is the model's
+(LSGD: the leader's; DiLoCo: the outer parameters', evaluation_parameters()) on the first --eval-sequences test
+sequences, every --eval-every steps and at the end; evaluation is not counted in the training seconds.
 """
 import argparse
 import contextlib
@@ -24,37 +24,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import horovod_ext.torch as hvd  # noqa: E402
 import lm  # noqa: E402
 from baselines import ddp_wrap  # noqa: E402
+from diloco_methods import COMPRESSIONS, diloco_optimizer, diloco_settings, is_diloco  # noqa: E402
 
-COMPRESSIONS = {"none": lambda: hvd.Compression.none,
-                "ternary": lambda: hvd.Compression.ternary(error_feedback=True),
-                "topk": lambda: hvd.Compression.topk(ratio=0.01)}
 BASE_METHODS = ["dense", "ternary", "topk", "powersgd-hook", "lsgd", "diloco", "diloco-ternary", "diloco-topk"]
 
 
-def diloco_options(method, inner_steps):
-    """A DiLoCo method's (compression name, inner steps, groups): diloco[-ternary|-topk][-h<H>][-node]."""
-    parts = method.split("-")[1:]
-    groups = "node" if "node" in parts else None
-    steps = next((int(p[1:]) for p in parts if p.startswith("h") and p[1:].isdigit()), inner_steps)
-    compression = next((p for p in parts if p in COMPRESSIONS), "none")
-    return compression, steps, groups
-
-
 def check_method(method):
-    if method.startswith("diloco"):
-        parts = method.split("-")[1:]
-        return all(p in COMPRESSIONS or p == "node" or (p.startswith("h") and p[1:].isdigit()) for p in parts)
-    return method in BASE_METHODS
+    return is_diloco(method) or method in BASE_METHODS
 
 
 def optimizer_for(method, model, inner_steps):
     """(optimizer, its schedule, the model to call, DDP's bytes per step or None)."""
     inner, schedule = lm.inner_optimizer(model)
     named = model.named_parameters()
-    if method.startswith("diloco"):
-        compression, steps, groups = diloco_options(method, inner_steps)
-        return hvd.DiLoCoOptimizer(inner, named, inner_steps=steps, compression=COMPRESSIONS[compression](),
-                                   groups=groups), schedule, model, None
+    if is_diloco(method):
+        return diloco_optimizer(method, inner, named, inner_steps), schedule, model, None
     if method == "powersgd-hook":
         ddp, payload, _ = ddp_wrap(model, "powersgd", hvd.rank(), hvd.size())
         return inner, schedule, ddp, (payload, 4 * sum(p.numel() for p in model.parameters()))
@@ -105,14 +89,14 @@ def train(args, method):
             evaluate(step)
     payload, dense = sent_bytes()
     return {"method": method, "ranks": hvd.size(), "parameters": sum(p.numel() for p in model.parameters()),
-            "inner_steps": diloco_options(method, args.inner_steps)[1] if method.startswith("diloco") else None,
+            "inner_steps": diloco_settings(method, args.inner_steps)["inner_steps"] if is_diloco(method) else None,
             "curve": curve, "payload_bytes": payload, "dense_bytes": dense, "steps": args.steps}
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--method", required=True, help=f"comma-separated, each one of {BASE_METHODS}, a DiLoCo "
-                                                          "method with -h<H> or -node")
+    parser.add_argument("--method", required=True, help=f"comma-separated, each one of {BASE_METHODS} or a DiLoCo "
+                                                          "method of diloco_methods.py")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--inner-steps", type=int, default=50)
     parser.add_argument("--eval-every", type=int, default=50)
@@ -125,7 +109,8 @@ def parse_args():
     args.methods = args.method.split(",")
     unknown = [m for m in args.methods if not check_method(m)]
     if unknown:
-        parser.error(f"--method: {unknown} not among {BASE_METHODS} (DiLoCo's with -h<H>, -node)")
+        parser.error(f"--method: {unknown} not among {BASE_METHODS} nor DiLoCo methods "
+                     "(diloco[-ternary|-topk][-h<H>][-lr<x>][-m<x>][-node])")
     return args
 
 

@@ -22,6 +22,7 @@ from gravac_models import MODELS, build  # noqa: E402
 
 import horovod_ext.torch as hvd  # noqa: E402
 from baselines import DDP_METHODS, ddp_wrap  # noqa: E402
+from diloco_methods import diloco_optimizer, is_diloco  # noqa: E402
 
 METHODS = {"dense": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compression.fp16,
            "topk-10x": lambda: hvd.Compression.topk(ratio=0.1), "topk-20x": lambda: hvd.Compression.topk(ratio=0.05),
@@ -43,13 +44,7 @@ OPTIMIZERS = {"lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups=
               "async_lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups=None, asynchronous=True),
               "async_multi_lsgd": lambda opt, named: hvd.LeaderOptimizer(opt, named, groups="node",
                                                                          asynchronous=True),
-              "async_easgd": lambda opt, named: hvd.ElasticAveragingOptimizer(opt, named, asynchronous=True),
-              # DiLoCo around the SGD: H = 50 (its default) or 10, dense or ternary pseudo-gradients (error feedback)
-              "diloco": lambda opt, named: hvd.DiLoCoOptimizer(opt, named),
-              "diloco-ternary": lambda opt, named: hvd.DiLoCoOptimizer(
-                  opt, named, compression=hvd.Compression.ternary(error_feedback=True)),
-              "diloco-ternary-h10": lambda opt, named: hvd.DiLoCoOptimizer(
-                  opt, named, inner_steps=10, compression=hvd.Compression.ternary(error_feedback=True))}
+              "async_easgd": lambda opt, named: hvd.ElasticAveragingOptimizer(opt, named, asynchronous=True)}
 LEADERS = {"lsgd", "multi_lsgd", "async_lsgd", "async_multi_lsgd"}  # also evaluated at the center variable
 COMPUTE = "compute"  # compute alone: each rank trains its own model, no collective in a step (the lower bound)
 
@@ -70,8 +65,9 @@ def train(args, method):
     optimizer = torch.optim.SGD(model.parameters(), lr=base_lr, momentum=0.9)
     if method in DDP_METHODS:
         model, payload, wire = ddp_wrap(model, method, hvd.rank(), hvd.size())
-    elif method in OPTIMIZERS:
-        optimizer = OPTIMIZERS[method](optimizer, model.named_parameters())
+    elif method in OPTIMIZERS or is_diloco(method):  # DiLoCo around the SGD, named as diloco_methods.py says
+        make = OPTIMIZERS.get(method, lambda opt, named: diloco_optimizer(method, opt, named))
+        optimizer = make(optimizer, model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     elif method == COMPUTE:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -83,7 +79,7 @@ def train(args, method):
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              compression=compression)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    parameter_space = method in OPTIMIZERS
+    parameter_space = method in OPTIMIZERS or is_diloco(method)
     shard = torch.arange(hvd.rank(), len(x_train), hvd.size())[:len(x_train) // hvd.size()]
     gen = torch.Generator().manual_seed(1000 * args.seed + hvd.rank())
     train_seconds, curve, step_times, cf_log, step = 0.0, [], [], [], 0
@@ -169,7 +165,8 @@ ALL_METHODS = list(METHODS) + list(OPTIMIZERS) + list(DDP_METHODS) + [COMPUTE]
 
 def parse_args():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--method", required=True, help=f"comma-separated, each one of {ALL_METHODS}")
+    parser.add_argument("--method", required=True, help=f"comma-separated, each one of {ALL_METHODS} or a DiLoCo "
+                                                          "method of diloco_methods.py")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--model", choices=MODELS, default="mlp")
     parser.add_argument("--hidden", type=int, default=1024, help="the MLP's width")
@@ -184,7 +181,7 @@ def parse_args():
     parser.add_argument("--json", required=True)
     args = parser.parse_args()
     args.methods = args.method.split(",")
-    unknown = [m for m in args.methods if m not in ALL_METHODS]
+    unknown = [m for m in args.methods if m not in ALL_METHODS and not is_diloco(m)]
     if unknown:
         parser.error(f"--method: {unknown} not among {ALL_METHODS}")
     if args.schedule == "cosine" and not args.steps:

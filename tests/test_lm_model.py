@@ -47,3 +47,21 @@ def test_adamw_trains_it_from_near_uniform():
     end, accuracy = lm.evaluate(model, x_test, y_test)
     assert end < start - 2.0 and accuracy > 0.2
     assert lm.perplexity(end) < math.exp(start - 2.0)
+
+
+def test_diloco_method_names_give_the_optimizer_arguments():
+    """benchmarks/diloco_methods.py: the benchmarks' DiLoCo variants by name."""
+    import diloco_methods
+
+    assert diloco_methods.diloco_settings("diloco") == {"compression": "none", "groups": None}
+    assert diloco_methods.diloco_settings("diloco-ternary-h10-lr0.35-m0.5-node", inner_steps=50) == {
+        "compression": "ternary", "groups": "node", "inner_steps": 10, "outer_lr": 0.35, "outer_momentum": 0.5}
+    assert diloco_methods.diloco_settings("diloco-topk", inner_steps=50)["inner_steps"] == 50
+    for bad in ("dilocox", "diloco-h", "diloco-lrx", "diloco-fp8", "dense"):
+        assert not diloco_methods.is_diloco(bad)
+    try:
+        diloco_methods.diloco_settings("diloco-fp8")
+    except ValueError as exc:
+        assert "diloco-fp8" in str(exc) and "-lr<x>" in str(exc)
+    else:
+        raise AssertionError("diloco-fp8 accepted")

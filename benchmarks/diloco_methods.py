@@ -1,0 +1,58 @@
+"""The DiLoCo benchmark methods' names, parsed once for benchmarks/diloco_worker.py (the language model, AdamW inner
+steps) and benchmarks/tta_worker.py (gravac_models.py's models, SGD inner steps):
+
+    diloco[-ternary|-topk][-h<H>][-lr<outer lr>][-m<outer momentum>][-node]
+
+"ternary": ternary pseudo-gradients with error feedback; "topk": top-k 1% (error feedback, its default); neither:
+dense fp32. "-h50" sets inner_steps, "-lr0.35" outer_lr, "-m0.5" outer_momentum, "-node" groups="node". Left out,
+each is DiLoCoOptimizer's default (or the benchmark's --inner-steps).
+"""
+import horovod_ext.torch as hvd
+
+COMPRESSIONS = {"none": lambda: hvd.Compression.none,
+                "ternary": lambda: hvd.Compression.ternary(error_feedback=True),
+                "topk": lambda: hvd.Compression.topk(ratio=0.01)}
+NUMBERS = {"h": ("inner_steps", int), "lr": ("outer_lr", float), "m": ("outer_momentum", float)}
+
+
+def _number(part):
+    """('h', '50') for 'h50'; None where `part` is not a prefix of NUMBERS followed by a number."""
+    for prefix in sorted(NUMBERS, key=len, reverse=True):
+        if part.startswith(prefix):
+            try:
+                NUMBERS[prefix][1](part[len(prefix):])
+            except ValueError:
+                return None
+            return prefix, part[len(prefix):]
+    return None
+
+
+def is_diloco(method):
+    """Whether `method` is a well-formed DiLoCo method name (see the module's docstring)."""
+    if not method.startswith("diloco"):
+        return False
+    parts = method.split("-")
+    return parts[0] == "diloco" and all(p in COMPRESSIONS or p == "node" or _number(p) for p in parts[1:])
+
+
+def diloco_settings(method, inner_steps=None):
+    """DiLoCoOptimizer's keyword arguments named by `method` (compression as a name of COMPRESSIONS); inner_steps
+    is `inner_steps` unless the name says -h<H>, and left out (the default) where both are None."""
+    if not is_diloco(method):
+        raise ValueError(f"method {method!r}: not diloco[-ternary|-topk][-h<H>][-lr<x>][-m<x>][-node]")
+    parts = method.split("-")[1:]
+    settings = {"compression": next((p for p in parts if p in COMPRESSIONS), "none"),
+                "groups": "node" if "node" in parts else None}
+    if inner_steps is not None:
+        settings["inner_steps"] = inner_steps
+    for prefix, value in filter(None, map(_number, parts)):
+        name, kind = NUMBERS[prefix]
+        settings[name] = kind(value)
+    return settings
+
+
+def diloco_optimizer(method, optimizer, named_parameters, inner_steps=None):
+    """The DiLoCoOptimizer `method` names, around `optimizer`."""
+    settings = diloco_settings(method, inner_steps)
+    compression = COMPRESSIONS[settings.pop("compression")]()
+    return hvd.DiLoCoOptimizer(optimizer, named_parameters, compression=compression, **settings)
