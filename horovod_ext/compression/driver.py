@@ -15,6 +15,7 @@ from .generation import ELASTIC
 from .join import JOIN_CHECK_BYTES, a_rank_joined, join_check_wire_bytes
 from .plan import Item, SparseGather
 from .registry import method_for
+from .specs import compression_name
 
 # Under horovodrun's elastic mode every method waits for the join check when the step begins, so that a rank learns
 # of a failed peer (the wait raises HorovodInternalError) before backward's hooks enqueue more collectives. With
@@ -38,7 +39,7 @@ class StepDriver:
         self.tag = tag  # makes the join check's collective name unique per optimizer
         self.dense = False  # this step goes dense: some rank has called hvd.join()
         self.check = None  # the join check in flight, for a method that decides at finish()
-        self.name = getattr(compression, "name", getattr(compression, "__name__", type(compression).__name__))
+        self.name = compression_name(compression)
 
     def begin(self, step, seed):
         """A step begins (before its first launch): the join check, then the backend's step. Payload compressors

@@ -137,6 +137,11 @@ def element_limit(compression):
     return {} if limit is None else {"max_elements": limit}
 
 
+def compression_name(compression):
+    """The name statistics report for a compressor: a spec's name, a Horovod compressor class's, else its type's."""
+    return getattr(compression, "name", getattr(compression, "__name__", type(compression).__name__))
+
+
 def describe_compression(compression):
     """What ranks compare: a payload spec's settings (the seed only when given), or a Horovod compressor's name."""
     if isinstance(compression, CompressorSpec):

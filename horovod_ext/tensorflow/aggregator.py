@@ -16,7 +16,8 @@ from horovod_ext.compression.consistency import allgather_blobs, optimizer_setti
 from horovod_ext.compression.context import StepContext
 from horovod_ext.compression.horovod_args import check_predivide, outside_process_set
 from horovod_ext.compression.lifecycle import TrainingRun
-from horovod_ext.compression.specs import check_tensor, describe_compression, element_limit, resolved_for
+from horovod_ext.compression.specs import (check_tensor, compression_name, describe_compression, element_limit,
+                                           resolved_for)
 from .backend import TFBackend, numpy_allgather
 from .elastic_state import assign_all, broadcast_variables, numpy_values
 from .ops import script_seed, seed_tensor
@@ -102,8 +103,7 @@ class GradientAggregator(tf.Module):
             # so that restoring a checkpoint restores it (TFBackend.shared_state_read / shared_state_written)
             self.method_state = tf.Variable("", dtype=tf.string, trainable=False, name="method_state")
         self.residuals = {}  # error feedback's tf.Variables, by tensor name (tracked for tf.train.Checkpoint)
-        self.stats = CompressionStats(getattr(compression, "name", getattr(compression, "__name__", "custom")),
-                                      timed=False)
+        self.stats = CompressionStats(compression_name(compression), timed=False)
         self.backend = TFBackend(self, process_set, op, self.predivide)
         # agreement, seed, elastic resets and the method (made at the first step, once the settings are agreed)
         self.context = StepContext(self.stats, built_steps=True)  # a step is built once and run many times

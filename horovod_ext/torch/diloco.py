@@ -26,7 +26,7 @@ from horovod_ext.compression.consistency import allgather_blobs, optimizer_setti
 from horovod_ext.compression.context import StepContext
 from horovod_ext.compression.horovod_args import check_named_parameters
 from horovod_ext.compression.lifecycle import HostCounters, TrainingRun
-from horovod_ext.compression.specs import describe_compression, resolved_for
+from horovod_ext.compression.specs import compression_name, describe_compression, resolved_for
 
 from horovod_ext.consensus.accounting import account_dense_reference
 from horovod_ext.consensus.agreement import build_on_every_rank
@@ -36,10 +36,6 @@ from .backend import TorchBackend, numpy_allgather, timed_into
 from .wrapping import StateInCheckpoint, wrap
 
 _ids = itertools.count()
-
-
-def _name(compression):
-    return getattr(compression, "name", getattr(compression, "__name__", "custom"))
 
 
 class _DiLoCo(StateInCheckpoint):
@@ -55,8 +51,8 @@ class _DiLoCo(StateInCheckpoint):
         self._hx_params = params
         self._hx_names = [names.get(id(p), f"param.{i}") for i, p in enumerate(params)]
         self._hx_arguments = arguments
-        self._hx_stats, self._hx_inner_stats = CompressionStats(_name(compression)), \
-            CompressionStats(_name(inner_compression))
+        self._hx_stats, self._hx_inner_stats = CompressionStats(compression_name(compression)), \
+            CompressionStats(compression_name(inner_compression))
         self._hx_run = TrainingRun(compression, StepContext(self._hx_stats, timer=timed_into), HostCounters(),
                                    f"diloco{self._hx_id}", torch.initial_seed, what=f"horovod_ext {self._hx_what}")
         self._hx_inner_run = TrainingRun(inner_compression, StepContext(self._hx_inner_stats, timer=timed_into),

@@ -26,7 +26,7 @@ from horovod_ext.compression.context import StepContext
 from horovod_ext.compression.lifecycle import HostCounters, TrainingRun
 from horovod_ext.compression.horovod_args import (check_groups, check_named_parameters, check_predivide,
                                                   outside_process_set)
-from horovod_ext.compression.specs import describe_compression, element_limit, resolved_for
+from horovod_ext.compression.specs import compression_name, describe_compression, element_limit, resolved_for
 from .backend import TorchBackend, drain, numpy_allgather, timed_into
 from .kernels import check_gradient
 
@@ -78,7 +78,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise TypeError(f"compression must be one of hvd.Compression.none, fp16, ternary (or a Horovod "
                             f"Compressor), got {compression!r}")
 
-        self._hx_stats = CompressionStats(getattr(compression, "name", getattr(compression, "__name__", "custom")))
+        self._hx_stats = CompressionStats(compression_name(compression))
         self._hx_backend = TorchBackend(process_set, op, self._hx_predivide, self._hx_stats)
         # agreement, seed, checkpoints, elastic resets and the method (made once the settings are agreed)
         self._hx_run = TrainingRun(compression, StepContext(self._hx_stats, timer=timed_into), HostCounters(),
