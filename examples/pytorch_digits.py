@@ -166,7 +166,11 @@ def train(args, optimizer_name, compression_name, data):
             "bits_per_element": total["bits_per_element"], "comm_seconds": total["comm_seconds"],
             "replica_spread": spread, "params_crc32": checksum,
             "cf_log": [f[0] for f in factors], "paths": [f[1] for f in factors],
-            "gains": [f[2:] for f in factors][::50]}
+            "gains": [f[2:] for f in factors][::50],
+            # GraVAC: the CF it settled on (None while exploring) and the table it settles from
+            **({"gravac": {"theta_ideal": stats["theta_ideal"],
+                           "throughput": [[cf, t, n] for cf, (t, n) in stats["throughput"].items()]}}
+               if "throughput" in stats else {})}
 
 
 def replica_spread(model):

@@ -48,3 +48,19 @@ def digits_at_four_ranks(example):
                "--seed", seed, "--json", out, timeout=200 * runs, collect=False)
     with open(out) as f:
         return {r["compression"]: r for r in json.load(f)["results"]}
+
+
+def check_gravac_run(gravac):
+    """GraVAC at its defaults on a digits run (`gravac`: the example's result with its cf_log and its "gravac"
+    entry): it compresses in the first window, where its decisions read only the gains; a compressed CF moves
+    only at a window's end (dense steps come only at min_cf); and it compresses on most steps, unless it settled
+    on dense. Settling reads step times (omega > 0: tests/test_gravac.py checks the rule on given times), so which
+    CF it settles on, and whether it ever sends a step dense, is the machine's to decide and no test's."""
+    cfs, ideal, table = gravac["cf_log"], gravac["gravac"]["theta_ideal"], gravac["gravac"]["throughput"]
+    assert len(cfs) == gravac["steps"] and sum(c >= 10 for c in cfs[:100]) > 50, cfs
+    if ideal == 1:  # settled on dense at a window's end, from step times
+        assert 1 in {cf for cf, _, _ in table} and len(table) >= 2, table  # dense was measured beside a CF
+    else:
+        assert sum(c >= 10 for c in cfs) > len(cfs) / 2, (cfs, ideal, table)
+    for window in range(0, len(cfs), 100):
+        assert len({c for c in cfs[window:window + 100] if c > 1}) <= 1, cfs

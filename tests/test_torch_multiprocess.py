@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from digits import digits_at_four_ranks, digits_at_two_ranks
+from digits import check_gravac_run, digits_at_four_ranks, digits_at_two_ranks
 from hvdrun import assert_error_cases, horovodrun
 
 WORKER = "tests/workers/ternary_worker.py"
@@ -88,7 +88,7 @@ def test_two_phase_equals_allgather_bit_for_bit(ranks):
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_topk_and_adaptive_topk_on_digits(ranks):
     """Static top-k (10x, with error feedback) and GraVAC at its defaults within 1 point of dense in the same
-    epochs, GraVAC compressing on every step (no step dense) at a CF that moves only at window ends (100 steps)."""
+    epochs; GraVAC compresses as digits.check_gravac_run says (whether it settles, and where, reads step times)."""
     # at 4 ranks seed 43 (tests/digits.py's FOUR_RANKS says why)
     results = digits_at_two_ranks("examples/pytorch_digits.py") if ranks == 2 else \
         digits_at_four_ranks("examples/pytorch_digits.py")
@@ -96,6 +96,4 @@ def test_topk_and_adaptive_topk_on_digits(ranks):
     for name in ("topk", "adaptive_topk"):
         # no more than 1 point below dense (above is fine: top-k with error feedback often generalizes better here)
         assert results[name]["test_accuracy"] >= dense - 0.01, (name, results[name]["test_accuracy"], dense)
-    cfs = results["adaptive_topk"]["cf_log"]
-    assert len(cfs) == results["adaptive_topk"]["steps"] and min(cfs) >= 10
-    assert all(a == b for step, (a, b) in enumerate(zip(cfs, cfs[1:]), 1) if step % 100), cfs
+    check_gravac_run(results["adaptive_topk"])
