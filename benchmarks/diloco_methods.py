@@ -16,15 +16,13 @@ NUMBERS = {"h": ("inner_steps", int), "lr": ("outer_lr", float), "m": ("outer_mo
 
 
 def _number(part):
-    """('h', '50') for 'h50'; None where `part` is not a prefix of NUMBERS followed by a number."""
-    for prefix in sorted(NUMBERS, key=len, reverse=True):
-        if part.startswith(prefix):
-            try:
-                NUMBERS[prefix][1](part[len(prefix):])
-            except ValueError:
-                return None
-            return prefix, part[len(prefix):]
-    return None
+    """('h', '50') for 'h50'; None where `part` is not a prefix of NUMBERS followed by its kind of number."""
+    prefix = next((p for p in NUMBERS if part.startswith(p)), None)  # no prefix begins another
+    try:
+        NUMBERS[prefix][1](part[len(prefix):])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return prefix, part[len(prefix):]
 
 
 def is_diloco(method):
