@@ -1,5 +1,6 @@
 """A rank killed with SIGKILL mid-step ends the whole job with an error, for every compressor and both leader
-optimizers, never a hang (each launch bounded by a timeout well under the test's)."""
+optimizers, never a hang (each launch bounded by a timeout well under the test's); so does a rank that leaves
+early once the ranks wait for each other at exit (process sets in use)."""
 import json
 import os
 import signal
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from hvdrun import ROOT, failure_report
+from hvdrun import ROOT, failure_report, horovodrun
 
 WORKER = "tests/workers/fault_worker.py"
 
@@ -33,3 +34,18 @@ def test_killed_rank_ends_the_job_with_an_error(method):
     assert time.time() - start < 120
     outcomes = [json.load(open(os.path.join(out, f)))["outcome"] for f in os.listdir(out)]
     assert "finished" not in outcomes  # no rank trained on as if nothing happened
+
+
+@pytest.mark.parametrize("mode, wait", [("returns", 3), ("raises", 1000)])
+def test_a_rank_that_leaves_early_ends_the_job_with_an_error(mode, wait):
+    """With process sets in use every rank waits for the others at exit (consensus/leave_together.py). A rank that
+    ends the script while rank 0 still trains ("returns": uneven data without hvd.join()) waits out its bound and
+    warns, then its shutdown fails rank 0's allreduce, as in plain Horovod; a rank that raises ("raises") does not
+    wait at all: its bound of 1000 s would outlast the launch's timeout."""
+    with pytest.raises(AssertionError) as info:
+        horovodrun(2, "tests/workers/leave_together_worker.py", mode, wait, collect=False, timeout=120)
+    text = str(info.value)
+    assert "timed out" not in text and "rank 0 HorovodInternalError" in text and "shut down" in text, text
+    assert ("not every rank reached the end of the script within 3 s" in text) == (mode == "returns"), text
+    if mode == "raises":
+        assert "the last rank fails" in text

@@ -12,6 +12,7 @@ from horovod_ext.horovod_internals import existing_process_sets, process_set_obj
 from horovod_ext.compression import generation
 from horovod_ext.compression.consistency import exchange, layout_digest
 from .groups import node_key
+from .leave_together import leave_together
 
 DYNAMIC_HELP = ("leader groups are Horovod process sets created after init: initialize with "
                 "horovod_ext.torch.init() / horovod_ext.tensorflow.init() (they enable Horovod's dynamic process "
@@ -40,12 +41,15 @@ def build_on_every_rank(make_sync, arguments, tensors, allgather_blobs, rank, si
     return sync
 
 
-def process_set_for(ranks, size, add_process_set):
+def process_set_for(ranks, size, add_process_set, barrier):
     """The Horovod process set of `ranks`: the global one, one that exists, or a new one (every rank must call
-    this for the same rank lists in the same order, as Horovod's add_process_set is collective)."""
+    this for the same rank lists in the same order, as Horovod's add_process_set is collective). With a set other
+    than the global one, the ranks leave together at exit (leave_together.py; ``barrier``: a collective over every
+    rank)."""
     ranks = sorted(ranks)
     if ranks == list(range(size)):
         return global_process_set
+    leave_together(barrier)
     for set_id, members in existing_process_sets().items():
         if sorted(members) == ranks:
             return process_set_object(set_id, members)
@@ -55,11 +59,11 @@ def process_set_for(ranks, size, add_process_set):
         raise RuntimeError(f"cannot create the Horovod process set {ranks}: {exc}; {DYNAMIC_HELP}") from exc
 
 
-def level_process_sets(sync, size, add_process_set):
+def level_process_sets(sync, size, add_process_set, barrier):
     """{level name: process set} of a configured LeaderSync's levels with more than one member. Every rank adds
     every group, in the same order (Horovod's add_process_set is collective), not only its own."""
     for group in sync.groups:
         if len(group) > 1:
-            process_set_for(group, size, add_process_set)
-    return {level.name: process_set_for(level.members, size, add_process_set)
+            process_set_for(group, size, add_process_set, barrier)
+    return {level.name: process_set_for(level.members, size, add_process_set, barrier)
             for level in sync.levels if len(level.members) > 1}

@@ -61,6 +61,11 @@ class ParameterBackend(abc.ABC):
     def add_process_set(self, ranks):
         """Horovod's add_process_set of this framework."""
 
+    @abc.abstractmethod
+    def barrier(self):
+        """Return once every rank has called this (a collective over every rank, eager: consensus/
+        leave_together.py calls it at exit)."""
+
     # ------------------------------------------------------------------------------------------ host, control
     @abc.abstractmethod
     def host(self, fn, args, dtypes):

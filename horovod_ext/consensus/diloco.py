@@ -88,16 +88,16 @@ class DiLoCoSettings:
                 "nesterov": self.nesterov, "groups": describe_groups(self.groups_arg)}
 
 
-def worker_process_sets(settings, size, add_process_set):
+def worker_process_sets(settings, size, add_process_set, barrier):
     """(this rank's worker's process set, None if the worker is one rank; the leaders' process set). Every rank
     adds every group's set and then the leaders', in the same order (Horovod's add_process_set is collective)."""
     own = None
     for group in settings.workers:
         if len(group) > 1:
-            made = process_set_for(group, size, add_process_set)
+            made = process_set_for(group, size, add_process_set, barrier)
             if group == settings.group:
                 own = made
-    return own, process_set_for(settings.leaders, size, add_process_set)
+    return own, process_set_for(settings.leaders, size, add_process_set, barrier)
 
 
 def averaged_pseudo_gradient(settings, deltas, across_leaders, in_group):

@@ -37,6 +37,12 @@ def numpy_allgather(process_set=None):
     return allgather
 
 
+def barrier_over_every_rank():
+    """Return once every rank has called this: a one-element allreduce over all ranks, eagerly
+    (leave_together.py)."""
+    hvd.allreduce(tf.zeros([1]), name="horovod_ext.leave_together", op=hvd.Sum, ignore_name_scope=True)
+
+
 class HostStateVariable:
     """Host state kept in a tf.string variable as JSON, so that a tf.train.Checkpoint holds it: the compressor
     methods' shared state and the leader optimizers' sync state (the backends' shared_state_read / _written)."""

@@ -38,7 +38,7 @@ from horovod_ext.consensus.agreement import build_on_every_rank
 from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averaged_pseudo_gradient, outer_update,
                                           worker_process_sets)
 from .aggregator import GradientAggregator, variable_names
-from .backend import numpy_allgather
+from .backend import barrier_over_every_rank, numpy_allgather
 from .elastic_state import assign_all, broadcast_variables, numpy_values
 from .wrapping import checked_named_tensors, wrap
 
@@ -317,7 +317,8 @@ def DiLoCoOptimizer(optimizer, named_parameters=None, inner_steps=50, outer_lr=0
             settings = build_on_every_rank(
                 lambda: DiLoCoSettings(size=hvd.size(), groups=groups, inner_compressed=inner_compressed, **arguments),
                 compared, tensors, gather, hvd.rank(), hvd.size(), WHAT)
-            return (settings, *worker_process_sets(settings, hvd.size(), hvd.add_process_set))
+            return (settings, *worker_process_sets(settings, hvd.size(), hvd.add_process_set,
+                                                   barrier_over_every_rank))
 
         none = hvd.Compression.none
         state = DiLoCoState(make_workers, compression if compression is not None else none,

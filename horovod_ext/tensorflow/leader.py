@@ -40,7 +40,8 @@ from horovod_ext.consensus.leader import ELASTIC_EVALUATION, LEADER_EVALUATION, 
 from horovod_ext.consensus.state import ParameterState
 from horovod_ext.consensus.step import ElasticStep, LeaderStep
 from .aggregator import variable_names
-from .backend import DTYPES, HostStateVariable, as_tuple, collective_name, numpy_allgather
+from .backend import (DTYPES, HostStateVariable, as_tuple, barrier_over_every_rank, collective_name,
+                      numpy_allgather)
 from .elastic_state import assign_all, broadcast_variables, numpy_values
 from .wrapping import checked_named_tensors, wrap
 
@@ -169,6 +170,10 @@ class TFParameterBackend(ParameterBackend):
     @staticmethod
     def add_process_set(ranks):
         return hvd.add_process_set(ranks)
+
+    @staticmethod
+    def barrier():
+        barrier_over_every_rank()
 
     # ------------------------------------------------------------------------------------------ host, control
     @staticmethod

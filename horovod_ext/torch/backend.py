@@ -60,6 +60,11 @@ def numpy_allgather(process_set=None):
     return allgather
 
 
+def barrier_over_every_rank():
+    """Return once every rank has called this: a one-element allreduce over all ranks (leave_together.py)."""
+    hvd.allreduce(torch.zeros(1), name="horovod_ext.leave_together", op=hvd.Sum)
+
+
 # HVDEXT_SYNC_TIMING=1: timed blocks wait for the GPU at their start and end, so that compress_seconds and
 # decompress_seconds hold the CUDA kernels' time rather than their launch's (each wait costs the overlap it removes).
 SYNC_TIMING = os.environ.get("HVDEXT_SYNC_TIMING", "0") == "1"

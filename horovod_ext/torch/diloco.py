@@ -32,7 +32,7 @@ from horovod_ext.consensus.accounting import account_dense_reference
 from horovod_ext.consensus.agreement import build_on_every_rank
 from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averaged_pseudo_gradient, exchange,
                                           outer_update, worker_process_sets)
-from .backend import TorchBackend, numpy_allgather, timed_into
+from .backend import TorchBackend, barrier_over_every_rank, numpy_allgather, timed_into
 from .wrapping import StateInCheckpoint, wrap
 
 _ids = itertools.count()
@@ -75,7 +75,8 @@ class _DiLoCo(StateInCheckpoint):
             lambda: DiLoCoSettings(size=hvd.size(), inner_compressed=self._hx_inner_described != NO_COMPRESSION,
                                    **self._hx_arguments),
             compared, tensors, self._hx_allgather_blobs, hvd.rank(), hvd.size(), self._hx_what)
-        self._hx_group_set, leaders_set = worker_process_sets(self._hx_settings, hvd.size(), hvd.add_process_set)
+        self._hx_group_set, leaders_set = worker_process_sets(self._hx_settings, hvd.size(), hvd.add_process_set,
+                                                                   barrier_over_every_rank)
         self._hx_backend = TorchBackend(leaders_set, hvd.Average, 1.0, self._hx_stats)
         self._hx_inner_backend = None if self._hx_group_set is None else \
             TorchBackend(self._hx_group_set, hvd.Average, 1.0, self._hx_inner_stats)

@@ -34,7 +34,7 @@ from horovod_ext.consensus.backend import ParameterBackend
 from horovod_ext.consensus.leader import ELASTIC_EVALUATION, LEADER_EVALUATION, check_evaluation
 from horovod_ext.consensus.state import ParameterState
 from horovod_ext.consensus.step import ElasticStep, LeaderStep
-from .backend import numpy_allgather, timed_into
+from .backend import barrier_over_every_rank, numpy_allgather, timed_into
 from .wrapping import StateInCheckpoint, wrap
 
 _ids = itertools.count()
@@ -149,6 +149,10 @@ class TorchParameterBackend(ParameterBackend):
     @staticmethod
     def add_process_set(ranks):
         return hvd.add_process_set(ranks)
+
+    @staticmethod
+    def barrier():
+        barrier_over_every_rank()
 
     # ------------------------------------------------------------------------------------------ host, control
     @staticmethod

@@ -6,6 +6,7 @@ then a resume (rank 0's checkpoint after round 2, Horovod's load-and-broadcast i
 then the bad arguments, each raised on every rank."""
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
@@ -116,6 +117,26 @@ def uneven_then_join(name):
     return {"outer": outer, "last_joined": int(last), "rounds": opt.compression_stats()["outer_rounds"]}
 
 
+def a_slower_worker_ends_last():
+    """The script's last step is an inner step of workers of two ranks, and the worker of rank 0 starts it 2 s
+    after the others: the other worker ends the script first, and Horovod must not shut down under the first
+    worker's last in-group allreduce (consensus/leave_together.py: at exit every rank waits for every other).
+    Called last: what it checks is that the launch ends with every rank's exit status 0."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    opt = hvd.DiLoCoOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters(),
+                              inner_steps=H, groups=groups())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    x, y = data(hvd.rank())
+    for step in range(H + 1):  # a round, then one inner step
+        if step == H and hvd.rank() in opt.compression_stats()["workers"][0]:
+            time.sleep(2.0)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return opt.compression_stats()["inner_steps_taken"]
+
+
 def main():
     hvd.init()
     out = {"rank": hvd.rank(), "size": hvd.size(), "runs": {}, "join": {}, "errors": []}
@@ -143,6 +164,7 @@ def main():
     for case, kwargs in bad.items():
         out["errors"].append(expect_error(case, lambda: hvd.DiLoCoOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), **kwargs)))
+    out["slower_worker_steps"] = a_slower_worker_ends_last()
     write_result(hvd.rank(), out)
 
 
