@@ -12,14 +12,28 @@ script's main() is gone by the time exit handlers run, and what it left in fligh
 init registers its shutdown with ``atexit``; exit handlers run last registered first, so ``hold`` registers
 ``complete_all`` again (also after an elastic reset's init), which keeps it ahead of Horovod's shutdown. A script that ends with an uncaught exception waits for nothing: its peers may
 never enqueue what it left in flight, and Horovod's shutdown is what tells them it has gone.
+
+Leaving together (``leave_together``). In data-parallel training every step ends in a collective over all ranks,
+so no rank can leave while another still has one in flight. A group's collectives (a DiLoCo worker's inner
+allreduce and its leader's broadcast, LSGD's levels: Horovod process sets) involve its own ranks only, so one group
+can end its script and shut Horovod down, which shuts it down on every rank, while another group's last collective
+is still in flight. Once a rank uses a process set other than the global one, the same exit handler therefore
+also waits, after the collectives above, in a barrier over every rank, for at most ``EXIT_WAIT_SECONDS``: a rank
+that ends while others still train (uneven data without ``hvd.join()``) lets them fail as plain Horovod would,
+that much later, rather than hang. After an uncaught exception it waits for nothing, as above; a ``sys.exit()``
+is no exception here and waits (at most the bound).
 """
 import atexit
 import sys
+import threading
+import warnings
 
 from horovod.common.exceptions import HorovodInternalError
 
 _held = {}  # id -> owner with collectives in flight
 _uncaught = []  # an exception ended the script (sys.excepthook saw it)
+_barrier = []  # [a collective over every rank]: the ranks leave together
+EXIT_WAIT_SECONDS = 120.0
 
 
 def _noting(hook):
@@ -34,6 +48,19 @@ def _noting(hook):
 def hold(owner):
     """owner has collectives in flight past its step: at exit, owner.complete_in_flight() waits for them."""
     _held[id(owner)] = owner
+    _ahead_of_horovods_shutdown()
+
+
+def leave_together(barrier):
+    """At exit every rank waits in ``barrier()`` (a collective over every rank of this framework's Horovod,
+    eager), at most EXIT_WAIT_SECONDS, before Horovod's shutdown. Called on every rank that makes a process set
+    other than the global one (consensus/agreement.py's process_set_for)."""
+    _barrier[:] = [barrier]
+    _ahead_of_horovods_shutdown()
+
+
+def _ahead_of_horovods_shutdown():
+    """Register complete_all again, after the latest Horovod init's shutdown hook, and note uncaught exceptions."""
     if not getattr(sys.excepthook, "horovod_ext", False):
         sys.excepthook = _noting(sys.excepthook)
     atexit.unregister(complete_all)
@@ -41,8 +68,8 @@ def hold(owner):
 
 
 def complete_all():
-    """Wait for every tracked optimizer's collectives in flight, unless an exception ended the script (skipped
-    where Horovod has already failed under them)."""
+    """Wait for every tracked optimizer's collectives in flight, then (leave_together) for every rank, unless an
+    exception ended the script (skipped where Horovod has already failed under them)."""
     if _uncaught:
         return
     for owner in list(_held.values()):
@@ -51,6 +78,25 @@ def complete_all():
         except (HorovodInternalError, RuntimeError, ValueError):
             pass  # Horovod failed or was shut down under them: nothing left to complete
     _held.clear()
+    if _barrier:
+        _wait_for_every_rank(_barrier[0])
+
+
+def _wait_for_every_rank(barrier):
+    """barrier() in a daemon thread, waited for at most EXIT_WAIT_SECONDS (Horovod's shutdown then fails it)."""
+    def run():
+        try:
+            barrier()
+        except Exception:  # noqa: BLE001 (Horovod is shut down already: another rank failed, nothing to wait for)
+            pass
+
+    thread = threading.Thread(target=run, name="horovod_ext.leave_together", daemon=True)
+    thread.start()
+    thread.join(EXIT_WAIT_SECONDS)
+    if thread.is_alive():
+        warnings.warn(f"horovod_ext: not every rank reached the end of the script within {EXIT_WAIT_SECONDS:.0f} s "
+                      f"of this one; shutting Horovod down (the ranks still training fail)", RuntimeWarning,
+                      stacklevel=1)
 
 
 def release(owner):

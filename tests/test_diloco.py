@@ -131,7 +131,7 @@ def test_compressed_pseudo_gradients_send_less_and_still_train(results):
 def test_a_slower_worker_ends_last_and_every_rank_exits_cleanly(results):
     """The worker's last run ends in an inner step that the worker of rank 0 starts 2 s after the others (at 4
     ranks, two workers): the launch exiting 0, which the fixture requires, is the check that Horovod did not shut
-    down under that worker's last in-group allreduce (consensus/leave_together.py)."""
+    down under that worker's last in-group allreduce (horovod_ext/in_flight.py)."""
     assert [r["slower_worker_steps"] for r in results] == [H + 1] * len(results)
 
 

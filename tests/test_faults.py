@@ -38,7 +38,7 @@ def test_killed_rank_ends_the_job_with_an_error(method):
 
 @pytest.mark.parametrize("mode, wait", [("returns", 3), ("raises", 1000)])
 def test_a_rank_that_leaves_early_ends_the_job_with_an_error(mode, wait):
-    """With process sets in use every rank waits for the others at exit (consensus/leave_together.py). A rank that
+    """With process sets in use every rank waits for the others at exit (horovod_ext/in_flight.py). A rank that
     ends the script while rank 0 still trains ("returns": uneven data without hvd.join()) waits out its bound and
     warns, then its shutdown fails rank 0's allreduce, as in plain Horovod; a rank that raises ("raises") does not
     wait at all: its bound of 1000 s would outlast the launch's timeout."""

@@ -8,11 +8,11 @@ sets, created on every rank in the same order.
 from horovod.common.process_sets import global_process_set
 
 from horovod_ext import __version__
+from horovod_ext.in_flight import leave_together
 from horovod_ext.horovod_internals import existing_process_sets, process_set_object
 from horovod_ext.compression import generation
 from horovod_ext.compression.consistency import exchange, layout_digest
 from .groups import node_key
-from .leave_together import leave_together
 
 DYNAMIC_HELP = ("leader groups are Horovod process sets created after init: initialize with "
                 "horovod_ext.torch.init() / horovod_ext.tensorflow.init() (they enable Horovod's dynamic process "
@@ -44,8 +44,8 @@ def build_on_every_rank(make_sync, arguments, tensors, allgather_blobs, rank, si
 def process_set_for(ranks, size, add_process_set, barrier):
     """The Horovod process set of `ranks`: the global one, one that exists, or a new one (every rank must call
     this for the same rank lists in the same order, as Horovod's add_process_set is collective). With a set other
-    than the global one, the ranks leave together at exit (leave_together.py; ``barrier``: a collective over every
-    rank)."""
+    than the global one, the ranks leave together at exit (in_flight.leave_together; ``barrier``: a collective over
+    every rank)."""
     ranks = sorted(ranks)
     if ranks == list(range(size)):
         return global_process_set

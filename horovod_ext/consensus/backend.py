@@ -63,8 +63,8 @@ class ParameterBackend(abc.ABC):
 
     @abc.abstractmethod
     def barrier(self):
-        """Return once every rank has called this (a collective over every rank, eager: consensus/
-        leave_together.py calls it at exit)."""
+        """Return once every rank has called this (a collective over every rank, eager: in_flight.py's
+        leave_together calls it at exit)."""
 
     # ------------------------------------------------------------------------------------------ host, control
     @abc.abstractmethod

@@ -39,7 +39,7 @@ def numpy_allgather(process_set=None):
 
 def barrier_over_every_rank():
     """Return once every rank has called this: a one-element allreduce over all ranks, eagerly
-    (leave_together.py)."""
+    (in_flight.leave_together)."""
     hvd.allreduce(tf.zeros([1]), name="horovod_ext.leave_together", op=hvd.Sum, ignore_name_scope=True)
 
 

@@ -61,7 +61,8 @@ def numpy_allgather(process_set=None):
 
 
 def barrier_over_every_rank():
-    """Return once every rank has called this: a one-element allreduce over all ranks (leave_together.py)."""
+    """Return once every rank has called this: a one-element allreduce over all ranks
+    (in_flight.leave_together)."""
     hvd.allreduce(torch.zeros(1), name="horovod_ext.leave_together", op=hvd.Sum)
 
 

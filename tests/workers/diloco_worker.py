@@ -120,7 +120,7 @@ def uneven_then_join(name):
 def a_slower_worker_ends_last():
     """The script's last step is an inner step of workers of two ranks, and the worker of rank 0 starts it 2 s
     after the others: the other worker ends the script first, and Horovod must not shut down under the first
-    worker's last in-group allreduce (consensus/leave_together.py: at exit every rank waits for every other).
+    worker's last in-group allreduce (horovod_ext/in_flight.py: at exit every rank waits for every other).
     Called last: what it checks is that the launch ends with every rank's exit status 0."""
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4)

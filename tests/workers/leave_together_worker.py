@@ -1,4 +1,4 @@
-"""Leaving at exit once process sets are in use (horovod_ext/consensus/leave_together.py), when the last rank does
+"""Leaving at exit once process sets are in use (horovod_ext/in_flight.py: leave_together), when the last rank does
 not come (run by horovodrun -np 2, tests/test_faults.py).
 
 argv[1]: "returns" (the last rank ends the script after 2 steps while rank 0 trains on: uneven data without
@@ -12,14 +12,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import horovod_ext.torch as hvd  # noqa: E402
-from horovod_ext.consensus import leave_together  # noqa: E402
+from horovod_ext import in_flight  # noqa: E402
 from horovod_ext.torch.backend import barrier_over_every_rank  # noqa: E402
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
 torch.set_num_threads(1)
-mode, leave_together.EXIT_WAIT_SECONDS = sys.argv[1], float(sys.argv[2])
-leave_together.leave_together(barrier_over_every_rank)
+mode, in_flight.EXIT_WAIT_SECONDS = sys.argv[1], float(sys.argv[2])
+in_flight.leave_together(barrier_over_every_rank)
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 2)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters())
