@@ -43,6 +43,29 @@ def test_another_seed_gives_other_draws_and_the_same_dense_run():
         assert one[0][method]["digest"] == other[0][method]["digest"], method
 
 
+@pytest.mark.parametrize("method", ("none", "ternary", "powersgd"))
+def test_four_ranks_repeat_under_other_timing_without_tensor_fusion(method):
+    """At 3 or more ranks a float sum's order is the ring's: Horovod fuses the tensors that are ready in the same
+    cycle into one buffer, and where a tensor falls in that buffer decides which rank starts its sum, so with
+    fusion the bits follow the timing (README, "Same seed, same model"). Without fusion
+    (HOROVOD_FUSION_THRESHOLD=0) every sum's order is fixed by its own tensor, and the same seeded script repeats
+    itself bit for bit at 4 ranks (two nodes) under a 0.1 ms and a 20 ms cycle: horovod_ext's own collectives
+    (dense tensors, ternary's payloads and scales, PowerSGD's P and Q) add nothing that reads time."""
+    fast, slow = launch_four("0.1"), launch_four("20")
+    name = f"torch/{method}"
+    for rank in range(4):
+        assert fast[rank][name]["digest"] == slow[rank][name]["digest"], (rank, name)
+        assert fast[rank][name]["digest"] == fast[0][name]["digest"], (rank, name)
+
+
+@functools.lru_cache(maxsize=None)
+def launch_four(cycle_ms):
+    results, _ = horovodrun(4, "tests/workers/seed_worker.py", 11, timeout=400,
+                            env={"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CYCLE_TIME": cycle_ms,
+                                 "SEED_WORKER_FRAMEWORKS": "torch"})
+    return [r["11"] for r in results]
+
+
 def test_the_proposal_is_the_script_seed_and_varies_when_there_is_none():
     assert seed_proposal(7) == 7 and seed_proposal(2 ** 64 - 1) == 2 ** 63 - 1 and seed_proposal(-1) == 2 ** 63 - 1
     random.seed(0)  # the operating system's draw does not read Python's seeded generator

@@ -2,7 +2,8 @@
 (torch.manual_seed, keras.utils.set_random_seed) with each seed of argv[1:] in turn and leaves every compressor at its defaults (seed=None);
 the weights start from a fixed NumPy draw, so that the script's seed reaches the model only through the compressors'
 draws (ternary's stochastic rounding, PowerSGD's initial Q). Each rank records, per seed, framework and method, the
-digest of its final parameters' bits and the key the ranks agreed on."""
+digest of its final parameters' bits and the key the ranks agreed on. SEED_WORKER_FRAMEWORKS (default
+"torch,keras") picks the frameworks."""
 import hashlib
 import os
 import sys
@@ -73,12 +74,15 @@ def run_keras(seed, method):
 def main():
     import horovod_ext.torch as hvd
     hvd.init()
-    import horovod_ext.tensorflow as hvd_tf
-    hvd_tf.init()
+    frameworks = os.environ.get("SEED_WORKER_FRAMEWORKS", "torch,keras").split(",")
+    if "keras" in frameworks:
+        import horovod_ext.tensorflow as hvd_tf
+        hvd_tf.init()
     record = {"rank": hvd.rank()}
     for seed in SEEDS:
         record[str(seed)] = {f"{framework}/{method}": run(seed, method) for framework, run in
-                             (("torch", run_torch), ("keras", run_keras)) for method in METHODS}
+                             (("torch", run_torch), ("keras", run_keras)) if framework in frameworks
+                             for method in METHODS}
     write_result(hvd.rank(), record)
 
 
