@@ -1,7 +1,8 @@
 """Issue 48: a seeded script repeats itself. With every compressor at its defaults (seed=None), the draws' key is
 rank 0's script seed (torch.initial_seed(), TensorFlow's global seed; compression/consistency.seed_proposal), so two
 runs of tests/workers/seed_worker.py with the same seed end on the same bits on every rank, and a different seed
-gives different draws (dense, which draws nothing, stays the same). Two launches: seeds 11 then 12, and 11 again."""
+gives different draws (dense, which draws nothing, stays the same). Two launches: seeds 11 then 12, and 11 again;
+and two at 4 ranks without tensor fusion, under two cycle times."""
 import functools
 import random
 
