@@ -3,7 +3,10 @@
 // the stream the caller passes (torch.cuda.current_stream().cuda_stream), with device scratch from torch's caching
 // allocator; host results (a scale, a count) are read back with a torch copy on that stream. Built with
 // HVDEXT_WITH_CUDA where torch has CUDA and nvcc is present (setup.py); the CUDA branch needs no CUDA header.
-#include <torch/extension.h>
+// torch/types.h (ATen's tensors and ops in namespace torch) and torch's pybind11 casters, not torch/extension.h:
+// that one adds the whole C++ frontend (nn, optim, data), which a binding does not use, to every compile.
+#include <torch/csrc/utils/pybind.h>
+#include <torch/types.h>
 
 #include <cstring>
 #include <tuple>
