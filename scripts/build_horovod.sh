@@ -19,6 +19,12 @@
 #     The enqueue functions test Horovod's shut_down flag before they take the queue's mutex, so an entry added
 #     between the flag and the finalization was never called back: its rank waited on it for ever (a torch handle
 #     in synchronize, a TensorFlow op, which holds up its whole step), and its name stayed in the queue.
+#   - CMakeLists.txt builds RelWithDebInfo: -O3 and -g. The -g is dropped: debug information is most of each
+#     library's size and about a third of its compile time (benchmarks/RESULTS.md); the code is the same -O3.
+#   - horovod/torch/handle_manager.*, mpi_ops_v2.cc: hvd.synchronize (WaitAndClear) waited for a handle in a loop of
+#     sched_yield calls, taking the GIL again between them, so a waiting rank kept a core busy: on a host with fewer
+#     cores than ranks (or beside data-loader workers) it took the CPU the background thread, Gloo and the other
+#     ranks needed. It now blocks on a condition variable that MarkDone (and Reset) signals, without the GIL.
 #   - horovod/common/util.py: the launcher's build checks (horovodrun asks whether Gloo, MPI or NCCL was built, in a
 #     forked process that imports one framework's Horovod extension) ask PyTorch's extension before TensorFlow's.
 #     Both extensions come from one CMake configuration, so either answers; importing TensorFlow takes seconds
@@ -52,6 +58,7 @@ if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then
 
   sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
   sed -i '/horovod\/tensorflow\/xla_mpi_ops.cc/d' "$SRC/horovod/tensorflow/CMakeLists.txt"
+  sed -i 's/string(REPLACE "-O2" "-O3" \(CMAKE_[A-Z]*_FLAGS_RELWITHDEBINFO\)/string(REPLACE "-O2 -g" "-O3" \1/' "$SRC/CMakeLists.txt"
   $PY - "$SRC/horovod/torch/mpi_ops_v2.cc" <<'PATCH'
 import re, sys
 path = sys.argv[1]
@@ -62,13 +69,13 @@ if count != 158:  # Horovod 0.28.1's enqueue bindings
     sys.exit(f"build_horovod.sh: {path} is not Horovod 0.28.1's ({count} enqueue bindings found, 158 expected)")
 open(path, "w").write(edited)
 PATCH
-  $PY - "$SRC/horovod/common" <<'PATCH'
+  $PY - "$SRC/horovod" <<'PATCH'
 import os, sys
-common = sys.argv[1]
+horovod = sys.argv[1]
 
 
 def edit(name, pairs):
-    path = os.path.join(common, name)
+    path = os.path.join(horovod, name)
     source = open(path).read()
     for old, new in pairs:
         if source.count(old) != 1:
@@ -79,13 +86,13 @@ def edit(name, pairs):
 
 LOCK = "  std::lock_guard<std::mutex> guard(mutex_);\n"
 REFUSE = LOCK + "  if (finalized_) {\n    return SHUT_DOWN_ERROR;\n  }\n"
-edit("tensor_queue.h", [
+edit("common/tensor_queue.h", [
     ("  void FinalizeTensorQueue(const Status& status);\n",
      "  void FinalizeTensorQueue(const Status& status);\n\n  void Reopen();\n"),
     ("  mutable std::mutex mutex_;\n",
      "  mutable std::mutex mutex_;\n\n  // Set by FinalizeTensorQueue, cleared by Reopen: an entry added in between would never be called back.\n"
      "  bool finalized_ = false;\n")])
-edit("tensor_queue.cc", [
+edit("common/tensor_queue.cc", [
     ("Status TensorQueue::AddToTensorQueue(TensorTableEntry& e, Request& message) {\n" + LOCK,
      "Status TensorQueue::AddToTensorQueue(TensorTableEntry& e, Request& message) {\n" + REFUSE),
     ("                                          std::vector<Request>& messages) {\n" + LOCK,
@@ -95,9 +102,30 @@ edit("tensor_queue.cc", [
     ("// Execute callback for each tensor and clear tensor queue\n",
      "void TensorQueue::Reopen() {\n" + LOCK + "  finalized_ = false;\n}\n\n"
      "// Execute callback for each tensor and clear tensor queue\n")])
-edit("util.py", [
+edit("common/util.py", [
     ("EXTENSIONS = ['tensorflow', 'torch', 'mxnet']\n", "EXTENSIONS = ['torch', 'tensorflow', 'mxnet']\n")])
-edit("operations.cc", [
+edit("torch/handle_manager.h", [
+    ("#include <atomic>\n", "#include <atomic>\n#include <condition_variable>\n"),
+    ("  bool PollHandle(int handle);\n",
+     "  bool PollHandle(int handle);\n  // Blocks until MarkDone(handle) or Reset(); an unknown handle throws as in PollHandle.\n"
+     "  void WaitHandle(int handle);\n"),
+    ("  std::mutex mutex_;\n", "  std::mutex mutex_;\n  std::condition_variable done_;\n")])
+UNKNOWN = ('      throw std::invalid_argument("Handle " + std::to_string(handle) +\n'
+           '                                  " was not created or has been cleared.");\n')
+edit("torch/handle_manager.cc", [
+    ("  results_[handle] = std::make_shared<Status>(status);\n}\n",
+     "  results_[handle] = std::make_shared<Status>(status);\n  done_.notify_all();\n}\n"),
+    ("std::shared_ptr<Status> HandleManager::ReleaseHandle(int handle) {\n",
+     "void HandleManager::WaitHandle(int handle) {\n  std::unique_lock<std::mutex> lock(mutex_);\n"
+     "  done_.wait(lock, [&] {\n    auto entry = results_.find(handle);\n    if (entry == results_.end()) {\n"
+     + UNKNOWN + "    }\n    return entry->second != nullptr;\n  });\n}\n\n"
+     "std::shared_ptr<Status> HandleManager::ReleaseHandle(int handle) {\n"),
+    ("  results_.clear();\n  last_handle_ = 0;\n", "  results_.clear();\n  last_handle_ = 0;\n  done_.notify_all();\n")])
+edit("torch/mpi_ops_v2.cc", [
+    ("  while (true) {\n    if (handle_manager.PollHandle(handle)) break;\n    {\n"
+     "      py::gil_scoped_release release_python_gil;\n      std::this_thread::yield();\n    }\n  }\n",
+     "  {\n    py::gil_scoped_release release_python_gil;\n    handle_manager.WaitHandle(handle);\n  }\n")])
+edit("common/operations.cc", [
     ("  // Signal that initialization is completed.\n  state.initialization_done = true;\n",
      "  // Signal that initialization is completed.\n  state.process_set_table.Get(0).tensor_queue.Reopen();\n"
      "  state.initialization_done = true;\n")])
@@ -105,6 +133,7 @@ PATCH
   # Fail loudly if an edit did not apply (a different sdist would silently build the wrong thing).
   ! grep -q "CMAKE_CXX_STANDARD 14" "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
   ! grep -q "xla_mpi_ops.cc" "$SRC/horovod/tensorflow/CMakeLists.txt"
+  [ "$(grep -c 'string(REPLACE "-O2 -g" "-O3" CMAKE_' "$SRC/CMakeLists.txt")" = 3 ]
 
   # shellcheck disable=SC2086
   export $HVDEXT_HOROVOD_ENV

@@ -46,7 +46,7 @@ TESTED = {"torch": "2.13.0 (CPU)", "tensorflow": "2.21.0 (tensorflow-cpu)"}
 HOROVOD_VERSION = "0.28.1"
 # The revision of scripts/build_horovod.sh's edits to Horovod's sources, part of the wheel cache's key: a wheel
 # built with other edits is not reused.
-SOURCE_EDITS = "edits4"
+SOURCE_EDITS = "edits5"
 BUILD_MARKER = "horovod_ext_build"  # in the installed horovod package: the cache key of the wheel build_horovod.sh built
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tensorflow-intel")
 

@@ -38,7 +38,7 @@ def test_fresh_venv_gets_the_pinned_cpu_builds():
     plan = sp.plan(env(), "fresh")
     assert plan["install"] == ["torch==2.13.0", "tensorflow-cpu==2.21.0"]
     assert plan["frameworks"] == ["torch", "tensorflow"]
-    assert plan["cache_key"] == "horovod-0.28.1-torch2.13.0_cpu-tf2.21.0-gloo-edits4"
+    assert plan["cache_key"] == "horovod-0.28.1-torch2.13.0_cpu-tf2.21.0-gloo-edits5"
     # once installed, nothing more; the key stays the same
     again = sp.plan(env(torch=CPU_TORCH, tensorflow=TF), "fresh")
     assert again["install"] == [] and again["cache_key"] == plan["cache_key"]
@@ -73,13 +73,13 @@ def test_no_framework_in_the_users_environment_stops():
 def test_torch_only_and_tensorflow_only():
     torch_only = sp.plan(env(torch=CPU_TORCH), "active")
     assert torch_only["horovod"] == {"pytorch": True, "tensorflow": False, "gloo": True, "mpi": False, "nccl": False}
-    assert torch_only["cache_key"] == "horovod-0.28.1-torch2.13.0_cpu-notf-gloo-edits4"
+    assert torch_only["cache_key"] == "horovod-0.28.1-torch2.13.0_cpu-notf-gloo-edits5"
     variables = sp.build_environment(torch_only["horovod"], env(torch=CPU_TORCH))
     assert variables["HOROVOD_WITH_PYTORCH"] == "1" and variables["HOROVOD_WITHOUT_TENSORFLOW"] == "1"
     assert variables["HOROVOD_WITHOUT_MPI"] == "1" and variables["HOROVOD_CPU_OPERATIONS"] == "GLOO"
     tf_only = sp.plan(env(tensorflow=TF), "active")
     assert tf_only["horovod"]["pytorch"] is False and tf_only["horovod"]["tensorflow"] is True
-    assert tf_only["cache_key"] == "horovod-0.28.1-notorch-tf2.21.0-gloo-edits4"
+    assert tf_only["cache_key"] == "horovod-0.28.1-notorch-tf2.21.0-gloo-edits5"
     assert "HOROVOD_WITHOUT_PYTORCH" in sp.build_environment(tf_only["horovod"], env(tensorflow=TF))
 
 
@@ -87,7 +87,7 @@ def test_cuda_torch_with_nccl_chooses_nccl():
     machine = env(torch=CUDA_TORCH, nccl=NCCL, cuda_home="/usr/local/cuda-13.0", mpicxx="/usr/bin/mpicxx")
     plan = sp.plan(machine, "system-site")
     assert plan["horovod"]["nccl"] and plan["horovod"]["mpi"]
-    assert plan["cache_key"] == "horovod-0.28.1-torch2.11.0_cu130-notf-gloo-mpi-nccl-edits4"
+    assert plan["cache_key"] == "horovod-0.28.1-torch2.11.0_cu130-notf-gloo-mpi-nccl-edits5"
     variables = sp.build_environment(plan["horovod"], machine)
     assert variables["HOROVOD_GPU_OPERATIONS"] == "NCCL" and variables["HOROVOD_WITH_MPI"] == "1"
     assert variables["HOROVOD_GPU"] == "CUDA" and variables["HOROVOD_BUILD_CUDA_CC_LIST"]

@@ -57,6 +57,20 @@ def test_bad_inputs_raise_on_every_rank_without_hang(results):
         assert r["bad_inputs"]["after"]["identical"]
 
 
+def test_a_rank_waiting_in_synchronize_takes_no_cpu_time(results):
+    """Horovod's hvd.synchronize as built here (scripts/build_horovod.sh) blocks: rank 0 waited about a second for
+    the other ranks' allreduce with its thread's CPU time near 0 (the loop of sched_yield it replaces took all of
+    it), got the sum, and a cleared handle still raises."""
+    size = len(results)
+    for r in results:
+        check = r["synchronize"]
+        assert check["sum"] == [size * (size - 1) / 2] * 4, (r["rank"], check)
+        assert check["cleared"]["type"] == "ValueError" and "was not created or has been cleared" in \
+            check["cleared"]["message"], (r["rank"], check)
+    waited = results[0]["synchronize"]
+    assert waited["wall"] > 0.5 and waited["cpu"] < 0.1, waited
+
+
 def test_ternary_and_powersgd_accuracy_on_digits():
     """The main job's example: same model, data order and epochs; ternary must land within 2 points of dense,
     PowerSGD at its defaults within 1 point, compressing (its defaults start at step 10)."""

@@ -4,6 +4,7 @@ Each rank records, per check, what it observed; tests/test_torch_multiprocess.py
 """
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -122,6 +123,23 @@ def bad_inputs():
     return {"cases": cases, "after": after}
 
 
+def check_synchronize_blocks(seconds=1.0):
+    """Rank 0 waits in hvd.synchronize for an allreduce the other ranks join `seconds` later. Horovod's
+    WaitAndClear blocks on a condition variable (scripts/build_horovod.sh's edit): the waiting thread takes no CPU
+    time, where a loop of sched_yield took all of it. A handle already cleared raises as before."""
+    from horovod.torch.mpi_ops import mpi_lib
+
+    hvd.allreduce(torch.zeros(1), name="wait.start")  # the ranks start the check together
+    if RANK != 0:
+        time.sleep(seconds)
+    handle = hvd.allreduce_async(torch.full((4,), float(RANK)), name="wait.late", op=hvd.Sum)
+    wall, cpu = time.perf_counter(), time.thread_time()
+    total = hvd.synchronize(handle)
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    cleared = expect_error("cleared", lambda: mpi_lib.horovod_torch_wait_and_clear(handle))
+    return {"wall": wall, "cpu": cpu, "sum": total.tolist(), "cleared": cleared}
+
+
 if __name__ == "__main__":
     result = {"rank": RANK, "size": SIZE}
     for shared in (False, True):
@@ -133,4 +151,5 @@ if __name__ == "__main__":
     result["identical_shared"] = check_identical_after_training(hvd.Compression.ternary(shared_scale=True, min_size=0))
     result["identical_fp16"] = check_identical_after_training(hvd.Compression.fp16)
     result["bad_inputs"] = bad_inputs()
+    result["synchronize"] = check_synchronize_blocks()
     write_result(RANK, result)
