@@ -186,8 +186,11 @@ def main():
     options = ["--inner-steps", args.inner_steps, "--eval-every", args.eval_every, "--batch", args.batch,
                "--layers", args.layers]
     methods = args.methods.split(",")
-    groups = [([m for m in methods if not m.startswith("diloco")], args.steps),
-              ([m for m in methods if m.startswith("diloco")], args.diloco_steps)]
+    dense_methods = [m for m in methods if not m.startswith("diloco")]
+    diloco_methods = [m for m in methods if m.startswith("diloco")]
+    # one launch per number of steps (--quick: one launch in all)
+    groups = [(dense_methods + diloco_methods, args.steps)] if args.steps == args.diloco_steps else \
+        [(dense_methods, args.steps), (diloco_methods, args.diloco_steps)]
     results = []
     try:
         with shaped_namespace(args.mbit) as prefix:
