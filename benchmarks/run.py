@@ -1,6 +1,6 @@
 """The benchmark suite, one entry point:
 
-    python benchmarks/run.py --quick      # every benchmark small (about ten minutes on 2 cores; the test suite runs this)
+    python benchmarks/run.py --quick      # every benchmark small (about five minutes on 2 cores; the test suite runs this)
     python benchmarks/run.py              # the full run recorded in benchmarks/RESULTS.md (about an hour here)
     python benchmarks/run.py --only wire,link
 
