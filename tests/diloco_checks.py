@@ -62,3 +62,53 @@ def check_worker_argument_errors(cases):
     assert "with groups=None every rank is a worker" in cases["inner_compression without groups"]["message"]
     assert "SettingsMismatch" in cases["inner_compression on rank 0 only"]["type"]
     assert "inner_compression" in cases["inner_compression on rank 0 only"]["message"]
+
+
+# Streaming DiLoCo in tests/workers/diloco_worker.py and diloco_keras_worker.py: H = 6, P = 3, tau = 1
+STREAM_H, STREAM_P, STREAM_TAU, STREAM_STEPS, STREAM_SAVE = 6, 3, 1, 14, 8
+
+
+def fragment_indices(run):
+    """Each fragment's indices into the flat parameters, from the worker's (offset, numel) ranges."""
+    return [np.concatenate([np.arange(o, o + n) for o, n in ranges]) for ranges in run["ranges"]]
+
+
+def check_streaming(runs, merge_alpha, dense, exact):
+    """A streaming run's records (runs: the workers' leaders' records): per step, the parameters before the
+    exchange (pre), after the step (post) and the outer parameters (outer). The outer parameters are the same on
+    every rank; where a fragment's update is due, post is the reference's merge of pre with the new outer
+    fragment (to the bit) and every other value is pre's; dense: the outer step is the reference's (Nesterov on
+    the mean of the workers' pseudo-gradients taken tau steps before) to the bit (exact) or within a float32
+    rounding of the sum's order."""
+    f32 = np.float32
+    frags = fragment_indices(runs[0])
+    theta, b, started, pending = np.array(runs[0]["start"], f32), None, [False] * STREAM_P, {}
+    b = np.zeros_like(theta)
+    for t in range(1, STREAM_STEPS + 1):
+        pre = [np.array(run["pre"][t - 1], f32) for run in runs]
+        outer = np.array(runs[0]["outer"][t - 1], f32)
+        for run in runs[1:]:
+            assert run["outer"][t - 1] == runs[0]["outer"][t - 1], t
+        f = reference.fragment_starts(t, STREAM_H, STREAM_P)
+        if f is not None:
+            deltas = [reference.pseudo_gradient(theta[frags[f]], x[frags[f]]) for x in pre]
+            pending[t + STREAM_TAU] = (f, reference.mean_of_sent(deltas))
+        expected = [x.copy() for x in pre]
+        if t in pending:
+            f, delta = pending.pop(t)
+            idx = frags[f]
+            if dense:
+                new, b[idx] = reference.outer_step(theta[idx], b[idx] if started[f] else None, delta)
+                if exact:
+                    assert np.array_equal(new.view(np.uint32), outer[idx].view(np.uint32)), (t, f)
+                else:
+                    np.testing.assert_allclose(outer[idx], new, rtol=1e-6, atol=1e-6)
+            started[f] = True
+            theta[idx] = outer[idx]
+            for e in expected:
+                e[idx] = reference.merge(e[idx], outer[idx], merge_alpha)
+        assert np.array_equal(theta.view(np.uint32), outer.view(np.uint32)), t  # only due fragments moved
+        for run, e in zip(runs, expected):
+            got = np.array(run["post"][t - 1], f32)
+            assert np.array_equal(got.view(np.uint32), e.view(np.uint32)), t
+    assert not pending or list(pending) == [STREAM_STEPS + STREAM_TAU]  # the last exchange is in flight

@@ -5,8 +5,8 @@ on every rank (tests/workers/diloco_worker.py)."""
 import numpy as np
 import pytest
 
-from diloco_checks import (H, ROUNDS, check_outer_steps_against_reference, check_uneven_then_join,
-                           check_worker_argument_errors, flat, group_sgd)
+from diloco_checks import (H, ROUNDS, STREAM_SAVE, STREAM_STEPS, check_outer_steps_against_reference,
+                           check_streaming, check_uneven_then_join, check_worker_argument_errors, flat, group_sgd)
 from hvdext_reference import diloco as reference
 from hvdrun import horovodrun
 
@@ -144,9 +144,63 @@ def test_bad_arguments_raise_the_same_error_on_every_rank(results):
     # a bad value on one rank: the settings differ, and every rank says which rank passed what
     assert "outer_lr: rank 0: 0.7; rank 1: -1.0" in cases["outer_lr on rank 1"]["message"]
     check_worker_argument_errors(cases)
+    assert "fragments=2 is more than the model's 1 layer(s)" in cases["fragments more than the layers"]["message"]
+    assert "fragments must be an integer >= 1 that divides inner_steps (6)" in \
+        cases["fragments not dividing inner_steps"]["message"]
+    assert "overlap must be an integer in [0, inner_steps / fragments) = [0, 6)" in \
+        cases["overlap not below H / P"]["message"]
+    assert "merge_alpha must be a number in [0, 1], got 1.5" in cases["merge_alpha outside [0, 1]"]["message"]
+    assert "SettingsMismatch" in cases["overlap on rank 1 only"]["type"]
     for r in results[1:]:
         assert [(e["case"], e["type"], e["message"]) for e in r["errors"]] == \
             [(e["case"], e["type"], e["message"]) for e in results[0]["errors"]]
+
+
+def test_streaming_fragments_are_the_references_to_the_bit(results):
+    """fragments=3 (whole layers, strided), overlap=1, merge_alpha 0 and 0.5: every step's parameters and outer
+    parameters against the reference's schedule, outer step and merge (diloco_checks.check_streaming)."""
+    dense_exact = len(results) == 2  # at 4 ranks Horovod's ring sums four values in its own order
+    check_streaming([r["streaming"]["stream-none"] for r in results], 0.0, dense=True, exact=dense_exact)
+    check_streaming([r["streaming"]["stream-ternary-merge"] for r in results], 0.5, dense=False, exact=True)
+    run = results[0]["streaming"]["stream-none"]
+    assert run["fragments"] == [["0.weight", "0.bias"], ["2.weight", "2.bias"], ["4.weight", "4.bias"]]
+    assert run["rounds"] == STREAM_STEPS // 2 - 1  # a fragment every 2 steps; the last one is in flight
+
+
+def test_streaming_with_groups_averages_the_workers_and_keeps_their_ranks_identical(results):
+    workers = results[0]["streaming"]["stream-groups"]["workers"]
+    leaders = [results[g[0]]["streaming"]["stream-groups"] for g in workers]
+    check_streaming(leaders, 0.0, dense=True, exact=True)  # a mean of at most two workers is exact
+    for group in workers:
+        for rank in group:
+            run = results[rank]["streaming"]["stream-groups"]
+            assert run["post"] == leaders[workers.index(group)]["post"] and run["outer"] == leaders[0]["outer"]
+
+
+def test_a_sync_sends_one_fragment(results):
+    """The peak bytes of one exchange: the largest fragment's (the first two layers' 8 x 8 + 8 floats), not the
+    model.s; ternary sends less than a quarter of that (2 bits a value, plus its scale and header)."""
+    for r in results:
+        dense, ternary = r["streaming"]["stream-none"], r["streaming"]["stream-ternary-merge"]
+        assert dense["peak"] == (8 * 8 + 8) * 4, r["rank"]
+        assert 0 < ternary["peak"] < dense["peak"] / 4, (r["rank"], ternary["peak"])
+
+
+def test_a_resumed_streaming_run_continues_to_the_same_bits_with_an_exchange_in_flight(results):
+    for r in results:
+        for name, run in r["streaming"].items():
+            assert run["in_flight_at_save"] == 0, name  # fragment 0 started at step 8, due at 9
+            for key in ("pre", "post", "outer"):
+                assert run["resumed"][key] == run[key][STREAM_SAVE:], (r["rank"], name, key)
+
+
+def test_streaming_with_uneven_data_then_hvd_join_returns_on_every_rank(results):
+    """hvd.join() applies the rank's exchange in flight first: rank r took STREAM_STEPS - 2 r steps, a fragment
+    exchange every 2, and applied every one."""
+    joins = [r["streaming_join"] for r in results]
+    assert len({j["last_joined"] for j in joins}) == 1
+    assert [j["rounds"] for j in joins] == [(STREAM_STEPS - 2 * rank) // 2 for rank in range(len(results))]
+    assert all(np.all(np.isfinite(j["outer"])) for j in joins)
 
 
 @pytest.mark.parametrize("kwargs, fragment", [({"inner_steps": 1.5}, "inner_steps must be an integer >= 1"),

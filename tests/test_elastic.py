@@ -14,8 +14,11 @@ from hvdrun import failure_report, horovodrun_elastic, third_host
 WORKER = os.path.join("tests", "workers", "elastic_worker.py")
 KERAS_WORKER = os.path.join("tests", "workers", "elastic_keras_worker.py")
 STEPS, KILL_AT, ADD_AT, COMMIT_EVERY = 60, 23, 35, 5
-METHODS = ["ternary", "topk", "topk_sparse_reduce", "adaptive_topk", "async_lsgd", "diloco"]
+METHODS = ["ternary", "topk", "topk_sparse_reduce", "adaptive_topk", "async_lsgd", "diloco", "streaming_diloco"]
 DILOCO_INNER_STEPS = 4  # tests/workers/elastic_worker.py's
+# streaming_diloco (elastic_worker.STREAMING): a fragment exchange starts every 5 steps and lands 2 steps later;
+# the one started at the last step is still in flight
+STREAMING_ROUNDS = STEPS // 5 - 1
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +46,7 @@ def test_worker_killed_and_added(every_method, method):
     assert sorted(periods) == ["0", "1", "2"], where
     assert all(not set(periods[a]) & set(periods[b]) for a, b in (("0", "1"), ("0", "2"), ("1", "2"))), where
     assert all(r["names"] == {"0": periods["2"]} for r in results if r is not survivor), where
-    if method in ("topk", "topk_sparse_reduce", "adaptive_topk", "diloco"):  # its own residuals, as committed
+    if method in ("topk", "topk_sparse_reduce", "adaptive_topk", "diloco", "streaming_diloco"):  # as committed
         kept = survivor["methods"][method]["residuals_kept"]
         assert kept and all(kept), where
     for r in results:
@@ -55,6 +58,8 @@ def test_worker_killed_and_added(every_method, method):
         assert math.isfinite(sum(got["params"])) and got["accuracy"] > 0.5, where
     if method == "diloco":  # every inner_steps-th step an outer round, rolled-back rounds redone once
         assert all(r["methods"][method]["outer_rounds"] == STEPS // DILOCO_INNER_STEPS for r in results), where
+    if method == "streaming_diloco":  # the rollback's commit (step 20) and the addition's (35) had one in flight
+        assert all(r["methods"][method]["outer_rounds"] == STREAMING_ROUNDS for r in results), where
     if method == "ternary":  # two-phase's chunks and level codes for N = 3
         for r in results:
             got = r["methods"][method]

@@ -296,3 +296,20 @@ def test_a_scheduler_made_before_the_wrap_does_not_hide_the_wrappers_step(wrap):
     if wrap == "diloco":
         assert stats["outer_rounds"] == 2
     assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 4)
+
+
+@pytest.mark.parametrize("make", ["DistributedOptimizer", "DiLoCoOptimizer"])
+def test_a_step_hook_runs_once_per_step_also_after_load_state_dict(make):
+    """torch's step hooks run around the wrapped optimizer's own step, once (Horovod's DistributedOptimizer runs
+    them twice: its step is wrapped in them too), and still once after load_state_dict (which wraps a class's step
+    unless it is marked)."""
+    model = torch.nn.Linear(2, 1)
+    opt = getattr(hvd, make)(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters())
+    calls = []
+    opt.register_step_post_hook(lambda *_: calls.append(1))
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step()
+        opt.load_state_dict(opt.state_dict())
+    assert len(calls) == 2

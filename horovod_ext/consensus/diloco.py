@@ -32,13 +32,15 @@ import numbers
 from .agreement import process_set_for
 from .groups import check_groups, describe_groups, group_of, resolve_groups
 
-DEFAULTS = {"inner_steps": 50, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True, "groups": None}
+DEFAULTS = {"inner_steps": 50, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True, "groups": None,
+            "fragments": 1, "overlap": 0, "merge_alpha": 0.0}
 NO_COMPRESSION = "NoneCompressor"  # describe_compression(Compression.none), in both frameworks
 GROUPS_HELP = ('groups must be None (every rank is a worker), "node" (the ranks of a host are one '
                'worker) or a list of rank lists such as [[0, 1], [2, 3]]')
 
 
-def check_arguments(inner_steps=50, outer_lr=0.7, outer_momentum=0.9, nesterov=True):
+def check_arguments(inner_steps=50, outer_lr=0.7, outer_momentum=0.9, nesterov=True, fragments=1, overlap=0,
+                    merge_alpha=0.0):
     """The outer loop's settings, checked (ValueError naming the argument and what it may be)."""
     if isinstance(inner_steps, bool) or not isinstance(inner_steps, numbers.Integral) or inner_steps < 1:
         raise ValueError(f"DiLoCoOptimizer: inner_steps must be an integer >= 1, got {inner_steps!r}")
@@ -49,8 +51,75 @@ def check_arguments(inner_steps=50, outer_lr=0.7, outer_momentum=0.9, nesterov=T
         raise ValueError(f"DiLoCoOptimizer: outer_momentum must be a number in [0, 1), got {outer_momentum!r}")
     if not isinstance(nesterov, bool):
         raise ValueError(f"DiLoCoOptimizer: nesterov must be True or False, got {nesterov!r}")
+    if isinstance(fragments, bool) or not isinstance(fragments, numbers.Integral) or fragments < 1 \
+            or inner_steps % fragments:
+        raise ValueError(f"DiLoCoOptimizer: fragments must be an integer >= 1 that divides inner_steps "
+                         f"({inner_steps}): one fragment is synchronized every inner_steps / fragments steps; "
+                         f"got {fragments!r}")
+    window = inner_steps // fragments
+    if isinstance(overlap, bool) or not isinstance(overlap, numbers.Integral) or not 0 <= overlap < window:
+        raise ValueError(f"DiLoCoOptimizer: overlap must be an integer in [0, inner_steps / fragments) = "
+                         f"[0, {window}): a fragment's exchange must end before the next one starts; "
+                         f"got {overlap!r}")
+    if isinstance(merge_alpha, bool) or not isinstance(merge_alpha, numbers.Real) or not 0 <= merge_alpha <= 1:
+        raise ValueError(f"DiLoCoOptimizer: merge_alpha must be a number in [0, 1], got {merge_alpha!r}")
     return {"inner_steps": int(inner_steps), "outer_lr": float(outer_lr), "outer_momentum": float(outer_momentum),
-            "nesterov": nesterov}
+            "nesterov": nesterov, "fragments": int(fragments), "overlap": int(overlap),
+            "merge_alpha": float(merge_alpha)}
+
+
+def layer_of(name):
+    """A tensor's layer: its name without the last component ("blocks.0.attn.weight" -> "blocks.0.attn";
+    Keras's "dense_1/kernel" -> "dense_1"; a bare module's "weight" -> "", the module itself)."""
+    cut = max(name.rfind("."), name.rfind("/"))
+    return name[:cut] if cut > 0 else ""
+
+
+def fragments_of(names, fragments):
+    """Streaming DiLoCo's fragments (Douillard et al., "Streaming DiLoCo with overlapping communication", arXiv
+    2501.18512, 2025): the tensors' indices per fragment. Whole layers (layer_of), in the order they first appear,
+    assigned strided: layer j belongs to fragment j mod P, so that every fragment holds layers from the whole depth
+    of the model (the paper's strided pattern). Raises ValueError if there are fewer layers than fragments."""
+    layers = []
+    for name in names:
+        if layer_of(name) not in layers:
+            layers.append(layer_of(name))
+    if fragments > len(layers):
+        shown = ", ".join(repr(layer) for layer in layers[:8]) + (", ..." if len(layers) > 8 else "")
+        raise ValueError(f"DiLoCoOptimizer: fragments={fragments} is more than the model's {len(layers)} layer(s) "
+                         f"({shown}); a fragment is made of "
+                         f"whole layers: fragments must be at most {len(layers)}")
+    return [[i for i, name in enumerate(names) if layers.index(layer_of(name)) % fragments == p]
+            for p in range(fragments)]
+
+
+class Schedule:
+    """When fragments are exchanged and applied (Streaming DiLoCo). With H = inner_steps, P = fragments, the window
+    w = H / P and tau = overlap: after inner step t (counted from 1) with t % w == 0, fragment ((t / w) - 1) mod P
+    starts its exchange, from the worker's parameters at t; its outer update is applied after inner step t + tau,
+    where the worker's fragment becomes merge_alpha * theta_m + (1 - merge_alpha) * theta (merged). Each fragment is
+    so synchronized every H steps, fragment p first after (p + 1) w steps; P = 1, tau = 0 is DiLoCo."""
+
+    def __init__(self, inner_steps, fragments, overlap):
+        self.window, self.fragments, self.overlap = inner_steps // fragments, fragments, overlap
+
+    def starts(self, step):
+        """The fragment whose exchange starts after inner step `step`, or None."""
+        if step <= 0 or step % self.window:
+            return None
+        return (step // self.window - 1) % self.fragments
+
+    def applies(self, step):
+        """The fragment whose outer update is applied after inner step `step`, or None."""
+        return self.starts(step - self.overlap)
+
+
+def merged(local, outer, merge_alpha):
+    """The worker's fragment after its outer update: alpha * theta_m + (1 - alpha) * theta, each product rounded to
+    float32 before the add (Streaming DiLoCo's mixing; alpha = 0: theta itself, so the replicas stay identical)."""
+    if merge_alpha == 0:
+        return outer
+    return (local * merge_alpha) + (outer * (1.0 - merge_alpha))
 
 
 class DiLoCoSettings:
@@ -63,6 +132,9 @@ class DiLoCoSettings:
         checked = check_arguments(**arguments)
         self.inner_steps, self.outer_lr = checked["inner_steps"], checked["outer_lr"]
         self.outer_momentum, self.nesterov = checked["outer_momentum"], checked["nesterov"]
+        self.fragments, self.overlap, self.merge_alpha = checked["fragments"], checked["overlap"], \
+            checked["merge_alpha"]
+        self.schedule = Schedule(self.inner_steps, self.fragments, self.overlap)
         if groups is not None and size is None:
             raise TypeError("DiLoCoSettings: groups need the job's size")
         self.groups_arg = check_groups(groups, size, GROUPS_HELP) if groups is not None else None
@@ -85,7 +157,8 @@ class DiLoCoSettings:
 
     def describe(self):
         return {"inner_steps": self.inner_steps, "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
-                "nesterov": self.nesterov, "groups": describe_groups(self.groups_arg)}
+                "nesterov": self.nesterov, "groups": describe_groups(self.groups_arg), "fragments": self.fragments,
+                "overlap": self.overlap, "merge_alpha": self.merge_alpha}
 
 
 def worker_process_sets(settings, size, add_process_set, barrier):
@@ -124,10 +197,21 @@ def exchange(driver, names, deltas, round_, seed, result_of):
     """The average of the ranks' pseudo-gradients through the compression plan: one step of `driver` (round_ is
     its step counter, the draws' key) over the tensors `deltas` (float32, named `names`). result_of(item): the
     averaged tensor the backend wrote for an item."""
+    return finish_exchange(driver, launch_exchange(driver, names, deltas, round_, seed), round_, result_of)
+
+
+def launch_exchange(driver, names, deltas, round_, seed):
+    """The exchange's first half: the step begins and every tensor is launched (asynchronous collectives where the
+    backend's are). Returns the items for finish_exchange."""
     driver.begin(round_, seed)
     items = [driver.item(i, name, d, _numel(d), 4) for i, (name, d) in enumerate(zip(names, deltas))]
     for item in items:
         driver.launch(item)
+    return items
+
+
+def finish_exchange(driver, items, round_, result_of):
+    """The exchange's second half: wait for what launch_exchange started; the averaged tensors, in order."""
     driver.finish(items, round_)
     return [result_of(item) for item in items]
 

@@ -31,8 +31,11 @@ from horovod_ext.compression.specs import compression_name, describe_compression
 from horovod_ext.consensus.accounting import account_dense_reference
 from horovod_ext.consensus.agreement import build_on_every_rank
 from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averaged_pseudo_gradient, exchange,
-                                          outer_update, worker_process_sets)
+                                          finish_exchange, fragments_of, launch_exchange, merged, outer_update,
+                                          worker_process_sets)
+from horovod_ext.compression.resume import split_checkpoint
 from .backend import TorchBackend, barrier_over_every_rank, numpy_allgather, timed_into
+from .optimizer import _LIVE_OPTIMIZERS
 from .wrapping import StateInCheckpoint, wrap
 
 _ids = itertools.count()
@@ -53,17 +56,21 @@ class _DiLoCo(StateInCheckpoint):
         self._hx_arguments = arguments
         self._hx_stats, self._hx_inner_stats = CompressionStats(compression_name(compression)), \
             CompressionStats(compression_name(inner_compression))
-        self._hx_run = TrainingRun(compression, StepContext(self._hx_stats, timer=timed_into), HostCounters(),
-                                   f"diloco{self._hx_id}", torch.initial_seed, what=f"horovod_ext {self._hx_what}")
+        self._hx_compression = compression
         self._hx_inner_run = TrainingRun(inner_compression, StepContext(self._hx_inner_stats, timer=timed_into),
                                          HostCounters(), f"diloco{self._hx_id}.inner", torch.initial_seed,
                                          what=f"horovod_ext {self._hx_what} (inner steps)")
         self._hx_inner_described = describe_compression(inner_compression)
+        self._hx_runs = None  # one exchange per fragment, made by _hx_build
         self._hx_build()
         self._hx_inner = 0  # inner steps taken
         self._hx_outer = None  # the outer parameters (float32), once the first step has taken rank 0's
-        self._hx_momentum = None  # the outer momentum b, after the first round
-        self._hx_update_norm = None  # |theta_new - theta| of the last round
+        self._hx_momentum = [None] * len(params)  # the outer momentum b per tensor, after its fragment's first round
+        self._hx_update_norm = None  # |theta_new - theta| of the last round (its fragment's)
+        self._hx_rounds = 0  # fragment exchanges applied
+        self._hx_pending = None  # the fragment exchange in flight (see _hx_launch)
+        self._hx_peak_bytes = 0  # the most payload bytes one exchange sent
+        _LIVE_OPTIMIZERS.add(self)  # hvd.join() applies the exchange in flight first
 
     def _hx_build(self):
         """The settings and the workers for the job's membership (collective: the arguments are checked on every
@@ -75,23 +82,54 @@ class _DiLoCo(StateInCheckpoint):
             lambda: DiLoCoSettings(size=hvd.size(), inner_compressed=self._hx_inner_described != NO_COMPRESSION,
                                    **self._hx_arguments),
             compared, tensors, self._hx_allgather_blobs, hvd.rank(), hvd.size(), self._hx_what)
+        self._hx_fragments = fragments_of(self._hx_names, self._hx_settings.fragments)  # the same on every rank
         self._hx_group_set, leaders_set = worker_process_sets(self._hx_settings, hvd.size(), hvd.add_process_set,
                                                                    barrier_over_every_rank)
-        self._hx_backend = TorchBackend(leaders_set, hvd.Average, 1.0, self._hx_stats)
+        if self._hx_runs is None:  # one exchange per fragment: its plan, step counter, seed and residuals
+            self._hx_runs = [TrainingRun(self._hx_compression, StepContext(self._hx_stats, timer=timed_into),
+                                         HostCounters(), f"diloco{self._hx_id}" + (f".f{f}" if f else ""),
+                                         torch.initial_seed, what=f"horovod_ext {self._hx_what}")
+                             for f in range(len(self._hx_fragments))]
+        self._hx_backends = [TorchBackend(leaders_set, hvd.Average, 1.0, self._hx_stats) for _ in self._hx_runs]
         self._hx_inner_backend = None if self._hx_group_set is None else \
             TorchBackend(self._hx_group_set, hvd.Average, 1.0, self._hx_inner_stats)
+        # this optimizer's own collective names, so that its exchange in flight never meets another optimizer's
+        # collective of the same parameter name (a DistributedOptimizer's, another DiLoCoOptimizer's)
+        for tag, backend in [*((f"f{f}", b) for f, b in enumerate(self._hx_backends)),
+                             ("inner", self._hx_inner_backend)]:
+            if backend is not None:
+                backend.scope = f"diloco{self._hx_id}.{tag}."
+
+    def _hx_complete_in_flight(self):
+        """Before this rank joins (horovod_ext.torch.join): the fragment exchange in flight is waited for and
+        applied now (Horovod cannot finish an allgather once a rank has joined)."""
+        if self._hx_pending is not None and self._hx_pending["items"] is not None:
+            with torch.no_grad():
+                self._hx_apply()
 
     def _hx_forget_in_flight(self):
-        """Drop the collectives in flight without waiting (Horovod failed under them, or is being reset)."""
-        self._hx_run.forget_in_flight()
+        """Drop the collectives in flight without waiting (Horovod failed under them, or is being reset); the
+        fragment exchange in flight is started again at the next step from its record, from its exchange's state
+        before the launch."""
+        for run in self._hx_runs:
+            run.forget_in_flight()
         self._hx_inner_run.forget_in_flight()
+        record = self._hx_pending
+        if record is not None and record["items"] is not None:
+            if record["before"] is not None:
+                before = dict(record["before"], stats=None)  # the statistics are the optimizer's, as they are now
+                self._hx_runs[record["fragment"]].load_state_dict(before, before["rank"], before["size"])
+            record["items"] = record["deltas"] = None
 
     def _hx_elastic_reset(self):
         """After Horovod's elastic reset (horovod_ext.torch.elastic): the workers are made again for the new
-        membership (collective: settings checked on every rank, groups made into process sets again), and both
-        plans at their next step, from this rank's state (its residuals carried over). The outer parameters,
-        momentum and inner step count come back from the commit (restore) and then from rank 0 (sync)."""
-        self._hx_run.elastic_reset()
+        membership (collective: settings checked on every rank, groups made into process sets again), and every
+        plan at its next step, from this rank's state (its residuals carried over; an exchange in flight from
+        before its launch). The outer parameters, momentum and inner step count come back from the commit (restore)
+        and then from rank 0 (sync)."""
+        self._hx_forget_in_flight()
+        for run in self._hx_runs:
+            run.elastic_reset()
         self._hx_inner_run.elastic_reset()
         self._hx_build()
 
@@ -100,23 +138,31 @@ class _DiLoCo(StateInCheckpoint):
 
     # -------------------------------------------------------------------------------------------------- a step
     def step(self, closure=None):
-        """The inner step (the wrapped optimizer's, on the gradients averaged over this rank's worker); every
-        inner_steps-th, then the outer round."""
+        """The inner step (the wrapped optimizer's, on the gradients averaged over this rank's worker); then, where
+        the schedule says (consensus.diloco.Schedule), a fragment's exchange starts or its outer update is applied
+        (with fragments=1, overlap=0: every inner_steps-th step, the whole model's round)."""
         if self._hx_outer is None:
             self._hx_start()
         self._hx_agree()  # at a step every rank takes, before it counts: a loaded checkpoint's counts are taken on
+        if self._hx_pending is not None and self._hx_pending["items"] is None:
+            self._hx_launch(self._hx_pending)  # a checkpoint's exchange in flight, started again from its record
         if self._hx_inner_backend is not None:
             self._hx_average_in_group()
         loss = super().step(closure)
         with torch.no_grad():
             self._hx_inner += 1
-            rounds = self._hx_inner % self._hx_settings.inner_steps == 0
-            if rounds:
-                self._hx_outer_round()
-            if not rounds or not self._hx_settings.is_leader:
-                # data-parallel SGD's allreduce of this step's gradients (a leader's round counts it in the plan)
-                account_dense_reference(self._hx_stats, sum(p.numel() for p in self._hx_params),
-                                        sum(p.numel() * p.element_size() for p in self._hx_params), hvd.size())
+            schedule, sent = self._hx_settings.schedule, set()
+            starts = schedule.starts(self._hx_inner)
+            if starts is not None:
+                self._hx_launch(self._hx_record(starts))
+                if self._hx_settings.is_leader:
+                    sent = set(self._hx_fragments[starts])
+            if schedule.applies(self._hx_inner) is not None:
+                self._hx_apply()
+            # data-parallel SGD's allreduce of this step's gradients, less the tensors the plan counted
+            rest = [p for i, p in enumerate(self._hx_params) if i not in sent]
+            account_dense_reference(self._hx_stats, sum(p.numel() for p in rest),
+                                    sum(p.numel() * p.element_size() for p in rest), hvd.size())
             self._hx_stats.end_step()
             if self._hx_inner_backend is not None:
                 self._hx_inner_stats.end_step()
@@ -147,53 +193,89 @@ class _DiLoCo(StateInCheckpoint):
 
     def _hx_agree(self):
         """The compression plans' settings exchange (every rank, collective), once and after a checkpoint was
-        loaded or an elastic reset: the outer exchange's over all ranks, the inner average's over the worker."""
-        sizes = [p.numel() for p in self._hx_params]
-        tensors = [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(self._hx_names, self._hx_params)]
+        loaded or an elastic reset: each fragment's exchange over all ranks, the inner average's over the worker."""
         on_gpu = bool(self._hx_params) and all(p.is_cuda for p in self._hx_params)
-        runs = [(self._hx_run, self._hx_backend, None, "exchange")]
+        runs = [(run, backend, None, f"exchange.{f}", fragment) for f, (run, backend, fragment)
+                in enumerate(zip(self._hx_runs, self._hx_backends, self._hx_fragments))]
         if self._hx_inner_backend is not None:
-            runs.append((self._hx_inner_run, self._hx_inner_backend, self._hx_group_set, "inner"))
-        for run, backend, process_set, tag in runs:
+            runs.append((self._hx_inner_run, self._hx_inner_backend, self._hx_group_set, "inner",
+                         range(len(self._hx_params))))
+        for run, backend, process_set, tag, indices in runs:
             if run.agreed:
                 continue
             if run.driver is None:
                 run.compression = resolved_for(run.compression, "cuda" if on_gpu else "cpu")
+            params = [(self._hx_names[i], self._hx_params[i]) for i in indices]
+            tensors = [(n, tuple(p.shape), str(p.dtype)) for n, p in params]
             settings = optimizer_settings(describe_compression(run.compression), "average", tensors,
                                           hvd.size() if process_set is None else process_set.size(),
                                           __version__, diloco=self._hx_settings.describe())
             blobs = lambda blob, where=process_set, tag=tag: allgather_blobs(  # noqa: E731
                 blob, numpy_allgather(where), f"horovod_ext.diloco.{self._hx_id}.{tag}")
-            run.agree(settings, blobs, backend, sizes)
+            run.agree(settings, blobs, backend, [p.numel() for _, p in params])
 
-    def _hx_outer_round(self):
-        """Delta_m = theta - theta_m averaged over the workers (the leaders through the plan, then each leader to
-        its group), then the outer step; every rank continues from theta."""
-        s, run = self._hx_settings, self._hx_run
-        deltas = [theta - p.detach().float() for theta, p in zip(self._hx_outer, self._hx_params)]
+    def _hx_record(self, fragment):
+        """A fragment's exchange as it starts: Delta_m = theta - theta_m over its tensors, and the step its outer
+        update is due. With overlap, also what a checkpoint taken while it is in flight needs to start it again
+        with the same bits: the pseudo-gradients and the fragment's exchange state from before the launch."""
+        indices = self._hx_fragments[fragment]
+        deltas = [self._hx_outer[i] - self._hx_params[i].detach().float() for i in indices]
+        record = {"fragment": fragment, "due": self._hx_inner + self._hx_settings.overlap, "items": None,
+                  "deltas": deltas, "saved": None, "before": None}
+        if self._hx_settings.overlap:
+            record["saved"] = [d.clone() for d in deltas]
+            record["before"] = self._hx_runs[fragment].state_dict(hvd.rank(), hvd.size())
+        return record
+
+    def _hx_launch(self, record):
+        """Start a fragment's exchange (a worker's leader: through the plan, over the leaders; Horovod's handles
+        stay in flight until _hx_apply waits for them) and count it."""
+        run = self._hx_runs[record["fragment"]]
+        names = [self._hx_names[i] for i in self._hx_fragments[record["fragment"]]]
+        if record["deltas"] is None:  # a checkpoint's record: its saved pseudo-gradients
+            record["deltas"] = [d.clone() for d in record["saved"]]
+        record["bytes_before"] = self._hx_stats.total["payload_bytes"] + self._hx_stats.current["payload_bytes"]
+        record["round"] = run.counters.step
+        record["items"] = launch_exchange(run.driver, names, record["deltas"], run.counters.step,
+                                          run.counters.seed) if self._hx_settings.is_leader else []
+        run.counters.step += 1
+        self._hx_pending = record
+
+    def _hx_apply(self):
+        """The in-flight fragment's outer update: Delta averaged over the workers (the leaders wait for the plan,
+        then each leader broadcasts to its group), the outer step on the fragment's outer parameters and momentum,
+        and the worker's fragment merged with them (merge_alpha); theta_m = theta with merge_alpha = 0."""
+        s, record = self._hx_settings, self._hx_pending
+        self._hx_pending = None
+        fragment, indices = record["fragment"], self._hx_fragments[record["fragment"]]
+        run = self._hx_runs[fragment]
 
         def across_leaders(values):
-            return exchange(run.driver, self._hx_names, values, run.counters.step, run.counters.seed,
-                            lambda item: item.grad)
+            return finish_exchange(run.driver, record["items"], record["round"], lambda item: item.grad)
 
         def in_group(values):
             leader = s.group[0]
-            for i, value in enumerate(values):
+            for i, value in zip(indices, values):
                 hvd.broadcast_(value, root_rank=leader, process_set=self._hx_group_set,
                                name=f"horovod_ext.diloco.{self._hx_id}.share.{s.generation}.{i}")
             if hvd.rank() == leader:
                 self._hx_inner_stats.add(payload_bytes=sum(v.numel() * v.element_size() for v in values))
             return values
 
-        delta = averaged_pseudo_gradient(s, deltas, across_leaders, in_group)
-        run.counters.step += 1
-        outer, self._hx_momentum = outer_update(self._hx_outer, self._hx_momentum, delta, s.outer_lr,
-                                                s.outer_momentum, s.nesterov)
-        self._hx_update_norm = float(torch.sqrt(sum(((new - old) ** 2).sum(dtype=torch.float64)
-                                                    for new, old in zip(outer, self._hx_outer))))
-        self._hx_outer = outer
-        for p, theta in zip(self._hx_params, outer):
-            p.copy_(theta)
+        delta = averaged_pseudo_gradient(s, record["deltas"], across_leaders, in_group)
+        sent = self._hx_stats.total["payload_bytes"] + self._hx_stats.current["payload_bytes"] - \
+            record["bytes_before"]
+        self._hx_peak_bytes = max(self._hx_peak_bytes, sent)
+        old = [self._hx_outer[i] for i in indices]
+        outer, momentum = outer_update(old, [self._hx_momentum[i] for i in indices], delta, s.outer_lr,
+                                       s.outer_momentum, s.nesterov)
+        self._hx_update_norm = float(torch.sqrt(sum(((new - prev) ** 2).sum(dtype=torch.float64)
+                                                    for new, prev in zip(outer, old))))
+        for i, theta, b in zip(indices, outer, momentum):
+            self._hx_outer[i], self._hx_momentum[i] = theta, b
+            p = self._hx_params[i]
+            p.copy_(merged(p.detach().float(), theta, s.merge_alpha))
+        self._hx_rounds += 1
 
     # ------------------------------------------------------------------------------------------- observability
     def compression_stats(self):
@@ -203,11 +285,15 @@ class _DiLoCo(StateInCheckpoint):
         step's gradients, the leader's broadcast of the round's average), ``workers`` and whether this rank is its
         worker's ``leader``."""
         stats = self._hx_stats.as_dict()
-        stats.update(self._hx_run.observations())
-        stats.update(optimizer=self._hx_what, ranks=hvd.size(), inner_steps=self._hx_settings.inner_steps,
-                     inner_steps_taken=self._hx_inner, outer_rounds=self._hx_run.counters.step,
-                     outer_update_norm=self._hx_update_norm, workers=self._hx_settings.workers,
-                     leader=self._hx_settings.is_leader)
+        for run in self._hx_runs:
+            stats.update(run.observations())
+        s = self._hx_settings
+        stats.update(optimizer=self._hx_what, ranks=hvd.size(), inner_steps=s.inner_steps,
+                     inner_steps_taken=self._hx_inner, outer_rounds=self._hx_rounds,
+                     outer_update_norm=self._hx_update_norm, workers=s.workers, leader=s.is_leader,
+                     fragments=[[self._hx_names[i] for i in f] for f in self._hx_fragments], overlap=s.overlap,
+                     merge_alpha=s.merge_alpha, peak_exchange_payload_bytes=self._hx_peak_bytes,
+                     in_flight=None if self._hx_pending is None else self._hx_pending["fragment"])
         if self._hx_inner_backend is not None:
             stats["inner"] = self._hx_inner_stats.as_dict()
         return stats
@@ -231,40 +317,74 @@ class _DiLoCo(StateInCheckpoint):
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def _hx_ours(self):
-        """DiLoCo's part of state_dict(): inner steps taken, outer parameters and momentum, the exchange's step
-        counter, seed, statistics and this rank's error-feedback residuals; the same of the inner average."""
-        clone = lambda values: None if values is None else [v.clone() for v in values]  # noqa: E731
+        """DiLoCo's part of state_dict(): inner steps taken, outer parameters and momentum, each fragment's
+        exchange (step counter, seed, statistics, this rank's error-feedback residuals), the same of the inner
+        average, and the fragment exchange in flight: its pseudo-gradients and its exchange's state from before it
+        started (a resumed run starts it again, and reaches the same bits)."""
+        clone = lambda values: None if values is None else [None if v is None else v.clone()  # noqa: E731
+                                                            for v in values]
+        record = self._hx_pending
+        runs = [run.state_dict(hvd.rank(), hvd.size()) for run in self._hx_runs]
+        pending = None
+        if record is not None:  # the statistics are the optimizer's (every fragment's run holds the same object)
+            runs[record["fragment"]] = dict(record["before"], stats=self._hx_stats.state())
+            pending = {"fragment": record["fragment"], "due": record["due"], "deltas": clone(record["saved"])}
         return {"inner": self._hx_inner, "outer": clone(self._hx_outer), "momentum": clone(self._hx_momentum),
-                "update_norm": self._hx_update_norm,
-                "run": self._hx_run.state_dict(hvd.rank(), hvd.size()),
+                "update_norm": self._hx_update_norm, "rounds": self._hx_rounds, "peak_bytes": self._hx_peak_bytes,
+                "pending": pending, "runs": runs,
                 "inner_run": self._hx_inner_run.state_dict(hvd.rank(), hvd.size())}
 
-    def _hx_load_ours(self, ours):
+    def _hx_take(self, ours, copy):
+        """Take the state a checkpoint or rank 0 gives (copy: clone the tensors); the exchange in flight is
+        started again at the next step from the record, with this rank's own pseudo-gradients where it has the
+        same exchange in flight (elastic sync after a restore), else the record's."""
         device = self._hx_params[0].device if self._hx_params else None
-        moved = lambda values: None if values is None else [v.clone().to(device) for v in values]  # noqa: E731
-        self._hx_inner = int(ours["inner"])
+        moved = lambda values: None if values is None else [  # noqa: E731
+            None if v is None else (v.clone() if copy else v).to(device) for v in values]
+        self._hx_inner, self._hx_update_norm = int(ours["inner"]), ours.get("update_norm")
         self._hx_outer, self._hx_momentum = moved(ours["outer"]), moved(ours["momentum"])
-        self._hx_update_norm = ours.get("update_norm")
-        self._hx_run.load_state_dict(ours["run"], hvd.rank(), hvd.size())
+        if self._hx_momentum is None:
+            self._hx_momentum = [None] * len(self._hx_params)
+        self._hx_rounds, self._hx_peak_bytes = int(ours.get("rounds", 0)), int(ours.get("peak_bytes", 0))
+        pending, own = ours.get("pending"), self._hx_pending
+        if own is not None and own["items"]:
+            self._hx_runs[own["fragment"]].forget_in_flight()
+        self._hx_pending = None
+        if pending is not None:
+            same = own is not None and (own["fragment"], own["due"]) == (pending["fragment"], pending["due"])
+            saved = own["saved"] if same else moved(pending["deltas"])
+            self._hx_pending = {"fragment": int(pending["fragment"]), "due": int(pending["due"]), "items": None,
+                                "deltas": None, "saved": saved, "before": None}
+
+    def _hx_load_ours(self, ours):
+        self._hx_take(ours, copy=True)
+        for run, state in zip(self._hx_runs, ours["runs"], strict=True):
+            run.load_state_dict(state, hvd.rank(), hvd.size())
+        if self._hx_pending is not None:
+            self._hx_pending["before"] = ours["runs"][self._hx_pending["fragment"]]
         self._hx_inner_run.load_state_dict(ours["inner_run"], hvd.rank(), hvd.size())
 
     def _hx_broadcast_state(self, root_rank):
         """DiLoCo's part of broadcast_optimizer_state: root_rank's inner step count, outer parameters and
-        momentum, and the exchange's shared state on every rank (residuals stay each rank's own)."""
-        ours = hvd.broadcast_object({k: v for k, v in self._hx_ours().items() if not k.endswith("run")},
-                                    root_rank=root_rank, name=f"horovod_ext.diloco.{self._hx_id}.state")
-        device = self._hx_params[0].device if self._hx_params else None
-        moved = lambda values: None if values is None else [v.to(device) for v in values]  # noqa: E731
-        self._hx_inner, self._hx_update_norm = int(ours["inner"]), ours["update_norm"]
-        self._hx_outer, self._hx_momentum = moved(ours["outer"]), moved(ours["momentum"])
-        for run, tag in ((self._hx_run, "shared"), (self._hx_inner_run, "inner_shared")):
-            shared = hvd.broadcast_object(run.shared_state(), root_rank=root_rank,
-                                          name=f"horovod_ext.diloco.{self._hx_id}.{tag}")
-            run.offer_shared(shared)
+        momentum, the exchange in flight and the exchanges' shared state on every rank (residuals stay each
+        rank's own)."""
+        ours = self._hx_ours()
+        shared = {k: v for k, v in ours.items() if k not in ("runs", "inner_run")}
+        shared["runs"] = [split_checkpoint(state)[0] for state in ours["runs"]]
+        shared["inner_run"] = self._hx_inner_run.shared_state()
+        shared = hvd.broadcast_object(shared, root_rank=root_rank, name=f"horovod_ext.diloco.{self._hx_id}.state")
+        self._hx_take(shared, copy=False)
+        for run, state in zip(self._hx_runs, shared["runs"], strict=True):
+            run.offer_shared(state)
+        if self._hx_pending is not None:
+            before = self._hx_runs[self._hx_pending["fragment"]].state_dict(hvd.rank(), hvd.size())
+            self._hx_pending["before"] = before
+        self._hx_inner_run.offer_shared(shared["inner_run"])
 
 
 def DiLoCoOptimizer(optimizer, named_parameters=None, inner_steps=50, outer_lr=0.7, outer_momentum=0.9,
-                    nesterov=True, compression=None, groups=None, inner_compression=None):
+                    nesterov=True, compression=None, groups=None, inner_compression=None, fragments=1, overlap=0,
+                    merge_alpha=0.0):
     """DiLoCo (Douillard et al. 2023) over Horovod: wrap a torch optimizer (the inner one, AdamW in the paper).
 
     Every worker takes ``inner_steps`` steps of its own optimizer on its own gradients; then the workers average
@@ -278,9 +398,17 @@ def DiLoCoOptimizer(optimizer, named_parameters=None, inner_steps=50, outer_lr=0
     a Horovod process set, through ``inner_compression``) and its first rank alone sends at a round. Groups are
     process sets made after init: initialize with horovod_ext.torch.init() (or HOROVOD_DYNAMIC_PROCESS_SETS=1).
 
+    Streaming DiLoCo (Douillard et al. 2025): ``fragments=P`` cuts the parameters into P fragments of whole
+    layers (strided: layer j in fragment j mod P) synchronized in turn, one every inner_steps / P steps, so a
+    sync sends 1/P of the model; ``overlap=tau`` (0 <= tau < inner_steps / P) starts a fragment's exchange tau
+    inner steps before its outer update is applied (Horovod's handles stay in flight while the worker trains);
+    ``merge_alpha``: the worker's fragment then becomes merge_alpha * its own + (1 - merge_alpha) * the outer
+    one (0: the outer one, every replica identical). Each fragment has its own exchange state and residuals.
+
     Construction is collective: bad or differing arguments raise the same error on every rank."""
     arguments = {"inner_steps": inner_steps, "outer_lr": outer_lr, "outer_momentum": outer_momentum,
-                 "nesterov": nesterov, "groups": groups}
+                 "nesterov": nesterov, "groups": groups, "fragments": fragments, "overlap": overlap,
+                 "merge_alpha": merge_alpha}
     wrapped = wrap(_DiLoCo, optimizer)
     wrapped._hx_setup(named_parameters, arguments, compression if compression is not None else hvd.Compression.none,
                       inner_compression if inner_compression is not None else hvd.Compression.none)

@@ -31,15 +31,16 @@ from .backend import TorchBackend, drain, numpy_allgather, timed_into
 from .kernels import check_gradient
 
 _optimizer_ids = itertools.count()
-_LIVE_OPTIMIZERS = weakref.WeakSet()  # every DistributedOptimizer of this process, for complete_in_flight()
+_LIVE_OPTIMIZERS = weakref.WeakSet()  # this process's optimizers that leave work in flight, for complete_in_flight()
 
 
 def complete_in_flight():
-    """Every DistributedOptimizer takes in what its last step left in flight (GraVAC's readings, waited for at the
-    next step otherwise). hvd.join() calls it first: a rank that joins with GraVAC's readings still pending can hang
-    the others' next step (tests/workers/join_twice_worker.py)."""
+    """Every DistributedOptimizer (and DiLoCoOptimizer) takes in what its last step left in flight (GraVAC's
+    readings, waited for at the next step otherwise; DiLoCo's fragment exchange, applied now). hvd.join() calls it
+    first: a rank that joins with GraVAC's readings still pending can hang the others' next step
+    (tests/workers/join_twice_worker.py), and an allgather still in flight when a rank joins fails in Horovod."""
     for optimizer in list(_LIVE_OPTIMIZERS):
-        optimizer._hx_run.complete_in_flight()
+        optimizer._hx_complete_in_flight()
 
 
 STATE_KEY = "horovod_ext"
@@ -226,6 +227,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return state
 
     # ------------------------------------------------------------------------------------------ elastic training
+    def _hx_complete_in_flight(self):
+        self._hx_run.complete_in_flight()
+
     def _hx_forget_in_flight(self):
         """Drop every collective in flight without waiting (Horovod failed under them, or is being reset); the
         step's launched gradients are dropped too, as load_state_dict() drops them."""
@@ -302,6 +306,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     # Horovod's broadcast_optimizer_state recognizes its distributed optimizers by this module and, on a rank whose
     # optimizer has no state yet, then runs the wrapped optimizer's own step() (no collective) to create it.
     body["__module__"] = HOROVOD_OPTIMIZER_MODULE
+    # the optimizer's own step (which this one calls) runs torch's step hooks: marked "hooked", this step is not
+    # wrapped in them again, so a hook runs once per step (Horovod's own DistributedOptimizer runs it twice)
+    body["step"].hooked = True
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), body)
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                   gradient_predivide_factor, process_set, sparse_as_dense)

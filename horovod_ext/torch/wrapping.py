@@ -17,6 +17,9 @@ def wrap(mixin, optimizer):
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"{mixin._hx_what} wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
     cls = type(optimizer.__class__.__name__, (mixin, optimizer.__class__), {})
+    # torch's Optimizer.load_state_dict wraps the class's step in its step hooks unless it is marked "hooked": the
+    # mixin's step calls the optimizer's own, which runs the hooks, so a second wrap would run them twice
+    cls.step.hooked = True
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     scheduled = wrapped.__dict__.pop("step", None)

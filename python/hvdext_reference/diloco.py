@@ -25,6 +25,17 @@ feedback as in Seide et al. 2014, Stich et al. 2018), per worker m with residual
 
 so nothing the codec drops is lost, only delayed: sum over rounds of sent_m + e_m = sum over rounds of Delta_m.
 
+Streaming DiLoCo (Douillard, Donchev, Rush, Kale, Rusu, ...; "Streaming DiLoCo with overlapping communication",
+arXiv 2501.18512, 2025) cuts the parameters into P fragments (whole layers, strided: layer j in fragment j mod P)
+that synchronize in turn: with the window w = H / P, after inner step t with t % w == 0 fragment f = (t / w - 1)
+mod P computes its pseudo-gradient from the workers' parameters at t and starts its exchange; tau = overlap steps
+later (0 <= tau < w, the workers keep training meanwhile) the outer step above is applied to f's outer parameters
+and momentum (each fragment's momentum starts at its own first round), and each worker's fragment becomes
+
+    theta_m[f] = alpha * theta_m[f] + (1 - alpha) * theta[f]      (alpha = merge_alpha; 0: theta[f] itself)
+
+Each fragment has its own residuals. P = 1, tau = 0 is DiLoCo.
+
 Every operation is float32 and one rounding each, in the order written (mu * b is rounded before the add; eta times
 the step is rounded before the subtraction): the framework implementations compute the same operations, not a
 fused multiply-add, so that their bits equal these.
@@ -96,3 +107,50 @@ def train(theta0, inner_update, workers, rounds, inner_steps, sent_of=None, lr=0
         history.append([x.copy() for x in locals_])
         theta, b, residuals = outer_round(theta, b, locals_, residuals, sent_of, lr, mu, nesterov)
     return theta, b, residuals, history
+
+
+def fragment_starts(step, inner_steps, fragments):
+    """The fragment whose exchange starts after inner step `step` (counted from 1), or None."""
+    window = inner_steps // fragments
+    if step <= 0 or step % window:
+        return None
+    return (step // window - 1) % fragments
+
+
+def merge(local, outer, alpha):
+    """alpha * theta_m + (1 - alpha) * theta, each product rounded to float32 before the add; alpha = 0: theta."""
+    if alpha == 0:
+        return np.asarray(outer, dtype=F32).copy()
+    return (F32(alpha) * np.asarray(local, dtype=F32)) + (F32(1.0 - alpha) * np.asarray(outer, dtype=F32))
+
+
+def train_streaming(theta0, inner_update, workers, steps, inner_steps, fragments, overlap=0, merge_alpha=0.0,
+                    sent_of=None, lr=0.7, mu=0.9, nesterov=True):
+    """A Streaming DiLoCo run of `steps` inner steps over flat parameters; fragments: index arrays into them (one per
+    fragment). Returns (theta, b, the workers' parameters, history): history[k] = (step, fragment, the workers'
+    fragment values at the start of the k-th exchange)."""
+    theta = np.asarray(theta0, dtype=F32).copy()
+    b = np.zeros_like(theta)
+    started = [False] * len(fragments)
+    residuals = [[np.zeros(len(idx), F32) for idx in fragments] for _ in range(workers)]
+    locals_ = [theta.copy() for _ in range(workers)]
+    pending, history = {}, []
+    for step in range(1, steps + 1):
+        locals_ = [inner_update(x, m, step) for m, x in enumerate(locals_)]
+        f = fragment_starts(step, inner_steps, len(fragments))
+        if f is not None:
+            idx = fragments[f]
+            deltas = [pseudo_gradient(theta[idx], x[idx]) for x in locals_]
+            history.append((step, f, [x[idx].copy() for x in locals_]))
+            delta, kept = compressed_mean(deltas, [residuals[m][f] for m in range(workers)], sent_of)
+            for m in range(workers):
+                residuals[m][f] = kept[m]
+            pending[step + overlap] = (f, delta)
+        if step in pending:
+            f, delta = pending.pop(step)
+            idx = fragments[f]
+            theta[idx], b[idx] = outer_step(theta[idx], b[idx] if started[f] else None, delta, lr, mu, nesterov)
+            started[f] = True
+            for x in locals_:
+                x[idx] = merge(x[idx], theta[idx], merge_alpha)
+    return theta, b, locals_, history

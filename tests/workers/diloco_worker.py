@@ -137,6 +137,86 @@ def a_slower_worker_ends_last():
     return opt.compression_stats()["inner_steps_taken"]
 
 
+# Streaming DiLoCo (fragments, overlap, merge) on a 3-layer MLP: H = 6, P = 3 (a fragment every 2 steps), tau = 1
+STREAM_STEPS, STREAM_SAVE = 14, 8  # after step 8 fragment 0's exchange is in flight (started at 8, due at 9)
+STREAMING = {"stream-none": {"compression": lambda: hvd.Compression.none, "merge_alpha": 0.0},
+             "stream-ternary-merge": {"compression": TERNARY, "merge_alpha": 0.5},
+             "stream-groups": {"compression": lambda: hvd.Compression.none, "merge_alpha": 0.0, "groups": True}}
+
+
+def stream_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.Tanh(),
+                               torch.nn.Linear(8, 4))
+
+
+def stream_optimizer(name, model):
+    case = STREAMING[name]
+    return hvd.DiLoCoOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters(),
+                               inner_steps=6, fragments=3, overlap=1, merge_alpha=case["merge_alpha"],
+                               compression=case["compression"](), groups=groups() if case.get("groups") else None)
+
+
+def stream_steps(model, opt, first, last, x, y):
+    """Steps first..last; per step the parameters after the inner step (before the exchange: the step post-hook),
+    after opt.step(), and the outer parameters."""
+    flat_now = lambda: torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()  # noqa: E731
+    pre, post, outer = [], [], []
+    handle = opt.register_step_post_hook(lambda *_: pre.append(flat_now()))
+    for _ in range(first, last + 1):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        post.append(flat_now())
+        with opt.evaluation_parameters():
+            outer.append(flat_now())
+    handle.remove()
+    return pre, post, outer
+
+
+def streaming(name):
+    """A streaming run of STREAM_STEPS steps; rank r's own checkpoint after STREAM_SAVE (an exchange in flight),
+    loaded into a new model and optimizer that take the remaining steps."""
+    x, y = data(hvd.rank())
+    model = stream_model()
+    opt = stream_optimizer(name, model)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    start = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+    pre, post, outer = stream_steps(model, opt, 1, STREAM_SAVE, x, y)
+    saved = ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict())
+    in_flight = opt.compression_stats()["in_flight"]
+    more = stream_steps(model, opt, STREAM_SAVE + 1, STREAM_STEPS, x, y)
+    stats = opt.compression_stats()
+    again = stream_model()
+    torch.manual_seed(1)
+    again_opt = stream_optimizer(name, again)
+    again.load_state_dict(saved[0])
+    again_opt.load_state_dict(saved[1])
+    resumed = stream_steps(again, again_opt, STREAM_SAVE + 1, STREAM_STEPS, x, y)
+    offsets, ranges = {}, []
+    for n, p in model.named_parameters():
+        offsets[n] = (sum(o[1] for o in offsets.values()), p.numel())
+    ranges = [[offsets[n] for n in names] for names in stats["fragments"]]
+    return {"ranges": ranges, "start": start, "pre": pre + more[0], "post": post + more[1], "outer": outer + more[2],
+            "in_flight_at_save": in_flight, "resumed": {"pre": resumed[0], "post": resumed[1], "outer": resumed[2]},
+            "fragments": stats["fragments"], "rounds": stats["outer_rounds"], "workers": stats["workers"],
+            "peak": stats["peak_exchange_payload_bytes"], "payload_bytes": stats["total"]["payload_bytes"]}
+
+
+def streaming_then_join():
+    """Uneven data under streaming with overlap (rank r takes 2 r steps fewer, so that exchanges are in flight
+    when ranks stop), then hvd.join() on every rank."""
+    x, y = data(hvd.rank())
+    model = stream_model()
+    opt = stream_optimizer("stream-ternary-merge", model)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    stream_steps(model, opt, 1, STREAM_STEPS - 2 * hvd.rank(), x, y)
+    last = hvd.join()
+    with opt.evaluation_parameters():
+        outer = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+    return {"last_joined": int(last), "outer": outer, "rounds": opt.compression_stats()["outer_rounds"]}
+
+
 def main():
     hvd.init()
     out = {"rank": hvd.rank(), "size": hvd.size(), "runs": {}, "join": {}, "errors": []}
@@ -152,6 +232,8 @@ def main():
                              "leader": stats["leader"], "inner": stats.get("inner", {}).get("total")}
     for name in ("none", "ternary-ef"):
         out["join"][name] = uneven_then_join(name)
+    out["streaming"] = {name: streaming(name) for name in STREAMING}
+    out["streaming_join"] = streaming_then_join()
     model = torch.nn.Linear(8, 4)
     bad = {"inner_steps=0": {"inner_steps": 0}, "outer_lr=0": {"outer_lr": 0.0},
            "outer_momentum=1": {"outer_momentum": 1.0},
@@ -161,6 +243,12 @@ def main():
            "inner_compression without groups": {"inner_compression": TERNARY()},
            "inner_compression on rank 0 only": {"groups": groups(),
                                                 "inner_compression": TERNARY() if hvd.rank() == 0 else None}}
+    stream_bad = {"fragments more than the layers": {"inner_steps": 6, "fragments": 2},
+                  "fragments not dividing inner_steps": {"inner_steps": 6, "fragments": 4},
+                  "overlap not below H / P": {"inner_steps": 6, "fragments": 1, "overlap": 6},
+                  "merge_alpha outside [0, 1]": {"merge_alpha": 1.5},
+                  "overlap on rank 1 only": {"inner_steps": 6, "overlap": 1 if hvd.rank() == 1 else 0}}
+    bad.update(stream_bad)
     for case, kwargs in bad.items():
         out["errors"].append(expect_error(case, lambda: hvd.DiLoCoOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), **kwargs)))

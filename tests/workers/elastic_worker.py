@@ -44,8 +44,11 @@ COMPRESSORS = {
     "adaptive_topk": lambda: hvd.Compression.adaptive_topk,
     "powersgd": lambda: hvd.Compression.powersgd(rank=2),
 }
-PARAMETER_SPACE = ("lsgd", "async_lsgd", "easgd", "diloco")
+PARAMETER_SPACE = ("lsgd", "async_lsgd", "easgd", "diloco", "streaming_diloco")
 DILOCO_INNER_STEPS = 4
+# streaming: 2 fragments of 10 steps' window 5, each exchange applied 2 steps after it starts, so that one is in
+# flight at the commits of steps 20 and 35 (the rollback's and the addition's)
+STREAMING = {"inner_steps": 10, "fragments": 2, "overlap": 2}
 
 
 def data():
@@ -76,6 +79,9 @@ def make(method):
         return model, hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
     if method == "diloco":  # the outer step every 4 steps, ternary pseudo-gradients with error feedback
         return model, hvd.DiLoCoOptimizer(base, model.named_parameters(), inner_steps=DILOCO_INNER_STEPS,
+                                          compression=hvd.Compression.ternary(error_feedback=True))
+    if method == "streaming_diloco":
+        return model, hvd.DiLoCoOptimizer(base, model.named_parameters(), **STREAMING,
                                           compression=hvd.Compression.ternary(error_feedback=True))
     if method in ("lsgd", "async_lsgd"):
         return model, hvd.LeaderOptimizer(base, model.named_parameters(), groups=None,
@@ -122,7 +128,7 @@ def method_result(method, model, opt, kept, x_test, y_test):
     if method == "topk_sparse_reduce":
         regions = opt._hx_run.driver.method.sparse.regions
         extra["region_bounds"] = len(regions.bounds) if regions.bounds is not None else None
-    if method == "diloco":
+    if method in ("diloco", "streaming_diloco"):
         extra["outer_rounds"] = stats["outer_rounds"]
     return {"accuracy": accuracy, "params": params.tolist(), "stats_steps": stats["steps"], "residuals_kept": kept,
             "transport": stats.get("transport"), "last_wire_bytes": stats["last_step"].get("wire_bytes"), **extra}
@@ -146,9 +152,11 @@ def main():
         for method, (_, opt) in trained_by.items():
             saved = state._handlers[f"optimizer_{method}"]._saved_optimizer_state
             ours = saved.get("horovod_ext", {})
-            committed = ours.get("residuals") if "run" not in ours else ours["run"].get("residuals")  # DiLoCo's
+            runs = ours["runs"] if "runs" in ours else [ours]  # DiLoCo: one exchange per fragment
+            committed = {k: v for run in runs for k, v in (run.get("residuals") or {}).items()}
             if committed:
-                held = opt._hx_run.residuals or {}
+                held = {k: v for run in (opt._hx_runs if "runs" in ours else [opt._hx_run])
+                        for k, v in (run.residuals or {}).items()}
                 kept[method].append(sorted(held) == sorted(committed)
                                     and all(torch.equal(held[k], committed[k]) for k in committed))
 
