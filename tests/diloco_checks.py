@@ -57,6 +57,17 @@ def check_uneven_then_join(results):
         assert np.all(np.isfinite(last)) and not np.array_equal(last, flat(joins[0]["outer"][ROUNDS - size])), name
 
 
+def check_streaming_argument_errors(cases):
+    """The bad streaming arguments' errors (fragments, overlap, merge_alpha), as both frameworks raise them."""
+    assert "fragments=2 is more than the model's 1 layer(s)" in cases["fragments more than the layers"]["message"]
+    assert "fragments must be an integer >= 1 that divides inner_steps (6)" in \
+        cases["fragments not dividing inner_steps"]["message"]
+    assert "overlap must be an integer in [0, inner_steps / fragments) = [0, 6)" in \
+        cases["overlap not below H / P"]["message"]
+    assert "merge_alpha must be a number in [0, 1], got 1.5" in cases["merge_alpha outside [0, 1]"]["message"]
+    assert "SettingsMismatch" in cases["overlap on rank 1 only"]["type"]
+
+
 def check_worker_argument_errors(cases):
     assert "groups leave rank(s) [1] out" in cases["groups leave rank 1 out"]["message"]
     assert "with groups=None every rank is a worker" in cases["inner_compression without groups"]["message"]

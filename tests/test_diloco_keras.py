@@ -6,7 +6,8 @@ dense as in PyTorch (tests/test_diloco.py), evaluation_parameters(), and bad arg
 import numpy as np
 import pytest
 
-from diloco_checks import (H, ROUNDS, check_outer_steps_against_reference, check_uneven_then_join,
+from diloco_checks import (H, ROUNDS, STREAM_SAVE, STREAM_STEPS, check_outer_steps_against_reference,
+                           check_streaming, check_streaming_argument_errors, check_uneven_then_join,
                            check_worker_argument_errors, flat, group_sgd)
 from hvdext_reference import diloco as reference
 from hvdrun import horovodrun
@@ -157,9 +158,39 @@ def test_bad_arguments_raise_the_same_error_on_every_rank(results):
     assert "SettingsMismatch" in cases["inner_steps differs"]["type"]
     assert "outer_lr: rank 0: 0.7; rank 1: -1.0" in cases["outer_lr on rank 1"]["message"]
     check_worker_argument_errors(cases)
+    check_streaming_argument_errors(cases)
     assert cases["not keras"]["type"] == "TypeError"
     for r in results:
         assert r["alive"] == len(results)
     for r in results[1:]:
         assert [(e["case"], e["type"], e["message"]) for e in r["errors"]] == \
             [(e["case"], e["type"], e["message"]) for e in results[0]["errors"]]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_streaming_fragments_are_the_references_to_the_bit(results, mode):
+    """fragments=3 (whole layers, strided), overlap=1 (applied a step after the synchronous exchange), merge_alpha
+    0 and 0.5, eagerly and in tf.function: diloco_checks.check_streaming, as for PyTorch. (The two modes' inner
+    steps differ in the last bits on this tanh MLP, where tf.function's graph optimizer fuses the layers' ops, so
+    each is checked against the reference from its own parameters.)"""
+    runs = lambda name: [r["streaming"][name][mode] for r in results]  # noqa: E731
+    check_streaming(runs("stream-none"), 0.0, dense=True, exact=len(results) == 2)
+    check_streaming(runs("stream-ternary-merge"), 0.5, dense=False, exact=True)
+    workers = runs("stream-groups")[0]["workers"]
+    leaders = [results[g[0]]["streaming"]["stream-groups"][mode] for g in workers]
+    check_streaming(leaders, 0.0, dense=True, exact=True)
+    for k, group in enumerate(workers):
+        for rank in group:
+            assert results[rank]["streaming"]["stream-groups"][mode]["post"] == leaders[k]["post"]
+    run = runs("stream-none")[0]
+    assert [[name.split("/")[-2] for name in f] for f in run["fragments"]] == [["l0", "l0"], ["l1", "l1"], ["l2", "l2"]]
+    assert run["rounds"] == STREAM_STEPS // 2 - 1 and run["peak"] == (8 * 8 + 8) * 4
+
+
+def test_a_resumed_streaming_run_continues_to_the_same_bits_with_an_update_pending(results):
+    for r in results:
+        for name, by_mode in r["streaming"].items():
+            run = by_mode["graph"]
+            assert run["in_flight_at_save"] == 0, name  # fragment 0 exchanged at step 8, due at 9
+            for key in ("pre", "post", "outer"):
+                assert run["resumed"][key] == run[key][STREAM_SAVE:], (r["rank"], name, key)

@@ -23,6 +23,7 @@ tf.Module (outer parameters and momentum, the inner step counter, the aggregator
 import contextlib
 import functools
 import itertools
+import warnings
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -35,8 +36,8 @@ from horovod_ext.compression.horovod_args import outside_process_set
 from horovod_ext.compression.specs import describe_compression
 from horovod_ext.compression.wire import allreduce_wire_bytes
 from horovod_ext.consensus.agreement import build_on_every_rank
-from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averaged_pseudo_gradient, outer_update,
-                                          worker_process_sets)
+from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averaged_pseudo_gradient, fragments_of,
+                                          merged, outer_update, worker_process_sets)
 from .aggregator import GradientAggregator, variable_names
 from .backend import barrier_over_every_rank, numpy_allgather
 from .elastic_state import assign_all, broadcast_variables, numpy_values
@@ -64,6 +65,22 @@ def _when(truth, fn, otherwise):
     return tf.cond(truth, lambda: _grouped(fn()), lambda: _grouped(otherwise()))
 
 
+@tf.autograph.experimental.do_not_convert
+def _switch(index, fns):
+    """fns[index](): a Python call eagerly, a tf.switch_case in a graph (each gives an op or None)."""
+    if tf.executing_eagerly():
+        return fns[int(index)]()
+    if len(fns) == 1:
+        return fns[0]()
+    return tf.switch_case(tf.cast(index, tf.int32), [lambda fn=fn: _grouped(fn()) for fn in fns])
+
+
+def _fragment_at(step, window, fragments):
+    """(whether a fragment's exchange starts after inner step `step`, which one): consensus.diloco.Schedule.starts
+    in tensors (step: an int64 tensor or a Python int)."""
+    return tf.logical_and(step > 0, tf.equal(step % window, 0)), (step // window - 1) % fragments
+
+
 class _Bound:
     """The model's variables the state is built for (not tracked: they are the model's, not horovod_ext's)."""
 
@@ -74,9 +91,16 @@ class _Bound:
 class DiLoCoState(tf.Module):
     """DiLoCo's state in tf.Variables, for tf.train.Checkpoint and the step's graph: ``inner`` (inner steps taken),
     ``started`` (the outer parameters were taken from rank 0), ``outer`` and ``momentum`` (float32, shaped as the
-    model's variables, made at build), ``has_momentum`` (after the first round), ``update_norm`` (|theta_new -
-    theta| of the last round), and ``exchange``, the GradientAggregator the pseudo-gradients travel through (its
-    step counter is the round counter; its seed and error-feedback residuals)."""
+    model's variables, made at build), ``fragment_started`` (per fragment: its first round is behind it, so its
+    momentum is set), ``rounds`` (fragment exchanges applied), ``update_norm`` (|theta_new - theta| of the last
+    round), ``pending`` (per variable: the averaged pseudo-gradient of the fragment whose outer update is due,
+    ``pending_fragment``, -1 when none) and ``exchanges``, one GradientAggregator per fragment that its
+    pseudo-gradients travel through (its step counter is the fragment's round counter; its seed and error-feedback
+    residuals).
+
+    With ``overlap`` the exchange runs synchronously when the fragment's pseudo-gradient is taken (TensorFlow's
+    Horovod ops give no handle to wait for in a later step) and its average waits in ``pending`` for the step the
+    update is due: the same schedule, and the same bits, as PyTorch's, without hiding the exchange's time."""
 
     def __init__(self, make_workers, compression, inner_compression, n):
         super().__init__(name=f"horovod_ext_diloco_{n}")
@@ -85,22 +109,29 @@ class DiLoCoState(tf.Module):
         with tf.init_scope():
             self.inner = tf.Variable(0, dtype=tf.int64, trainable=False, name="inner")
             self.started = tf.Variable(False, trainable=False, name="started")
-            self.has_momentum = tf.Variable(False, trainable=False, name="has_momentum")
+            self.fragment_started = tf.Variable([False] * settings.fragments, trainable=False,
+                                                name="fragment_started")
+            self.rounds = tf.Variable(0, dtype=tf.int64, trainable=False, name="rounds")
+            self.pending_fragment = tf.Variable(-1, dtype=tf.int64, trainable=False, name="pending_fragment")
             self.update_norm = tf.Variable(np.nan, dtype=tf.float64, trainable=False, name="update_norm")
-        self.outer, self.momentum = [], []
-        # across workers, over the leaders' process set (a rank that does not lead its worker never sends)
-        self.exchange = GradientAggregator(compression, hvd.Average, leaders_set,
-                                           name=f"horovod_ext_diloco_exchange_{n}")
+        self.outer, self.momentum, self.pending = [], [], []
+        # across workers, over the leaders' process set (a rank that does not lead its worker never sends); one
+        # per fragment
+        self.exchanges = [GradientAggregator(compression, hvd.Average, leaders_set,
+                                             name=f"horovod_ext_diloco_exchange_{n}" + (f"_f{f}" if f else ""))
+                          for f in range(settings.fragments)]
         # with groups: inside this rank's worker, every inner step's gradients averaged over its process set
         self.inner_average = None if settings.groups_arg is None else GradientAggregator(
             inner_compression, hvd.Average, group_set or leaders_set, name=f"horovod_ext_diloco_inner_{n}")
         self._configure(settings, group_set, leaders_set)
         self._bound = None
+        self.fragments = None  # the variables' indices per fragment, at build
 
     def _configure(self, settings, group_set, leaders_set):
         """The workers of the job's membership: the settings, and the aggregators' process sets."""
         self.settings, self.group_set = settings, group_set
-        self.exchange.process_set, self.exchange.outside = leaders_set, outside_process_set(leaders_set)
+        for exchange in self.exchanges:
+            exchange.process_set, exchange.outside = leaders_set, outside_process_set(leaders_set)
         if self.inner_average is not None and group_set is not None:
             self.inner_average.process_set, self.inner_average.outside = group_set, outside_process_set(group_set)
 
@@ -122,12 +153,12 @@ class DiLoCoState(tf.Module):
                                  f"({len(variables)} against {len(bound)}); DiLoCo keeps outer parameters per "
                                  f"variable, so every step must update the same variables")
             return
+        self.fragments = fragments_of(variable_names(variables), self.settings.fragments)
         with tf.init_scope():
             # added to the lists made in __init__, so that a checkpoint read before the build restores them
-            self.outer.extend(tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False, name=f"outer_{i}")
-                              for i, v in enumerate(variables))
-            self.momentum.extend(tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False, name=f"momentum_{i}")
-                                 for i, v in enumerate(variables))
+            for kind, into in (("outer", self.outer), ("momentum", self.momentum), ("pending", self.pending)):
+                into.extend(tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False, name=f"{kind}_{i}")
+                            for i, v in enumerate(variables))
             self._bound = _Bound(variables)
 
     @property
@@ -151,41 +182,69 @@ class DiLoCoState(tf.Module):
 
     @tf.autograph.experimental.do_not_convert
     def after_inner_step(self):
-        """Count the inner step; every inner_steps-th, the outer round."""
+        """Count the inner step; where the schedule says (consensus.diloco.Schedule), a fragment's exchange and
+        then the outer update that is due (fragments=1, overlap=0: every inner_steps-th step, the whole round)."""
+        s = self.settings
         inner = self.inner.assign_add(1)
-        return _when(tf.equal(inner % self.settings.inner_steps, 0), self.outer_round, lambda: None)
+        window = s.inner_steps // s.fragments
+        starts, fragment = _fragment_at(inner, window, s.fragments)
+        exchanged = _when(starts, lambda: _switch(fragment, [functools.partial(self.exchange_fragment, f)
+                                                             for f in range(s.fragments)]), lambda: None)
+        with tf.control_dependencies([exchanged] if exchanged is not None else []):
+            due, applied = _fragment_at(inner - s.overlap, window, s.fragments)
+            return _when(due, lambda: _switch(applied, [functools.partial(self.apply_fragment, f)
+                                                        for f in range(s.fragments)]), lambda: None)
+
+    def _variables_of(self, fragment):
+        return [self.variables_bound[i] for i in self.fragments[fragment]]
 
     @tf.autograph.experimental.do_not_convert
-    def outer_round(self):
-        """Delta_m = theta - theta_m through the plan, then the outer step; every rank continues from theta."""
-        s, variables = self.settings, self.variables_bound
-        outer = [theta.read_value() for theta in self.outer]
-        deltas = [theta - tf.cast(v, tf.float32) for theta, v in zip(outer, variables)]
+    def exchange_fragment(self, fragment):
+        """Delta_m = theta - theta_m over the fragment's variables, averaged over the workers through its exchange
+        (the leaders, then each leader to its group), into ``pending``."""
+        s, indices = self.settings, self.fragments[fragment]
+        variables = self._variables_of(fragment)
+        deltas = [self.outer[i].read_value() - tf.cast(self.variables_bound[i], tf.float32) for i in indices]
 
         def in_group(values):  # the leader's average to its worker's other ranks
             return [hvd.broadcast(value, root_rank=s.group[0], process_set=self.group_set, ignore_name_scope=True,
                                   name=f"horovod_ext.diloco.{self.n}.share.{s.generation}.{i}")
-                    for i, value in enumerate(values)]
+                    for i, value in zip(indices, values)]
 
-        delta = averaged_pseudo_gradient(s, deltas, lambda values: self.exchange.aggregate(values, variables),
+        delta = averaged_pseudo_gradient(s, deltas, lambda values: self.exchanges[fragment].aggregate(values,
+                                                                                                     variables),
                                          in_group)
+        ops = [self.pending[i].assign(d) for i, d in zip(indices, delta)]
+        with tf.control_dependencies(ops):
+            return self.pending_fragment.assign(fragment)
+
+    @tf.autograph.experimental.do_not_convert
+    def apply_fragment(self, fragment):
+        """The outer step on the fragment's outer parameters and momentum from ``pending``, and the worker's
+        fragment merged with the new outer one (merge_alpha; 0: theta_m = theta)."""
+        s, indices = self.settings, self.fragments[fragment]
+        outer = [self.outer[i].read_value() for i in indices]
+        delta = [self.pending[i].read_value() for i in indices]
 
         def update(momentum):
             return outer_update(outer, momentum, delta, s.outer_lr, s.outer_momentum, s.nesterov)
 
-        momentum = [b.read_value() for b in self.momentum]
+        momentum = [self.momentum[i].read_value() for i in indices]
+        first = tf.logical_not(self.fragment_started[fragment])
         if tf.executing_eagerly():
-            new_outer, new_momentum = update(momentum if bool(self.has_momentum.numpy()) else None)
+            new_outer, new_momentum = update(None if bool(first) else momentum)
         else:
             n = len(outer)
-            both = tf.cond(self.has_momentum.read_value(), lambda: sum(update(momentum), []),
-                           lambda: sum(update(None), []))
+            both = tf.cond(first, lambda: sum(update(None), []), lambda: sum(update(momentum), []))
             new_outer, new_momentum = list(both[:n]), list(both[n:])
         squares = [tf.reduce_sum(tf.cast(tf.square(new - old), tf.float64)) for new, old in zip(new_outer, outer)]
         ops = [self.update_norm.assign(tf.sqrt(tf.add_n(squares)) if squares else tf.constant(0.0, tf.float64)),
-               self.has_momentum.assign(True)]
-        for theta, b, v, new, new_b in zip(self.outer, self.momentum, variables, new_outer, new_momentum):
-            ops += [theta.assign(new), b.assign(new_b), v.assign(tf.cast(new, v.dtype))]
+               self.fragment_started[fragment].assign(True), self.pending_fragment.assign(-1),
+               self.rounds.assign_add(1)]
+        for i, new, new_b in zip(indices, new_outer, new_momentum):
+            v = self.variables_bound[i]
+            ops += [self.outer[i].assign(new), self.momentum[i].assign(new_b),
+                    v.assign(tf.cast(merged(tf.cast(v, tf.float32), new, s.merge_alpha), v.dtype))]
         return tf.group(*ops)
 
     # -------------------------------------------------------------------------------------------- observability
@@ -194,26 +253,43 @@ class DiLoCoState(tf.Module):
         count, data-parallel SGD's dense allreduce of the gradients over all ranks (horovod_ext.consensus.
         accounting's reference), as in PyTorch; with groups, ``inner``: the average inside this rank's worker
         (every step's gradients, and the leader's broadcast of each round's average)."""
-        stats = self.exchange.compression_stats()
-        inner, sent_rounds = int(self.inner.numpy()), stats.pop("steps")
-        rounds = inner // self.settings.inner_steps
-        numel = sum(int(np.prod(v.shape)) for v in self.variables_bound)
-        nbytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in self.variables_bound)
-        dense = {"elements": numel, "dense_bytes": nbytes, "dense_wire_bytes": allreduce_wire_bytes(nbytes, hvd.size())}
-        total = {k: stats["total"][k] + (inner - sent_rounds) * dense.get(k, 0) for k in _DENSE_FIELDS}
+        exchanges = [exchange.compression_stats() for exchange in self.exchanges]
+        sent = [e.pop("steps") for e in exchanges]  # per fragment: the exchanges this rank sent
+        stats, s = exchanges[0], self.settings
+        peak = max((e["total"]["payload_bytes"] / n for e, n in zip(exchanges, sent) if n), default=0)
+        inner, rounds = int(self.inner.numpy()), int(self.rounds.numpy())
+        fragments = self.fragments or [list(range(len(self.variables_bound)))]
+
+        def dense_of(indices):  # data-parallel SGD's allreduce of these variables' gradients
+            variables = [self.variables_bound[i] for i in indices]
+            nbytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in variables)
+            return {"elements": sum(int(np.prod(v.shape)) for v in variables), "dense_bytes": nbytes,
+                    "dense_wire_bytes": allreduce_wire_bytes(nbytes, hvd.size())}
+
+        dense, dense_f = dense_of(range(len(self.variables_bound))), [dense_of(f) for f in fragments]
+        # the plan counted the dense reference of the tensors it sent; every other tensor at every step, here
+        total = {k: sum(e["total"][k] for e in exchanges) + inner * dense.get(k, 0)
+                 - sum(n * d.get(k, 0) for n, d in zip(sent, dense_f)) for k in _DENSE_FIELDS}
         seconds = {k: 0.0 for k in ("compress_seconds", "decompress_seconds", "comm_seconds")}
         stats["total"] = CompressionStats._summary({**total, **seconds})  # noqa: SLF001
-        if inner and (inner % self.settings.inner_steps or not self.settings.is_leader):
-            # the last step sent nothing across workers
-            stats["last_step"] = CompressionStats._summary({**{k: dense.get(k, 0) for k in _DENSE_FIELDS},  # noqa
-                                                            **seconds})
-        norm = float(self.update_norm.numpy())
-        stats.update(optimizer=WHAT, ranks=hvd.size(), steps=inner, inner_steps=self.settings.inner_steps,
+        window = s.inner_steps // s.fragments
+        last = (inner // window - 1) % s.fragments if inner and inner % window == 0 and s.is_leader else None
+        last_step = {k: dense.get(k, 0) for k in _DENSE_FIELDS}
+        if last is not None:  # the last step sent a fragment: what the plan counted for it, the rest dense
+            last_step = {k: exchanges[last]["last_step"][k] + dense.get(k, 0) - dense_f[last].get(k, 0)
+                         for k in _DENSE_FIELDS}
+        stats["last_step"] = CompressionStats._summary({**last_step, **seconds})  # noqa: SLF001
+        norm, pending = float(self.update_norm.numpy()), int(self.pending_fragment.numpy())
+        names = variable_names(self.variables_bound)
+        stats.update(optimizer=WHAT, ranks=hvd.size(), steps=inner, inner_steps=s.inner_steps,
                      inner_steps_taken=inner, outer_rounds=rounds, outer_update_norm=None if np.isnan(norm) else norm,
-                     workers=self.settings.workers, leader=self.settings.is_leader)
+                     workers=s.workers, leader=s.is_leader, fragments=[[names[i] for i in f] for f in fragments],
+                     overlap=s.overlap, merge_alpha=s.merge_alpha, peak_exchange_payload_bytes=peak,
+                     in_flight=None if pending < 0 or s.overlap == 0 else pending)
         if self.averaging_in_group:
             group = self.inner_average.compression_stats()
-            shared = rounds * 4 * numel if self.settings.is_leader else 0  # the float32 averages broadcast
+            # the float32 averages the leader broadcast to its group, a fragment at each exchange
+            shared = sum(n * 4 * d["elements"] for n, d in zip(sent, dense_f)) if s.is_leader else 0
             group["total"] = CompressionStats._summary(  # noqa: SLF001
                 {**{k: group["total"][k] for k in _DENSE_FIELDS}, **seconds,
                  "payload_bytes": group["total"]["payload_bytes"] + shared})
@@ -237,10 +313,11 @@ class DiLoCoState(tf.Module):
 
     # -------------------------------------------------------------------------------------- elastic training
     def _values(self):
-        return [self.inner, self.started, self.has_momentum, self.update_norm, *self.outer, *self.momentum]
+        return [self.inner, self.started, self.fragment_started, self.rounds, self.pending_fragment,
+                self.update_norm, *self.outer, *self.momentum, *self.pending]
 
     def _aggregators(self):
-        return [a for a in (self.exchange, self.inner_average) if a is not None]
+        return [a for a in (*self.exchanges, self.inner_average) if a is not None]
 
     def elastic_commit(self):
         """This rank's state at a commit (keras/elastic.py's KerasState): the inner step count, the outer parameters
@@ -291,7 +368,8 @@ class DiLoCoState(tf.Module):
 
 
 def DiLoCoOptimizer(optimizer, named_parameters=None, inner_steps=50, outer_lr=0.7, outer_momentum=0.9,
-                    nesterov=True, compression=None, groups=None, inner_compression=None):
+                    nesterov=True, compression=None, groups=None, inner_compression=None, fragments=1, overlap=0,
+                    merge_alpha=0.0):
     """DiLoCo (Douillard et al. 2023) for a Keras 3 optimizer (the inner one, AdamW in the paper): see
     horovod_ext.torch.DiLoCoOptimizer; the same arguments and semantics.
 
@@ -302,10 +380,14 @@ def DiLoCoOptimizer(optimizer, named_parameters=None, inner_steps=50, outer_lr=0
     named_parameters (optional): (name, variable) pairs, checked across ranks. Construction is collective: bad or
     differing arguments raise the same error on every rank. ``groups`` (None, "node" or rank lists) and
     ``inner_compression``: workers of several ranks, as in PyTorch (process sets: initialize with
-    horovod_ext.tensorflow.keras.init(), which enables dynamic process sets)."""
+    horovod_ext.tensorflow.keras.init(), which enables dynamic process sets).
+
+    Streaming DiLoCo: ``fragments``, ``overlap`` and ``merge_alpha`` as in PyTorch, to the same bits; with
+    ``overlap`` the exchange itself runs synchronously when the fragment's pseudo-gradient is taken (a warning says
+    so) and its average is applied ``overlap`` steps later."""
     named, tensors = checked_named_tensors(optimizer, named_parameters, WHAT)
     arguments = {"inner_steps": inner_steps, "outer_lr": outer_lr, "outer_momentum": outer_momentum,
-                 "nesterov": nesterov}
+                 "nesterov": nesterov, "fragments": fragments, "overlap": overlap, "merge_alpha": merge_alpha}
     n = next(_ids)
     with tf.init_scope():
         gather = functools.partial(allgather_blobs, allgather=numpy_allgather(), tag=f"hvdext.{WHAT}.{n}")
@@ -321,6 +403,11 @@ def DiLoCoOptimizer(optimizer, named_parameters=None, inner_steps=50, outer_lr=0
                                                    barrier_over_every_rank))
 
         none = hvd.Compression.none
+        if overlap and not isinstance(overlap, bool) and isinstance(overlap, int) and overlap > 0:
+            warnings.warn(f"{WHAT} (TensorFlow): overlap={overlap} applies each fragment's outer update {overlap} "
+                          f"inner step(s) after its pseudo-gradient is taken, as in PyTorch and to the same bits, but "
+                          f"the exchange runs synchronously at its start: TensorFlow's Horovod ops give no handle to "
+                          f"wait for later, so its time is not hidden behind the inner steps", stacklevel=2)
         state = DiLoCoState(make_workers, compression if compression is not None else none,
                             inner_compression if inner_compression is not None else none, n)
     base = optimizer.__class__

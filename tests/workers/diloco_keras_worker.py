@@ -193,9 +193,96 @@ def bad_arguments():
            "inner_compression without groups": {"inner_compression": hvd.Compression.fp16},
            "inner_compression on rank 0 only": {"groups": groups(),
                                                 "inner_compression": TERNARY() if RANK == 0 else None}}
+    bad.update({"fragments not dividing inner_steps": {"inner_steps": 6, "fragments": 4},
+                "overlap not below H / P": {"inner_steps": 6, "fragments": 1, "overlap": 6},
+                "merge_alpha outside [0, 1]": {"merge_alpha": 1.5},
+                "overlap on rank 1 only": {"inner_steps": 6, "overlap": 1 if RANK == 1 else 0}})
     errors = [expect_error(case, lambda kwargs=kwargs: make(**kwargs)) for case, kwargs in bad.items()]
+    linear = model(0)
+    errors.append(expect_error("fragments more than the layers", lambda: make(inner_steps=6, fragments=2).build(
+        linear.trainable_variables)))
     errors.append(expect_error("not keras", lambda: hvd.DiLoCoOptimizer(object())))
     return errors
+
+
+# Streaming DiLoCo (tests/workers/diloco_worker.py's cases): H = 6, P = 3, tau = 1 on a 3-layer MLP
+STREAM_STEPS, STREAM_SAVE = 14, 8
+STREAMING = {"stream-none": {"compression": lambda: hvd.Compression.none, "merge_alpha": 0.0},
+             "stream-ternary-merge": {"compression": TERNARY, "merge_alpha": 0.5},
+             "stream-groups": {"compression": lambda: hvd.Compression.none, "merge_alpha": 0.0, "groups": True}}
+PRE = []  # the parameters after each inner step (before the exchange)
+
+
+def flat_of(values):
+    return np.concatenate([np.asarray(v, np.float32).ravel() for v in values]).tolist()
+
+
+class EveryStepSGD(keras.optimizers.SGD):
+    """SGD that records the parameters after every step (before DiLoCoOptimizer's exchange and update)."""
+
+    def apply(self, grads, trainable_variables=None):
+        super().apply(grads, trainable_variables)
+        keep = lambda *values: PRE.append(flat_of(values))  # noqa: E731
+        if tf.executing_eagerly():
+            keep(*[v.numpy() for v in trainable_variables])
+        else:
+            tf.py_function(keep, [tf.convert_to_tensor(v) for v in trainable_variables], [])
+
+
+def stream_model(seed=0):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="tanh", name="l0"),
+                             keras.layers.Dense(8, activation="tanh", name="l1"), keras.layers.Dense(4, name="l2")],
+                            name="mlp")
+
+
+def stream_optimizer(name):
+    case = STREAMING[name]
+    return hvd.DiLoCoOptimizer(EveryStepSGD(0.05), inner_steps=6, fragments=3, overlap=1,
+                               merge_alpha=case["merge_alpha"], compression=case["compression"](),
+                               groups=groups() if case.get("groups") else None)
+
+
+def stream_steps(m, opt, step, first, last):
+    post, outer = [], []
+    for _ in range(first, last + 1):
+        step()
+        post.append(flat_of(m.trainable_variables))
+        with opt.evaluation_parameters():
+            outer.append(flat_of(m.trainable_variables))
+    return post, outer
+
+
+def streaming(name, mode, tmp):
+    """STREAM_STEPS steps; in a graph also this rank's checkpoint after STREAM_SAVE (an exchange in flight), read
+    into a new model and optimizer that take the remaining steps."""
+    PRE.clear()
+    m = stream_model()
+    opt = stream_optimizer(name)
+    step = stepper(m, opt, mode == "graph")
+    opt.build(m.trainable_variables)
+    start = flat_of(m.trainable_variables)
+    post, outer = stream_steps(m, opt, step, 1, STREAM_SAVE)
+    in_flight = opt.compression_stats()["in_flight"]
+    path = checkpoint(m, opt).write(os.path.join(tmp, f"{name}-stream-rank{RANK}")) if mode == "graph" else None
+    more = stream_steps(m, opt, step, STREAM_SAVE + 1, STREAM_STEPS)
+    stats = opt.compression_stats()
+    names = [v.path for v in m.trainable_variables]
+    offsets = {n: (int(sum(np.prod(v.shape) for v in m.trainable_variables[:i])), int(np.prod(v.shape)))
+               for i, (n, v) in enumerate(zip(names, m.trainable_variables))}
+    out = {"start": start, "pre": list(PRE), "post": post + more[0], "outer": outer + more[1],
+           "in_flight_at_save": in_flight, "fragments": stats["fragments"], "rounds": stats["outer_rounds"],
+           "workers": stats["workers"], "peak": stats["peak_exchange_payload_bytes"],
+           "ranges": [[offsets[n] for n in names_f] for names_f in stats["fragments"]]}
+    if path is not None:
+        PRE.clear()
+        again = stream_model(1)
+        again_opt = stream_optimizer(name)
+        again_opt.build(again.trainable_variables)
+        checkpoint(again, again_opt).read(path)  # residuals are made at the first step: restored then
+        post, outer = stream_steps(again, again_opt, stepper(again, again_opt, True), STREAM_SAVE + 1, STREAM_STEPS)
+        out["resumed"] = {"pre": list(PRE), "post": post, "outer": outer}
+    return out
 
 
 def main():
@@ -213,6 +300,8 @@ def main():
                 result["resumed"], result["resumed_rounds"] = resumed(name, saved)
             out["runs"][name][mode] = result
     out["fit"], _, _, _ = run("none", "fit", tmp)
+    out["streaming"] = {name: {mode: streaming(name, mode, tmp) for mode in ("eager", "graph")}
+                        for name in STREAMING}
     out["join"] = {name: uneven_then_join(name) for name in ("none", "ternary-ef")}
     out["errors"] = bad_arguments()
     out["alive"] = float(hvd.allreduce(tf.constant([1.0]), name="alive", op=hvd.Sum).numpy()[0])
