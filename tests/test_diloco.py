@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from diloco_checks import (H, ROUNDS, STREAM_SAVE, STREAM_STEPS, check_outer_steps_against_reference,
-                           check_streaming, check_streaming_argument_errors, check_uneven_then_join, check_worker_argument_errors, flat, group_sgd)
+                           check_streaming, check_streaming_argument_errors, check_uneven_then_join,
+                           check_worker_argument_errors, flat, group_sgd)
 from hvdext_reference import diloco as reference
 from hvdrun import horovodrun
 

@@ -4,9 +4,10 @@
     python elastic_keras_worker.py EPOCHS STEPS_PER_EPOCH KILL_AT ADD_AT [METHOD]
 
 METHOD: topk (DistributedOptimizer, top-k with error feedback; the default), lsgd (LeaderOptimizer, multi-leader:
-groups="node", each horovodrun host a node), easgd (ElasticAveragingOptimizer) or diloco (DiLoCoOptimizer, a round
-every 4 steps, ternary pseudo-gradients, groups="node"). The parameter-space optimizers' final weights are what
-every rank evaluates: the elected leader's (LSGD), EASGD's center or DiLoCo's outer parameters.
+groups="node", each horovodrun host a node), easgd (ElasticAveragingOptimizer) or diloco (DiLoCoOptimizer, streaming:
+two fragments, one exchanged every 5 steps and applied a step later, so one is pending at every commit; ternary
+pseudo-gradients, groups="node"). The parameter-space optimizers' final weights are what every rank evaluates: the
+elected leader's (LSGD), EASGD's center or DiLoCo's outer parameters.
 
 Horovod's documented pattern: KerasState, CommitStateCallback (every 5 batches and each epoch's end),
 UpdateBatchStateCallback, UpdateEpochStateCallback, ``fit(epochs=EPOCHS - state.epoch)`` inside ``hvd.elastic.run``.
@@ -79,8 +80,9 @@ def make_optimizer(method):
         return hvd.LeaderOptimizer(base, period=2, global_period=4)
     if method == "easgd":
         return hvd.ElasticAveragingOptimizer(base, beta=0.2, period=2)  # a center not synchronized would show
-    if method == "diloco":  # a round every 4 steps, ternary pseudo-gradients; a host's ranks one worker
-        return hvd.DiLoCoOptimizer(base, inner_steps=4, groups="node",
+    if method == "diloco":  # streaming: 2 fragments, one every 5 steps, each applied a step after its exchange,
+        # so that one is pending at the addition (step 35); ternary pseudo-gradients; a host's ranks one worker
+        return hvd.DiLoCoOptimizer(base, inner_steps=10, fragments=2, overlap=1, groups="node",
                                    compression=hvd.Compression.ternary(error_feedback=True))
     return hvd.DistributedOptimizer(base, compression=hvd.Compression.topk(ratio=0.05))
 
