@@ -12,6 +12,12 @@ against bytes.
     python benchmarks/diloco.py --mbit 10        # adds the H sweep
     python benchmarks/diloco.py --ranks 4        # two nodes of 2; DiLoCo's workers also as groups="node"
     python benchmarks/diloco.py --model cnn      # the digits CNN (or the nplm) with SGD: dense against DiLoCo
+    python benchmarks/diloco.py --streaming      # Streaming DiLoCo (P = 4, overlap) beside whole-model DiLoCo
+
+--streaming runs dense, "local" (AdamW alone, no collective: the compute-alone step), whole-model DiLoCo at H = 48
+and Streaming DiLoCo at H = 48 with 4 fragments (one every 12 steps) and overlap 6, fp32 and ternary, and states
+the issue's goals: the streaming step within 10% of compute alone, its final loss within 2% of whole-model
+DiLoCo's, and its peak bytes per exchange cut 4-fold.
 
 --model cnn / nplm trains benchmarks/gravac_models.py's model with SGD (momentum 0.9) for gravac.py's schedule
 (tta_worker.py's runs): dense data-parallel SGD against DiLoCo around the same SGD (H = 50, dense and ternary
@@ -33,6 +39,8 @@ METHODS = ["dense", "ternary", "topk", "powersgd-hook", "lsgd", "diloco", "diloc
 H_SWEEP = ["diloco-ternary-h10", "diloco-ternary-h100"]  # at 10 Mbit/s, beside H = 50
 GROUPED = ["diloco-node", "diloco-ternary-node"]  # at 4 ranks
 HOSTS = {4: "localhost:2,127.0.0.1:2"}
+STREAMING = ["dense", "local", "diloco-h48", "diloco-h48-p4-t6", "diloco-ternary-h48", "diloco-ternary-h48-p4-t6"]
+STEP_GOAL, LOSS_GOAL = 1.10, 1.02  # streaming's step over compute alone; its final loss over whole-model DiLoCo's
 
 
 def default_methods(mbit, ranks):
@@ -63,14 +71,15 @@ def plots(results, path_prefix, mbit):
     fig.savefig(path_prefix + "_loss.png", dpi=100)
 
 
-def output_name(mbit, ranks=2):
-    """diloco (100 Mbit/s, 2 ranks), else diloco_<mbit>mbit[_<ranks>ranks]: the JSON, table and plot's name in
-    benchmarks/out."""
-    return ("diloco" if mbit == 100 else f"diloco_{mbit}mbit") + ("" if ranks == 2 else f"_{ranks}ranks")
+def output_name(mbit, ranks=2, streaming=False):
+    """diloco (100 Mbit/s, 2 ranks), else diloco_<mbit>mbit[_<ranks>ranks] (--streaming: diloco_streaming_...): the
+    JSON, table and plot's name in benchmarks/out."""
+    prefix = "diloco_streaming" if streaming else "diloco"
+    return (prefix if mbit == 100 else f"{prefix}_{mbit}mbit") + ("" if ranks == 2 else f"_{ranks}ranks")
 
 
 def report(results, args):
-    name = output_name(args.mbit, getattr(args, "ranks", 2))
+    name = output_name(args.mbit, getattr(args, "ranks", 2), getattr(args, "streaming", False))
     dense = next(r for r in results if r["method"] == "dense")
     target = dense["curve"][-1]["loss"] * TARGET_MARGIN
     dense_bytes = first_reaching(dense["curve"], target, "bytes")
@@ -78,22 +87,61 @@ def report(results, args):
     for r in results:
         final = r["curve"][-1]["loss"]
         seconds, sent = first_reaching(r["curve"], target, "seconds"), first_reaching(r["curve"], target, "bytes")
+        peak = r.get("peak_exchange_bytes")
         rows.append([r["method"], r["inner_steps"] or "-", f"{final:.3f}", f"{2.718281828 ** final:.1f}",
-                     f"{r['payload_bytes'] / 1e6:.2f}", f"{r['dense_bytes'] / max(r['payload_bytes'], 1):.0f}x",
+                     f"{r['payload_bytes'] / 1e6:.2f}",
+                     f"{r['dense_bytes'] / max(r['payload_bytes'], 1):.0f}x" if r["dense_bytes"] else "-",
                      f"{sent / 1e6:.3f}" if sent is not None else "not reached",
                      f"{dense_bytes / sent:.0f}x" if sent and dense_bytes else "-",
-                     f"{seconds:.1f}" if seconds is not None else "not reached"])
+                     f"{seconds:.1f}" if seconds is not None else "not reached", f"{step_seconds(r) * 1e3:.1f}",
+                     f"{peak / 1e6:.3f}" if peak else "-"])
     md = (f"Transformer LM ({results[0]['parameters'] / 1e6:.2f}M parameters, lm.py), AdamW, {args.steps} steps "
           f"({args.diloco_steps} for DiLoCo), batch {args.batch} per rank, {results[0]['ranks']} ranks, loopback shaped to {args.mbit} Mbit/s. "
           f"Target: dense's final test loss plus 2% ({target:.3f}), checked every {args.eval_every} steps.\n\n"
           + markdown_table(["method", "H", "final test loss", "perplexity", "MB sent", "fewer bytes than dense",
-                            "MB to target", "fewer bytes to target", "s to target"], rows)
-          + f"\n\n![loss]({name}_loss.png)")
+                            "MB to target", "fewer bytes to target", "s to target", "ms per step",
+                            "peak MB per exchange"], rows)
+          + streaming_goals(results) + f"\n\n![loss]({name}_loss.png)")
     path = write_outputs(name, {"machine": machine(), "args": vars(args), "results": results}, md)
     plots(results, os.path.join(OUT_DIR, name), args.mbit)
     print(md)
     print(f"\nwritten: {path}")
     return 0
+
+
+def step_seconds(r):
+    """Training seconds per step (evaluation excluded)."""
+    return r.get("train_seconds", r["curve"][-1]["seconds"]) / r.get("steps", r["curve"][-1]["step"])
+
+
+def whole_model_of(method):
+    """The whole-model DiLoCo method a streaming one is compared with: its name without -p, -t and -a."""
+    return "-".join(p for p in method.split("-") if not (p[:1] in "pta" and p[1:].replace(".", "").isdigit()))
+
+
+def streaming_goals(results):
+    """The streaming rows against the goals: the step over compute alone (local), the final loss over whole-model
+    DiLoCo's with the same compression and H, and the peak bytes of one exchange over whole-model DiLoCo's."""
+    by = {r["method"]: r for r in results}
+    lines = []
+    for r in results:
+        if r["method"] == whole_model_of(r["method"]) or whole_model_of(r["method"]) not in by:
+            continue
+        whole = by[whole_model_of(r["method"])]
+        fragments = next(int(p[1:]) for p in r["method"].split("-") if p[:1] == "p" and p[1:].isdigit())
+        loss = r["curve"][-1]["loss"] / whole["curve"][-1]["loss"]
+        parts = [f"final loss {loss:.3f}x whole-model {whole['method']}'s (goal <= {LOSS_GOAL}: "
+                 f"{'met' if loss <= LOSS_GOAL else 'not met'})"]
+        if r.get("peak_exchange_bytes") and whole.get("peak_exchange_bytes"):
+            cut = whole["peak_exchange_bytes"] / r["peak_exchange_bytes"]
+            parts.append(f"peak bytes per exchange cut {cut:.2f}-fold (P = {fragments})")
+        if "local" in by:
+            step = step_seconds(r) / step_seconds(by["local"])
+            parts.append(f"step {step:.3f}x compute alone (goal <= {STEP_GOAL}: "
+                         f"{'met' if step <= STEP_GOAL else 'not met'}; whole-model: "
+                         f"{step_seconds(whole) / step_seconds(by['local']):.3f}x)")
+        lines.append(f"- {r['method']}: " + "; ".join(parts))
+    return ("\n\nStreaming DiLoCo against the goals (one run):\n" + "\n".join(lines)) if lines else ""
 
 
 MODEL_METHODS = ["dense", "diloco", "diloco-ternary", "diloco-ternary-h10"]
@@ -152,6 +200,7 @@ def accuracy_model(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--streaming", action="store_true", help="Streaming DiLoCo's rows (STREAMING) only")
     parser.add_argument("--quick", action="store_true", help="40 steps of dense, DiLoCo and DiLoCo with ternary "
                                                              "pseudo-gradients (H = 10), 1-layer model")
     parser.add_argument("--mbit", type=int, default=100)
@@ -174,6 +223,8 @@ def main():
     if args.quick:
         args.steps, args.diloco_steps, args.inner_steps, args.eval_every, args.layers = 40, 40, 10, 10, 1
         args.methods = "dense,diloco,diloco-ternary"
+    if args.streaming and not args.methods:
+        args.methods = ",".join(STREAMING)
     args.methods = args.methods or ",".join(default_methods(args.mbit, args.ranks))
     args.diloco_steps = args.diloco_steps or 3 * args.steps
     if "dense" not in args.methods.split(","):
@@ -186,7 +237,7 @@ def main():
     options = ["--inner-steps", args.inner_steps, "--eval-every", args.eval_every, "--batch", args.batch,
                "--layers", args.layers]
     methods = args.methods.split(",")
-    dense_methods = [m for m in methods if not m.startswith("diloco")]
+    dense_methods = [m for m in methods if not m.startswith("diloco")]  # with "local": the same steps
     diloco_methods = [m for m in methods if m.startswith("diloco")]
     # one launch per number of steps (--quick: one launch in all)
     groups = [(dense_methods + diloco_methods, args.steps)] if args.steps == args.diloco_steps else \

@@ -1,18 +1,21 @@
 """The DiLoCo benchmark methods' names, parsed once for benchmarks/diloco_worker.py (the language model, AdamW inner
 steps) and benchmarks/tta_worker.py (gravac_models.py's models, SGD inner steps):
 
-    diloco[-ternary|-topk][-h<H>][-lr<outer lr>][-m<outer momentum>][-node]
+    diloco[-ternary|-topk][-h<H>][-lr<outer lr>][-m<outer momentum>][-p<fragments>][-t<overlap>][-a<merge alpha>]
+          [-node]
 
 "ternary": ternary pseudo-gradients with error feedback; "topk": top-k 1% (error feedback, its default); neither:
-dense fp32. "-h50" sets inner_steps, "-lr0.35" outer_lr, "-m0.5" outer_momentum, "-node" groups="node". Left out,
-each is DiLoCoOptimizer's default (or the benchmark's --inner-steps).
+dense fp32. "-h50" sets inner_steps, "-lr0.35" outer_lr, "-m0.5" outer_momentum, "-p4" fragments (Streaming
+DiLoCo), "-t6" overlap, "-a0.5" merge_alpha, "-node" groups="node". Left out, each is DiLoCoOptimizer's default (or
+the benchmark's --inner-steps).
 """
 import horovod_ext.torch as hvd
 
 COMPRESSIONS = {"none": lambda: hvd.Compression.none,
                 "ternary": lambda: hvd.Compression.ternary(error_feedback=True),
                 "topk": lambda: hvd.Compression.topk(ratio=0.01)}
-NUMBERS = {"h": ("inner_steps", int), "lr": ("outer_lr", float), "m": ("outer_momentum", float)}
+NUMBERS = {"h": ("inner_steps", int), "lr": ("outer_lr", float), "m": ("outer_momentum", float),
+           "p": ("fragments", int), "t": ("overlap", int), "a": ("merge_alpha", float)}
 
 
 def _number(part):
@@ -37,7 +40,8 @@ def diloco_settings(method, inner_steps=None):
     """DiLoCoOptimizer's keyword arguments named by `method` (compression as a name of COMPRESSIONS); inner_steps
     is `inner_steps` unless the name says -h<H>, and left out (the default) where both are None."""
     if not is_diloco(method):
-        raise ValueError(f"method {method!r}: not diloco[-ternary|-topk][-h<H>][-lr<x>][-m<x>][-node]")
+        raise ValueError(f"method {method!r}: not diloco[-ternary|-topk][-h<H>][-lr<x>][-m<x>][-p<P>][-t<tau>]"
+                         f"[-a<alpha>][-node]")
     parts = method.split("-")[1:]
     settings = {"compression": next((p for p in parts if p in COMPRESSIONS), "none"),
                 "groups": "node" if "node" in parts else None}

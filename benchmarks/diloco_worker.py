@@ -6,8 +6,9 @@ Methods: "dense" (data-parallel AdamW: horovod_ext's DistributedOptimizer, Compr
 "topk" (the same with ternary, and top-k 1% with error feedback), "powersgd-hook" (PyTorch DDP with its PowerSGD
 hook at rank 4, baselines.py), "lsgd" (LeaderOptimizer around AdamW, one leader, its defaults), "diloco"
 (DiLoCoOptimizer around AdamW, dense pseudo-gradients), "diloco-ternary" and "diloco-topk" (ternary with error
-feedback, top-k 1%); a DiLoCo method may also name its inner steps, outer learning rate and momentum, and
-groups="node" (benchmarks/diloco_methods.py; inner steps default to --inner-steps). The test loss is the model's
+feedback, top-k 1%); a DiLoCo method may also name its inner steps, outer learning rate and momentum, Streaming
+DiLoCo's fragments, overlap and merge, and groups="node" (benchmarks/diloco_methods.py; inner steps default to
+--inner-steps). "local": AdamW alone on each rank, no collective: the compute-alone step time. The test loss is the model's
 (LSGD: the leader's; DiLoCo: the outer parameters', evaluation_parameters()) on the first --eval-sequences test
 sequences, every --eval-every steps and at the end; evaluation is not counted in the training seconds.
 """
@@ -26,7 +27,8 @@ import lm  # noqa: E402
 from baselines import ddp_wrap  # noqa: E402
 from diloco_methods import COMPRESSIONS, diloco_optimizer, diloco_settings, is_diloco  # noqa: E402
 
-BASE_METHODS = ["dense", "ternary", "topk", "powersgd-hook", "lsgd", "diloco", "diloco-ternary", "diloco-topk"]
+BASE_METHODS = ["dense", "ternary", "topk", "powersgd-hook", "lsgd", "local", "diloco", "diloco-ternary",
+                "diloco-topk"]
 
 
 def check_method(method):
@@ -44,6 +46,8 @@ def optimizer_for(method, model, inner_steps):
         return inner, schedule, ddp, (payload, 4 * sum(p.numel() for p in model.parameters()))
     if method == "lsgd":
         return hvd.LeaderOptimizer(inner, named, groups=None), schedule, model, None
+    if method == "local":
+        return inner, schedule, model, (0, 0)
     compression = COMPRESSIONS["none" if method == "dense" else method]()
     return hvd.DistributedOptimizer(inner, named, compression=compression), schedule, model, None
 
@@ -88,7 +92,9 @@ def train(args, method):
         if step % args.eval_every == 0 or step == args.steps:
             evaluate(step)
     payload, dense = sent_bytes()
-    return {"method": method, "ranks": hvd.size(), "parameters": sum(p.numel() for p in model.parameters()),
+    stats = opt.compression_stats() if hasattr(opt, "compression_stats") else {}
+    return {"method": method, "train_seconds": seconds,
+            "peak_exchange_bytes": stats.get("peak_exchange_payload_bytes"), "ranks": hvd.size(), "parameters": sum(p.numel() for p in model.parameters()),
             "inner_steps": diloco_settings(method, args.inner_steps)["inner_steps"] if is_diloco(method) else None,
             "curve": curve, "payload_bytes": payload, "dense_bytes": dense, "steps": args.steps}
 
@@ -110,7 +116,7 @@ def parse_args():
     unknown = [m for m in args.methods if not check_method(m)]
     if unknown:
         parser.error(f"--method: {unknown} not among {BASE_METHODS} nor DiLoCo methods "
-                     "(diloco[-ternary|-topk][-h<H>][-lr<x>][-m<x>][-node])")
+                     "(diloco[-ternary|-topk][-h<H>][-lr<x>][-m<x>][-p<P>][-t<tau>][-a<alpha>][-node])")
     return args
 
 

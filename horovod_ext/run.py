@@ -18,7 +18,7 @@ A bad flag value exits with an error listing the allowed values on every rank, b
 ``--optimizer diloco`` makes the script's ``hvd.DistributedOptimizer(optimizer, ...)`` (PyTorch's or Keras's)
 a ``DiLoCoOptimizer`` around the same optimizer (its inner one), with the launcher's compression for the
 pseudo-gradients and ``--optimizer-arg`` for its arguments (inner_steps, outer_lr, outer_momentum, nesterov,
-groups); a TensorFlow script's DistributedGradientTape has no optimizer to wrap and is refused.
+groups, and Streaming DiLoCo's fragments, overlap, merge_alpha); a TensorFlow script's DistributedGradientTape has no optimizer to wrap and is refused.
 """
 import argparse
 import ast
@@ -97,6 +97,10 @@ def build_optimizer(name, kwargs):
         raise ValueError(f"--optimizer-arg {unknown[0]!r} is not an argument of diloco; allowed: "
                          f"{', '.join(DEFAULTS)}")
     check_arguments(**{k: v for k, v in kwargs.items() if k != "groups"})  # groups: checked against the job's size
+    if kwargs.get("outer") == "leader":
+        raise ValueError("--optimizer-arg outer='leader' elects the worker with the lowest training loss, which an "
+                         "unmodified script does not hand over; allowed here: outer='average' (pass "
+                         "outer='leader' to DiLoCoOptimizer in the script, with optimizer.report_loss(loss))")
     return kwargs
 
 

@@ -66,6 +66,10 @@ def check_streaming_argument_errors(cases):
         cases["overlap not below H / P"]["message"]
     assert "merge_alpha must be a number in [0, 1], got 1.5" in cases["merge_alpha outside [0, 1]"]["message"]
     assert "SettingsMismatch" in cases["overlap on rank 1 only"]["type"]
+    assert "outer must be one of 'average', 'leader'" in cases["an unknown outer"]["message"]
+    assert "got 'median'" in cases["an unknown outer"]["message"]
+    assert "compression must be none, fp16 (or a Horovod Compressor), ternary or topk" in \
+        cases["leader with powersgd"]["message"]
 
 
 def check_worker_argument_errors(cases):
@@ -84,14 +88,17 @@ def fragment_indices(run):
     return [np.concatenate([np.arange(o, o + n) for o, n in ranges]) for ranges in run["ranges"]]
 
 
-def check_streaming(runs, merge_alpha, dense, exact):
+def check_streaming(runs, merge_alpha, dense, exact, losses=None, sent_of=None):
     """A streaming run's records (runs: the workers' leaders' records): per step, the parameters before the
     exchange (pre), after the step (post) and the outer parameters (outer). The outer parameters are the same on
     every rank; where a fragment's update is due, post is the reference's merge of pre with the new outer
     fragment (to the bit) and every other value is pre's; dense: the outer step is the reference's (Nesterov on
     the mean of the workers' pseudo-gradients taken tau steps before) to the bit (exact) or within a float32
-    rounding of the sum's order."""
+    rounding of the sum's order. losses (outer="leader"): per worker, its mean training loss at every step; each
+    exchange then sends the pseudo-gradient of the worker with the lowest mean since the last exchange, through
+    sent_of (a compressor without error feedback, such as fp16's rounding) if given."""
     f32 = np.float32
+    last_election = 0
     frags = fragment_indices(runs[0])
     theta, b, started, pending = np.array(runs[0]["start"], f32), None, [False] * STREAM_P, {}
     b = np.zeros_like(theta)
@@ -103,7 +110,15 @@ def check_streaming(runs, merge_alpha, dense, exact):
         f = reference.fragment_starts(t, STREAM_H, STREAM_P)
         if f is not None:
             deltas = [reference.pseudo_gradient(theta[frags[f]], x[frags[f]]) for x in pre]
-            pending[t + STREAM_TAU] = (f, reference.mean_of_sent(deltas))
+            if losses is None:
+                pending[t + STREAM_TAU] = (f, reference.mean_of_sent(deltas))
+            else:
+                window = [np.mean(worker[last_election:t]) for worker in losses]
+                best = reference.leader_of(window)
+                pending[t + STREAM_TAU] = (f, reference.leader_sent(deltas, [np.zeros_like(d) for d in deltas],
+                                                                    window, sent_of)[0])
+                assert best == int(np.argmin(window)), t
+                last_election = t
         expected = [x.copy() for x in pre]
         if t in pending:
             f, delta = pending.pop(t)
@@ -123,3 +138,27 @@ def check_streaming(runs, merge_alpha, dense, exact):
             got = np.array(run["post"][t - 1], f32)
             assert np.array_equal(got.view(np.uint32), e.view(np.uint32)), t
     assert not pending or list(pending) == [STREAM_STEPS + STREAM_TAU]  # the last exchange is in flight
+
+
+LEADER_CASES = ("leader-none", "leader-ternary", "leader-fp16-groups")  # the workers' outer="leader" cases
+
+
+def check_leader(dense, ternary, grouped):
+    """outer="leader" (each argument: every rank's record of one case): at each exchange the worker with the lowest
+    mean loss since the last one sends its pseudo-gradient, alone, and every rank's outer step follows it. Dense:
+    to the bit against the reference (the leader's values sent as they are); ternary (the leader encodes with its
+    error feedback): every rank's outer parameters identical, one elected rank; fp16 with groups: a worker's ranks
+    average, the worker with the lowest mean of its ranks' losses steers, its values rounded to fp16 (no error
+    feedback), to the bit."""
+    check_streaming(dense, 0.0, dense=True, exact=True, losses=[run["losses"] for run in dense])
+    check_streaming(ternary, 0.0, dense=False, exact=True)
+    assert len({run["elected"] for run in ternary}) == 1
+    assert all(run["payload_bytes"] > 0 for run in ternary)  # the elections' 16 bytes at least
+    workers = grouped[0]["workers"]
+    leaders = [grouped[g[0]] for g in workers]
+    means = [list(np.mean([grouped[r]["losses"] for r in g], axis=0)) for g in workers]
+    fp16 = lambda x, m: x.astype(np.float16).astype(np.float32)  # noqa: E731
+    check_streaming(leaders, 0.0, dense=True, exact=True, losses=means, sent_of=fp16)
+    for k, group in enumerate(workers):
+        assert all(grouped[rank]["post"] == leaders[k]["post"] for rank in group)
+    assert grouped[0]["elected"] in [g[0] for g in workers]

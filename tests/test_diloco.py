@@ -5,8 +5,8 @@ on every rank (tests/workers/diloco_worker.py)."""
 import numpy as np
 import pytest
 
-from diloco_checks import (H, ROUNDS, STREAM_SAVE, STREAM_STEPS, check_outer_steps_against_reference,
-                           check_streaming, check_streaming_argument_errors, check_uneven_then_join,
+from diloco_checks import (H, LEADER_CASES, ROUNDS, STREAM_SAVE, STREAM_STEPS, check_outer_steps_against_reference,
+                           check_leader, check_streaming, check_streaming_argument_errors, check_uneven_then_join,
                            check_worker_argument_errors, flat, group_sgd)
 from hvdext_reference import diloco as reference
 from hvdrun import horovodrun
@@ -170,6 +170,11 @@ def test_streaming_with_groups_averages_the_workers_and_keeps_their_ranks_identi
         for rank in group:
             run = results[rank]["streaming"]["stream-groups"]
             assert run["post"] == leaders[workers.index(group)]["post"] and run["outer"] == leaders[0]["outer"]
+
+
+def test_the_leader_steers_the_outer_step_with_its_own_pseudo_gradient(results):
+    """outer="leader" (diloco_checks.check_leader)."""
+    check_leader(*([r["streaming"][name] for r in results] for name in LEADER_CASES))
 
 
 def test_a_sync_sends_one_fragment(results):

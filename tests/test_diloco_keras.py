@@ -6,8 +6,8 @@ dense as in PyTorch (tests/test_diloco.py), evaluation_parameters(), and bad arg
 import numpy as np
 import pytest
 
-from diloco_checks import (H, ROUNDS, STREAM_SAVE, STREAM_STEPS, check_outer_steps_against_reference,
-                           check_streaming, check_streaming_argument_errors, check_uneven_then_join,
+from diloco_checks import (H, LEADER_CASES, ROUNDS, STREAM_SAVE, STREAM_STEPS, check_outer_steps_against_reference,
+                           check_leader, check_streaming, check_streaming_argument_errors, check_uneven_then_join,
                            check_worker_argument_errors, flat, group_sgd)
 from hvdext_reference import diloco as reference
 from hvdrun import horovodrun
@@ -194,3 +194,9 @@ def test_a_resumed_streaming_run_continues_to_the_same_bits_with_an_update_pendi
             assert run["in_flight_at_save"] == 0, name  # fragment 0 exchanged at step 8, due at 9
             for key in ("pre", "post", "outer"):
                 assert run["resumed"][key] == run[key][STREAM_SAVE:], (r["rank"], name, key)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_leader_steers_the_outer_step_with_its_own_pseudo_gradient(results, mode):
+    """outer="leader", eagerly and in tf.function (diloco_checks.check_leader, as for PyTorch)."""
+    check_leader(*([r["streaming"][name][mode] for r in results] for name in LEADER_CASES))

@@ -177,3 +177,35 @@ def test_streaming_with_overlap_approaches_the_workers_common_optimum():
                                                   inner_steps=12, fragments=frags, overlap=2)
     assert np.linalg.norm(theta - optimum) < 0.05 * np.linalg.norm(optimum)
     assert [f for _, f, _ in history[:5]] == [0, 1, 2, 3, 0]
+
+
+def test_the_leader_sends_alone_and_only_its_residual_moves():
+    """outer="leader": the worker with the lowest loss (ties to the lowest index) sends x_b = Delta_b + e_b
+    through the codec; its residual keeps what was not sent, every other residual stays as it was."""
+    rng = np.random.default_rng(4)
+    deltas = [rng.standard_normal(1000).astype(np.float32) for _ in range(3)]
+    residuals = [rng.standard_normal(1000).astype(np.float32) for _ in range(3)]
+    delta, kept = diloco.leader_sent(deltas, residuals, [0.5, 0.25, 0.25], top_1_percent)
+    assert diloco.leader_of([0.5, 0.25, 0.25]) == 1
+    np.testing.assert_array_equal(delta, top_1_percent(deltas[1] + residuals[1], 1))
+    np.testing.assert_array_equal(kept[1], deltas[1] + residuals[1] - delta)
+    assert all(np.array_equal(kept[m], residuals[m]) for m in (0, 2))
+    dense, _ = diloco.leader_sent(deltas, [np.zeros(1000, np.float32)] * 3, [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(dense, deltas[0])
+
+
+def test_with_one_worker_the_leader_is_the_average_and_it_follows_the_best_worker():
+    """One worker: leader and average are the same run, to the bit. Four workers on the quadratic whose loss is
+    0.5 |x - c_m|^2: the outer parameters move toward the progress of the worker nearest its target."""
+    targets, inner_update = quadratic(workers=1)
+    frags = [np.arange(0, 100), np.arange(100, 200)]
+    losses = lambda locals_, step: [float(np.sum((x - c) ** 2)) for x, c in zip(locals_, targets)]  # noqa: E731
+    average = diloco.train_streaming(np.zeros(200, np.float32), inner_update, 1, 40, 10, frags, overlap=2)
+    leader = diloco.train_streaming(np.zeros(200, np.float32), inner_update, 1, 40, 10, frags, overlap=2,
+                                    losses_of=losses)
+    assert np.array_equal(average[0], leader[0])
+    targets, inner_update = quadratic(workers=4)
+    losses = lambda locals_, step: [float(np.sum((x - c) ** 2)) for x, c in zip(locals_, targets)]  # noqa: E731
+    theta, _, _, _ = diloco.train_streaming(np.zeros(200, np.float32), inner_update, 4, 120, 12,
+                                            [np.arange(200)], losses_of=losses, lr=1.0, mu=0.0)
+    assert min(np.linalg.norm(theta - c) for c in targets) < 0.2 * min(np.linalg.norm(c) for c in targets)

@@ -79,6 +79,8 @@ def run_rank_local(args):
     (["--compression", "none", "missing.py"], ["does not exist"]),
     (["--optimizer", "diloco", "--optimizer-arg", "inner_steps=0", "tests/scripts/plain_torch.py"],
      ["inner_steps must be an integer >= 1, got 0"]),
+    (["--optimizer", "diloco", "--optimizer-arg", "outer=leader", "tests/scripts/plain_torch.py"],
+     ["outer='leader' elects the worker with the lowest training loss", "allowed here: outer='average'"]),
     (["--optimizer", "diloco", "--optimizer-arg", "warmup=3", "tests/scripts/plain_torch.py"],
      ["'warmup' is not an argument of diloco; allowed: inner_steps, outer_lr, outer_momentum, nesterov"]),
     (["--optimizer-arg", "inner_steps=2", "tests/scripts/plain_torch.py"], ["data_parallel takes no"]),
@@ -114,11 +116,13 @@ def test_unmodified_script_runs_as_diloco():
     assert "horovod_ext optimizer True" in output and "final loss" in output
 
 
-def test_unmodified_script_runs_as_diloco_with_workers_of_a_hosts_ranks():
+def test_unmodified_script_runs_as_streaming_diloco_with_workers_of_a_hosts_ranks():
     """--optimizer-arg groups=node at 4 ranks as two "nodes": the launcher turns Horovod's dynamic process sets on
-    for the script's own hvd.init(), each host's two ranks are one worker, and its leader alone sends."""
+    for the script's own hvd.init(), each host's two ranks are one worker, and its leader alone sends; streaming:
+    the model's three layers in 3 fragments, one every 2 steps, applied a step after its exchange starts."""
     _, output = horovodrun(4, "-m", "horovod_ext.run", "--compression", "ternary", "--compression-arg",
-                           "error_feedback=True", "--optimizer", "diloco", "--optimizer-arg", "inner_steps=5",
+                           "error_feedback=True", "--optimizer", "diloco", "--optimizer-arg", "inner_steps=6",
+                           "--optimizer-arg", "fragments=3", "--optimizer-arg", "overlap=1",
                            "--optimizer-arg", "groups=node", "tests/scripts/plain_torch.py", "--steps", 20,
                            collect=False, timeout=300, hosts="localhost:2,127.0.0.1:2")
     (sent, dense, ratio, steps), = (m.groups() for m in DILOCO_SUMMARY.finditer(output))

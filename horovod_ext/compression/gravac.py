@@ -527,6 +527,8 @@ class AdaptiveTopK(AutoPacking, CompressorSpec):
     them: benchmarks/RESULTS.md (GraVAC).
     """
 
+    encodes_alone = False  # see CompressorSpec
+
     name = "adaptive_topk"
     payload = True
     method = AdaptiveTopKMethod

@@ -297,6 +297,8 @@ class PowerSGD(CompressorSpec):
     dense travel by Horovod's allreduce with its tensor fusion.
     """
 
+    encodes_alone = False  # see CompressorSpec
+
     name = "powersgd"
     payload = True
     method = PowerSGDMethod

@@ -20,6 +20,10 @@ class CompressorSpec:
     codec = None  # the plan.Codec subclass of one tensor's payload (for methods built on one)
     max_elements = None  # the largest tensor it takes (None: check_tensor's limit)
     travels = "sends a packed payload by allgather; Horovod's own DistributedOptimizer would allreduce it"
+    # one rank's tensor encodes alone and any rank decodes its payload (codec.encode, codec.sent): what one rank
+    # can broadcast (DiLoCo's outer="leader"); False where the encoding needs every rank (PowerSGD's factors,
+    # GraVAC's ratio from the averaged gain)
+    encodes_alone = True
 
     def __init__(self, **settings):
         self._settings = dict(settings)

@@ -103,6 +103,12 @@ class TopKCodec(Codec):
     def decode(self, be, item, gathered, into):
         return self.decode_k(be, item.numel, item.work.k, gathered, into)
 
+    def sent(self, be, item, payload):
+        """The values one payload stands for (one rank's, undivided): a payload another rank broadcast."""
+        if self.coded:
+            return be.kernels.topk_decode_average_coded(payload, 1, item.numel, 1.0)[0]
+        return be.kernels.topk_decode_average(payload, self.k(item.numel), 1, item.numel, self.value_type, 1.0)[0]
+
     def decode_k(self, be, numel, k, gathered, into):
         """(average, -1 or a rank with bad indices); a corrupted "delta" payload raises on every rank."""
         if self.coded:

@@ -27,20 +27,23 @@ The exchange is a step of the compression plan over the pseudo-gradients (a Step
 round as its step counter): no second codec path. What a round sends is counted by the plan's context like a
 gradient step's; the dense reference of the inner steps between rounds is data-parallel SGD's allreduce.
 """
+import math
 import numbers
 
 from .agreement import process_set_for
 from .groups import check_groups, describe_groups, group_of, resolve_groups
+from .leader import LOSS_HELP
 
 DEFAULTS = {"inner_steps": 50, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True, "groups": None,
-            "fragments": 1, "overlap": 0, "merge_alpha": 0.0}
+            "fragments": 1, "overlap": 0, "merge_alpha": 0.0, "outer": "average"}
+OUTERS = ("average", "leader")
 NO_COMPRESSION = "NoneCompressor"  # describe_compression(Compression.none), in both frameworks
 GROUPS_HELP = ('groups must be None (every rank is a worker), "node" (the ranks of a host are one '
                'worker) or a list of rank lists such as [[0, 1], [2, 3]]')
 
 
 def check_arguments(inner_steps=50, outer_lr=0.7, outer_momentum=0.9, nesterov=True, fragments=1, overlap=0,
-                    merge_alpha=0.0):
+                    merge_alpha=0.0, outer="average"):
     """The outer loop's settings, checked (ValueError naming the argument and what it may be)."""
     if isinstance(inner_steps, bool) or not isinstance(inner_steps, numbers.Integral) or inner_steps < 1:
         raise ValueError(f"DiLoCoOptimizer: inner_steps must be an integer >= 1, got {inner_steps!r}")
@@ -63,7 +66,10 @@ def check_arguments(inner_steps=50, outer_lr=0.7, outer_momentum=0.9, nesterov=T
                          f"got {overlap!r}")
     if isinstance(merge_alpha, bool) or not isinstance(merge_alpha, numbers.Real) or not 0 <= merge_alpha <= 1:
         raise ValueError(f"DiLoCoOptimizer: merge_alpha must be a number in [0, 1], got {merge_alpha!r}")
-    return {"inner_steps": int(inner_steps), "outer_lr": float(outer_lr), "outer_momentum": float(outer_momentum),
+    if not isinstance(outer, str) or outer not in OUTERS:
+        raise ValueError(f"DiLoCoOptimizer: outer must be one of {', '.join(repr(o) for o in OUTERS)} (the workers' "
+                         f"average, or the pseudo-gradient of the worker with the lowest training loss); got {outer!r}")
+    return {"outer": outer, "inner_steps": int(inner_steps), "outer_lr": float(outer_lr), "outer_momentum": float(outer_momentum),
             "nesterov": nesterov, "fragments": int(fragments), "overlap": int(overlap),
             "merge_alpha": float(merge_alpha)}
 
@@ -128,12 +134,15 @@ class DiLoCoSettings:
     ``generation``). After configure(): ``workers`` (the partition of the ranks into workers), ``group`` (this
     rank's worker), ``leaders`` (each worker's first rank, the one that sends at a round), ``is_leader``."""
 
-    def __init__(self, size=None, groups=None, inner_compressed=False, **arguments):
+    def __init__(self, size=None, groups=None, inner_compressed=False, compression=None, **arguments):
         checked = check_arguments(**arguments)
+        if checked["outer"] == "leader":
+            check_leader_compression(compression)
         self.inner_steps, self.outer_lr = checked["inner_steps"], checked["outer_lr"]
         self.outer_momentum, self.nesterov = checked["outer_momentum"], checked["nesterov"]
         self.fragments, self.overlap, self.merge_alpha = checked["fragments"], checked["overlap"], \
             checked["merge_alpha"]
+        self.outer = checked["outer"]
         self.schedule = Schedule(self.inner_steps, self.fragments, self.overlap)
         if groups is not None and size is None:
             raise TypeError("DiLoCoSettings: groups need the job's size")
@@ -158,7 +167,47 @@ class DiLoCoSettings:
     def describe(self):
         return {"inner_steps": self.inner_steps, "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
                 "nesterov": self.nesterov, "groups": describe_groups(self.groups_arg), "fragments": self.fragments,
-                "overlap": self.overlap, "merge_alpha": self.merge_alpha}
+                "overlap": self.overlap, "merge_alpha": self.merge_alpha, "outer": self.outer}
+
+
+def check_leader_compression(compression):
+    """outer="leader" sends one worker's pseudo-gradient, which that worker encodes alone: a compressor whose
+    encoding needs every rank (CompressorSpec.encodes_alone False: PowerSGD, GraVAC) cannot carry it."""
+    if getattr(compression, "payload", False) and not getattr(compression, "encodes_alone", True):
+        raise ValueError(f"DiLoCoOptimizer: outer='leader' sends the best worker's pseudo-gradient as that worker "
+                         f"alone encodes it: compression must be none, fp16 (or a Horovod Compressor), ternary or "
+                         f"topk; Compression.{compression.name} encodes with every rank (got {compression!r})")
+
+
+def leader_transport(method):
+    """How outer="leader" sends a tensor with the plan's method: ("codec", the method's per-tensor codec, with
+    its error feedback) for a payload compressor, ("linear", the Horovod Compressor) for Horovod's own (none,
+    fp16): the elected worker's leader encodes, an allgather in which only its contribution is non-empty carries
+    the payload (only its bytes travel), and every rank decodes it (codec.sent / Compressor.decompress)."""
+    codec = getattr(method, "codec", None)
+    if codec is not None and getattr(method.spec, "payload", False):
+        return "codec", codec
+    return "linear", method.spec
+
+
+def elect_worker(windows, workers, what="DiLoCoOptimizer", lenient=False):
+    """outer="leader": the index of the worker whose ranks reported the lowest mean training loss since the last
+    election (windows[r] = (loss sum, count) of rank r, from one allgather: every rank elects the same worker; ties
+    to the lowest index, as LSGD elects). A worker with no loss raises ValueError on every rank, unless `lenient`
+    (the first election after an elastic reset, where an added rank has reported nothing: it is not elected); a
+    NaN/Inf mean raises FloatingPointError."""
+    means = []
+    for group in workers:
+        total, count = sum(windows[r][0] for r in group), sum(windows[r][1] for r in group)
+        if not count and not lenient:
+            raise ValueError(f"{what}: outer='leader' elects the worker with the lowest training loss, and rank(s) "
+                             f"{group} reported none since the last exchange; {LOSS_HELP}")
+        means.append(total / count if count else math.inf)
+    bad = [g for g, m in zip(workers, means) if math.isnan(m) or (m == math.inf and any(windows[r][1] for r in g))]
+    if bad:
+        raise FloatingPointError(f"{what}: NaN or Inf training loss reported by rank(s) {sum(bad, [])}; the loss must "
+                                 f"be finite (lower the learning rate, or clip gradients)")
+    return min(range(len(workers)), key=lambda w: (means[w], w))
 
 
 def worker_process_sets(settings, size, add_process_set, barrier):

@@ -36,8 +36,8 @@ from horovod_ext.compression.horovod_args import outside_process_set
 from horovod_ext.compression.specs import describe_compression
 from horovod_ext.compression.wire import allreduce_wire_bytes
 from horovod_ext.consensus.agreement import build_on_every_rank
-from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averaged_pseudo_gradient, fragments_of,
-                                          merged, outer_update, worker_process_sets)
+from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averaged_pseudo_gradient, elect_worker,
+                                          fragments_of, leader_transport, merged, outer_update, worker_process_sets)
 from .aggregator import GradientAggregator, variable_names
 from .backend import barrier_over_every_rank, numpy_allgather
 from .elastic_state import assign_all, broadcast_variables, numpy_values
@@ -73,6 +73,15 @@ def _switch(index, fns):
     if len(fns) == 1:
         return fns[0]()
     return tf.switch_case(tf.cast(index, tf.int32), [lambda fn=fn: _grouped(fn()) for fn in fns])
+
+
+@tf.autograph.experimental.do_not_convert
+def _pick(truth, fn, otherwise):
+    """fn() if truth else otherwise(), as a tensor: a Python if eagerly (truth a bool or a tensor), a tf.cond in a
+    graph."""
+    if tf.executing_eagerly():
+        return fn() if bool(truth) else otherwise()
+    return tf.cond(truth, fn, otherwise)
 
 
 def _fragment_at(step, window, fragments):
@@ -114,6 +123,14 @@ class DiLoCoState(tf.Module):
             self.rounds = tf.Variable(0, dtype=tf.int64, trainable=False, name="rounds")
             self.pending_fragment = tf.Variable(-1, dtype=tf.int64, trainable=False, name="pending_fragment")
             self.update_norm = tf.Variable(np.nan, dtype=tf.float64, trainable=False, name="update_norm")
+            # outer="leader": this rank's training losses since the last election, the elected worker's leader
+            # rank, whether the next election may meet ranks without a loss (after an elastic reset), the bytes
+            # this rank broadcast as the elected worker
+            self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="loss_sum")
+            self.loss_count = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="loss_count")
+            self.elected = tf.Variable(-1, dtype=tf.int64, trainable=False, name="elected")
+            self.lenient = tf.Variable(False, trainable=False, name="lenient")
+            self.leader_bytes = tf.Variable(0, dtype=tf.int64, trainable=False, name="leader_bytes")
         self.outer, self.momentum, self.pending = [], [], []
         # across workers, over the leaders' process set (a rank that does not lead its worker never sends); one
         # per fragment
@@ -211,12 +228,76 @@ class DiLoCoState(tf.Module):
                                   name=f"horovod_ext.diloco.{self.n}.share.{s.generation}.{i}")
                     for i, value in zip(indices, values)]
 
-        delta = averaged_pseudo_gradient(s, deltas, lambda values: self.exchanges[fragment].aggregate(values,
-                                                                                                     variables),
-                                         in_group)
+        if s.outer == "leader":
+            best = self.elect()
+            across = lambda values: self.leader_exchange(fragment, values, variables, best)  # noqa: E731
+        else:
+            across = lambda values: self.exchanges[fragment].aggregate(values, variables)  # noqa: E731
+        delta = averaged_pseudo_gradient(s, deltas, across, in_group)
         ops = [self.pending[i].assign(d) for i, d in zip(indices, delta)]
         with tf.control_dependencies(ops):
             return self.pending_fragment.assign(fragment)
+
+    # ------------------------------------------------------------------------------------ outer="leader"
+    def report_loss(self, loss):
+        """Add a training loss (a number or a scalar tensor) to the window the best worker is elected by."""
+        loss = tf.cast(tf.reshape(loss, []), tf.float64) if tf.is_tensor(loss) else tf.constant(float(loss), tf.float64)
+        return tf.group(self.loss_sum.assign_add(loss), self.loss_count.assign_add(1.0))
+
+    @tf.autograph.experimental.do_not_convert
+    def elect(self):
+        """Every rank's (loss sum, count) since the last election by one small allgather, and the same worker
+        elected on every rank (consensus.diloco.elect_worker, on the host inside a graph); the window starts
+        again. Returns the worker's index (a Python int eagerly, an int64 tensor in a graph)."""
+        s = self.settings
+        window = tf.reshape(tf.stack([self.loss_sum.read_value(), self.loss_count.read_value()]), [1, 2])
+        windows = hvd.allgather(window, name=f"horovod_ext.diloco.{self.n}.losses.{s.generation}",
+                                ignore_name_scope=True)
+
+        def on_host(values, lenient):
+            return elect_worker(np.asarray(values).tolist(), s.workers, WHAT, lenient=bool(lenient))
+
+        if tf.executing_eagerly():
+            best = on_host(windows.numpy(), self.lenient.numpy())
+        else:
+            best = tf.reshape(tf.py_function(lambda w, le: np.int64(on_host(w.numpy(), le.numpy())),
+                                             [windows, self.lenient.read_value()], tf.int64), [])
+        leaders = tf.constant(s.leaders, tf.int64)
+        with tf.control_dependencies([self.loss_sum.assign(0.0), self.loss_count.assign(0.0),
+                                      self.lenient.assign(False), self.elected.assign(tf.gather(leaders, best))]):
+            return best if tf.executing_eagerly() else tf.identity(best)
+
+    @tf.autograph.experimental.do_not_convert
+    def leader_exchange(self, fragment, values, variables, best):
+        """The elected worker's pseudo-gradient on every leader, tensor by tensor through the fragment's plan
+        (consensus.diloco.leader_transport): the elected leader encodes (with its error feedback), an allgather over
+        the leaders to which every other leader contributes nothing carries the payload, every leader decodes."""
+        s, aggregator = self.settings, self.exchanges[fragment]
+        names = variable_names(variables)
+        aggregator._agree(names, values)  # noqa: SLF001 - the plan's settings exchange (eager, also while tracing)
+        driver, be = aggregator.run.driver, aggregator.backend
+        driver.begin(aggregator.step.read_value(), aggregator.seed.read_value())
+        kind, codec = leader_transport(driver.method)
+        sending = tf.equal(tf.cast(best, tf.int64), s.workers.index(s.group))
+        out, sent = [], []
+        for i, (name, d) in enumerate(zip(names, values)):
+            item = driver.item(i, name, d, d.shape.num_elements(), 4)
+            flat = be.flat32(d)
+            if kind == "codec":
+                payload = _pick(sending, lambda item=item, flat=flat: codec.encode(
+                    be, item, codec.prepare(be, item, flat))[0], lambda: tf.zeros([0], tf.uint8))
+            else:
+                compressed, ctx = codec.compress(flat)
+                payload = _pick(sending, lambda c=compressed: c, lambda c=compressed: c[:0])
+            gathered = hvd.allgather(payload, process_set=aggregator.process_set, ignore_name_scope=True,
+                                     name=f"horovod_ext.diloco.{self.n}.leader.{s.generation}.{name}")
+            value = codec.sent(be, item, gathered) if kind == "codec" else codec.decompress(gathered, ctx)
+            out.append(tf.reshape(tf.cast(value, tf.float32), d.shape))
+            sent.append(tf.size(payload, out_type=tf.int64) * payload.dtype.size)
+        with tf.control_dependencies(out):
+            counted = [aggregator.step.assign_add(1), self.leader_bytes.assign_add(tf.add_n(sent))]
+        with tf.control_dependencies(counted):
+            return [tf.identity(o) for o in out]
 
     @tf.autograph.experimental.do_not_convert
     def apply_fragment(self, fragment):
@@ -271,6 +352,9 @@ class DiLoCoState(tf.Module):
         total = {k: sum(e["total"][k] for e in exchanges) + inner * dense.get(k, 0)
                  - sum(n * d.get(k, 0) for n, d in zip(sent, dense_f)) for k in _DENSE_FIELDS}
         seconds = {k: 0.0 for k in ("compress_seconds", "decompress_seconds", "comm_seconds")}
+        if s.outer == "leader":  # the bytes this rank broadcast when elected, and the elections' allgathers
+            rounds_started = int(self.rounds.numpy()) + (int(self.pending_fragment.numpy()) >= 0 and s.overlap > 0)
+            total["payload_bytes"] += int(self.leader_bytes.numpy()) + 16 * rounds_started
         stats["total"] = CompressionStats._summary({**total, **seconds})  # noqa: SLF001
         window = s.inner_steps // s.fragments
         last = (inner // window - 1) % s.fragments if inner and inner % window == 0 and s.is_leader else None
@@ -285,7 +369,8 @@ class DiLoCoState(tf.Module):
                      inner_steps_taken=inner, outer_rounds=rounds, outer_update_norm=None if np.isnan(norm) else norm,
                      workers=s.workers, leader=s.is_leader, fragments=[[names[i] for i in f] for f in fragments],
                      overlap=s.overlap, merge_alpha=s.merge_alpha, peak_exchange_payload_bytes=peak,
-                     in_flight=None if pending < 0 or s.overlap == 0 else pending)
+                     in_flight=None if pending < 0 or s.overlap == 0 else pending, outer=s.outer,
+                     elected=None if int(self.elected.numpy()) < 0 else int(self.elected.numpy()))
         if self.averaging_in_group:
             group = self.inner_average.compression_stats()
             # the float32 averages the leader broadcast to its group, a fragment at each exchange
@@ -314,7 +399,7 @@ class DiLoCoState(tf.Module):
     # -------------------------------------------------------------------------------------- elastic training
     def _values(self):
         return [self.inner, self.started, self.fragment_started, self.rounds, self.pending_fragment,
-                self.update_norm, *self.outer, *self.momentum, *self.pending]
+                self.update_norm, self.elected, self.leader_bytes, *self.outer, *self.momentum, *self.pending]
 
     def _aggregators(self):
         return [a for a in (*self.exchanges, self.inner_average) if a is not None]
@@ -335,6 +420,7 @@ class DiLoCoState(tf.Module):
         trace, each rank's residuals carried over; the outer state comes from the commit, then from rank 0."""
         with tf.init_scope():
             self._configure(*self._make_workers())
+            self.lenient.assign(True)
             for aggregator in self._aggregators():
                 aggregator.elastic_reset()
 
@@ -369,7 +455,7 @@ class DiLoCoState(tf.Module):
 
 def DiLoCoOptimizer(optimizer, named_parameters=None, inner_steps=50, outer_lr=0.7, outer_momentum=0.9,
                     nesterov=True, compression=None, groups=None, inner_compression=None, fragments=1, overlap=0,
-                    merge_alpha=0.0):
+                    merge_alpha=0.0, outer="average"):
     """DiLoCo (Douillard et al. 2023) for a Keras 3 optimizer (the inner one, AdamW in the paper): see
     horovod_ext.torch.DiLoCoOptimizer; the same arguments and semantics.
 
@@ -384,10 +470,12 @@ def DiLoCoOptimizer(optimizer, named_parameters=None, inner_steps=50, outer_lr=0
 
     Streaming DiLoCo: ``fragments``, ``overlap`` and ``merge_alpha`` as in PyTorch, to the same bits; with
     ``overlap`` the exchange itself runs synchronously when the fragment's pseudo-gradient is taken (a warning says
-    so) and its average is applied ``overlap`` steps later."""
+    so) and its average is applied ``overlap`` steps later. ``outer="leader"``: as in PyTorch; the loss comes from
+    ``optimizer.report_loss(loss)`` in a custom loop or ``hvd.callbacks.ReportLossCallback()`` with model.fit."""
     named, tensors = checked_named_tensors(optimizer, named_parameters, WHAT)
     arguments = {"inner_steps": inner_steps, "outer_lr": outer_lr, "outer_momentum": outer_momentum,
-                 "nesterov": nesterov, "fragments": fragments, "overlap": overlap, "merge_alpha": merge_alpha}
+                 "nesterov": nesterov, "fragments": fragments, "overlap": overlap, "merge_alpha": merge_alpha,
+                 "outer": outer}
     n = next(_ids)
     with tf.init_scope():
         gather = functools.partial(allgather_blobs, allgather=numpy_allgather(), tag=f"hvdext.{WHAT}.{n}")
@@ -397,7 +485,8 @@ def DiLoCoOptimizer(optimizer, named_parameters=None, inner_steps=50, outer_lr=0
         def make_workers():
             """(settings, this rank's worker's process set, the leaders') for the job's membership, on every rank."""
             settings = build_on_every_rank(
-                lambda: DiLoCoSettings(size=hvd.size(), groups=groups, inner_compressed=inner_compressed, **arguments),
+                lambda: DiLoCoSettings(size=hvd.size(), groups=groups, inner_compressed=inner_compressed,
+                                       compression=compression, **arguments),
                 compared, tensors, gather, hvd.rank(), hvd.size(), WHAT)
             return (settings, *worker_process_sets(settings, hvd.size(), hvd.add_process_set,
                                                    barrier_over_every_rank))
@@ -434,5 +523,9 @@ def DiLoCoOptimizer(optimizer, named_parameters=None, inner_steps=50, outer_lr=0
     def compression_stats(self):
         return self.horovod_ext.compression_stats()
 
+    def report_loss(self, loss):
+        """outer="leader": add a training loss to the window the best worker is elected by."""
+        return self.horovod_ext.report_loss(loss)
+
     return wrap(optimizer, {"build": build, "apply": apply, "evaluation_parameters": evaluation_parameters,
-                            "compression_stats": compression_stats}, state)
+                            "compression_stats": compression_stats, "report_loss": report_loss}, state)

@@ -30,9 +30,10 @@ from horovod_ext.compression.specs import compression_name, describe_compression
 
 from horovod_ext.consensus.accounting import account_dense_reference
 from horovod_ext.consensus.agreement import build_on_every_rank
-from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averaged_pseudo_gradient, exchange,
-                                          finish_exchange, fragments_of, launch_exchange, merged, outer_update,
-                                          worker_process_sets)
+from horovod_ext.compression.wire import allgather_wire_bytes
+from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averaged_pseudo_gradient, elect_worker,
+                                          exchange, finish_exchange, fragments_of, launch_exchange, leader_transport,
+                                          merged, outer_update, worker_process_sets)
 from horovod_ext.compression.resume import split_checkpoint
 from .backend import TorchBackend, barrier_over_every_rank, numpy_allgather, timed_into
 from .optimizer import _LIVE_OPTIMIZERS
@@ -70,6 +71,9 @@ class _DiLoCo(StateInCheckpoint):
         self._hx_rounds = 0  # fragment exchanges applied
         self._hx_pending = None  # the fragment exchange in flight (see _hx_launch)
         self._hx_peak_bytes = 0  # the most payload bytes one exchange sent
+        self._hx_loss = [0.0, 0]  # outer="leader": this rank's training losses (sum, count) since the last election
+        self._hx_elected = None  # outer="leader": the last elected worker's leader rank
+        self._hx_lenient = False  # the first election after an elastic reset: a rank may have reported no loss
         _LIVE_OPTIMIZERS.add(self)  # hvd.join() applies the exchange in flight first
 
     def _hx_build(self):
@@ -80,7 +84,7 @@ class _DiLoCo(StateInCheckpoint):
         compared = dict(self._hx_arguments, inner_compression=self._hx_inner_described)
         self._hx_settings = build_on_every_rank(
             lambda: DiLoCoSettings(size=hvd.size(), inner_compressed=self._hx_inner_described != NO_COMPRESSION,
-                                   **self._hx_arguments),
+                                   compression=self._hx_compression, **self._hx_arguments),
             compared, tensors, self._hx_allgather_blobs, hvd.rank(), hvd.size(), self._hx_what)
         self._hx_fragments = fragments_of(self._hx_names, self._hx_settings.fragments)  # the same on every rank
         self._hx_group_set, leaders_set = worker_process_sets(self._hx_settings, hvd.size(), hvd.add_process_set,
@@ -128,6 +132,7 @@ class _DiLoCo(StateInCheckpoint):
         before its launch). The outer parameters, momentum and inner step count come back from the commit (restore)
         and then from rank 0 (sync)."""
         self._hx_forget_in_flight()
+        self._hx_lenient = True
         for run in self._hx_runs:
             run.elastic_reset()
         self._hx_inner_run.elastic_reset()
@@ -146,17 +151,23 @@ class _DiLoCo(StateInCheckpoint):
         self._hx_agree()  # at a step every rank takes, before it counts: a loaded checkpoint's counts are taken on
         if self._hx_pending is not None and self._hx_pending["items"] is None:
             self._hx_launch(self._hx_pending)  # a checkpoint's exchange in flight, started again from its record
+        loss = None
+        if closure is not None:  # the gradients first: a worker's ranks average them before the inner step
+            with torch.enable_grad():
+                loss = closure()
+            if self._hx_settings.outer == "leader":
+                self.report_loss(loss)
         if self._hx_inner_backend is not None:
             self._hx_average_in_group()
-        loss = super().step(closure)
+        super().step()
         with torch.no_grad():
             self._hx_inner += 1
             schedule, sent = self._hx_settings.schedule, set()
             starts = schedule.starts(self._hx_inner)
             if starts is not None:
                 self._hx_launch(self._hx_record(starts))
-                if self._hx_settings.is_leader:
-                    sent = set(self._hx_fragments[starts])
+                if self._hx_settings.is_leader and self._hx_settings.outer == "average":
+                    sent = set(self._hx_fragments[starts])  # counted by the plan
             if schedule.applies(self._hx_inner) is not None:
                 self._hx_apply()
             # data-parallel SGD's allreduce of this step's gradients, less the tensors the plan counted
@@ -236,10 +247,74 @@ class _DiLoCo(StateInCheckpoint):
             record["deltas"] = [d.clone() for d in record["saved"]]
         record["bytes_before"] = self._hx_stats.total["payload_bytes"] + self._hx_stats.current["payload_bytes"]
         record["round"] = run.counters.step
-        record["items"] = launch_exchange(run.driver, names, record["deltas"], run.counters.step,
-                                          run.counters.seed) if self._hx_settings.is_leader else []
+        s = self._hx_settings
+        if s.outer == "leader":
+            if record.get("best") is None:  # a checkpoint's record keeps the worker it elected
+                record["best"] = self._hx_elect()
+            self._hx_elected = s.leaders[record["best"]]
+            record["items"] = self._hx_leader_launch(run, names, record["deltas"], record["best"]) \
+                if s.is_leader else []
+        else:
+            record["items"] = launch_exchange(run.driver, names, record["deltas"], run.counters.step,
+                                              run.counters.seed) if s.is_leader else []
         run.counters.step += 1
         self._hx_pending = record
+
+    def report_loss(self, loss):
+        """Add this step's training loss (a number or a scalar tensor) to the running average outer="leader" elects
+        the best worker by (step(closure) reports the closure's)."""
+        self._hx_loss[0] += float(loss.detach()) if torch.is_tensor(loss) else float(loss)
+        self._hx_loss[1] += 1
+
+    def _hx_elect(self):
+        """outer="leader": every rank's (loss sum, count) since the last election, one small allgather; the same
+        worker elected on every rank (consensus.diloco.elect_worker); the window starts again."""
+        s = self._hx_settings
+        window = torch.tensor([self._hx_loss], dtype=torch.float64)
+        windows = hvd.allgather(window, name=f"horovod_ext.diloco.{self._hx_id}.losses.{s.generation}").tolist()
+        self._hx_stats.add(payload_bytes=16, wire_bytes=allgather_wire_bytes(16, hvd.size()))
+        best = elect_worker(windows, s.workers, self._hx_what, lenient=self._hx_lenient)
+        self._hx_loss, self._hx_lenient = [0.0, 0], False
+        return best
+
+    def _hx_leader_launch(self, run, names, deltas, best):
+        """outer="leader", on a worker's leader: the best worker's leader encodes its pseudo-gradient tensor by tensor
+        (the plan's codec with its error feedback, or Horovod's compressor) and an allgather over the leaders, to
+        which every other leader contributes nothing, carries it (consensus.diloco.leader_transport)."""
+        driver, s = run.driver, self._hx_settings
+        be, sending = driver.be, hvd.rank() == s.leaders[best]
+        driver.begin(run.counters.step, run.counters.seed)  # the codec's draws: this exchange's step and seed
+        kind, codec = leader_transport(driver.method)
+        items, sent = [], 0
+        for i, (name, d) in enumerate(zip(names, deltas)):
+            item = driver.item(i, name, d, d.numel(), 4)
+            if kind == "codec":
+                payload = codec.encode(be, item, codec.prepare(be, item, be.flat32(d)))[0] if sending else \
+                    torch.empty(0, dtype=torch.uint8, device=d.device)
+            else:
+                payload, item.work = codec.compress(d.reshape(-1)) if sending else \
+                    (torch.empty(0, dtype=codec.compress(d.reshape(-1)[:1])[0].dtype, device=d.device), None)
+            sent += payload.numel() * payload.element_size()
+            item.future = hvd.allgather_async(payload, process_set=self._hx_backends[0].process_set,
+                                              name=f"horovod_ext.diloco.{self._hx_id}.leader.{s.generation}.{name}")
+            items.append(item)
+        if sending:
+            self._hx_stats.add(payload_bytes=sent, wire_bytes=sent * (len(s.leaders) - 1))
+        return items
+
+    def _hx_leader_finish(self, run, items):
+        """The best worker's pseudo-gradient, decoded on every leader."""
+        kind, codec = leader_transport(run.driver.method)
+        out = []
+        for item in items:
+            payload = hvd.synchronize(item.future)
+            if kind == "codec":
+                value = codec.sent(run.driver.be, item, payload)
+            else:
+                ctx = item.work if item.work is not None else codec.compress(item.grad.reshape(-1)[:1])[1]
+                value = codec.decompress(payload, ctx)
+            out.append(value.reshape(item.grad.shape).float())
+        return out
 
     def _hx_apply(self):
         """The in-flight fragment's outer update: Delta averaged over the workers (the leaders wait for the plan,
@@ -251,6 +326,8 @@ class _DiLoCo(StateInCheckpoint):
         run = self._hx_runs[fragment]
 
         def across_leaders(values):
+            if s.outer == "leader":
+                return self._hx_leader_finish(run, record["items"])
             return finish_exchange(run.driver, record["items"], record["round"], lambda item: item.grad)
 
         def in_group(values):
@@ -293,7 +370,8 @@ class _DiLoCo(StateInCheckpoint):
                      outer_update_norm=self._hx_update_norm, workers=s.workers, leader=s.is_leader,
                      fragments=[[self._hx_names[i] for i in f] for f in self._hx_fragments], overlap=s.overlap,
                      merge_alpha=s.merge_alpha, peak_exchange_payload_bytes=self._hx_peak_bytes,
-                     in_flight=None if self._hx_pending is None else self._hx_pending["fragment"])
+                     in_flight=None if self._hx_pending is None else self._hx_pending["fragment"], outer=s.outer,
+                     elected=self._hx_elected)
         if self._hx_inner_backend is not None:
             stats["inner"] = self._hx_inner_stats.as_dict()
         return stats
@@ -328,9 +406,11 @@ class _DiLoCo(StateInCheckpoint):
         pending = None
         if record is not None:  # the statistics are the optimizer's (every fragment's run holds the same object)
             runs[record["fragment"]] = dict(record["before"], stats=self._hx_stats.state())
-            pending = {"fragment": record["fragment"], "due": record["due"], "deltas": clone(record["saved"])}
+            pending = {"fragment": record["fragment"], "due": record["due"], "deltas": clone(record["saved"]),
+                       "best": record.get("best")}
         return {"inner": self._hx_inner, "outer": clone(self._hx_outer), "momentum": clone(self._hx_momentum),
                 "update_norm": self._hx_update_norm, "rounds": self._hx_rounds, "peak_bytes": self._hx_peak_bytes,
+                "loss": list(self._hx_loss), "elected": self._hx_elected,
                 "pending": pending, "runs": runs,
                 "inner_run": self._hx_inner_run.state_dict(hvd.rank(), hvd.size())}
 
@@ -346,6 +426,7 @@ class _DiLoCo(StateInCheckpoint):
         if self._hx_momentum is None:
             self._hx_momentum = [None] * len(self._hx_params)
         self._hx_rounds, self._hx_peak_bytes = int(ours.get("rounds", 0)), int(ours.get("peak_bytes", 0))
+        self._hx_elected = ours.get("elected")
         pending, own = ours.get("pending"), self._hx_pending
         if own is not None and own["items"]:
             self._hx_runs[own["fragment"]].forget_in_flight()
@@ -354,10 +435,11 @@ class _DiLoCo(StateInCheckpoint):
             same = own is not None and (own["fragment"], own["due"]) == (pending["fragment"], pending["due"])
             saved = own["saved"] if same else moved(pending["deltas"])
             self._hx_pending = {"fragment": int(pending["fragment"]), "due": int(pending["due"]), "items": None,
-                                "deltas": None, "saved": saved, "before": None}
+                                "deltas": None, "saved": saved, "before": None, "best": pending.get("best")}
 
     def _hx_load_ours(self, ours):
         self._hx_take(ours, copy=True)
+        self._hx_loss = [float(v) for v in ours.get("loss", [0.0, 0])]  # this rank's own window
         for run, state in zip(self._hx_runs, ours["runs"], strict=True):
             run.load_state_dict(state, hvd.rank(), hvd.size())
         if self._hx_pending is not None:
@@ -384,7 +466,7 @@ class _DiLoCo(StateInCheckpoint):
 
 def DiLoCoOptimizer(optimizer, named_parameters=None, inner_steps=50, outer_lr=0.7, outer_momentum=0.9,
                     nesterov=True, compression=None, groups=None, inner_compression=None, fragments=1, overlap=0,
-                    merge_alpha=0.0):
+                    merge_alpha=0.0, outer="average"):
     """DiLoCo (Douillard et al. 2023) over Horovod: wrap a torch optimizer (the inner one, AdamW in the paper).
 
     Every worker takes ``inner_steps`` steps of its own optimizer on its own gradients; then the workers average
@@ -405,10 +487,16 @@ def DiLoCoOptimizer(optimizer, named_parameters=None, inner_steps=50, outer_lr=0
     ``merge_alpha``: the worker's fragment then becomes merge_alpha * its own + (1 - merge_alpha) * the outer
     one (0: the outer one, every replica identical). Each fragment has its own exchange state and residuals.
 
+    ``outer="leader"`` (LSGD's leader as the outer step): at each exchange the worker with the lowest running
+    training loss since the last one (one small allgather; ties to the lowest rank) alone sends its pseudo-gradient,
+    through ``compression`` (none, fp16, ternary or topk), and the outer step follows it; with groups a worker's
+    ranks average inside it and the best worker steers across. The loss: ``step(closure)`` or
+    ``report_loss(loss)`` before ``step()``. ``outer="average"`` (the default) is DiLoCo's mean.
+
     Construction is collective: bad or differing arguments raise the same error on every rank."""
     arguments = {"inner_steps": inner_steps, "outer_lr": outer_lr, "outer_momentum": outer_momentum,
                  "nesterov": nesterov, "groups": groups, "fragments": fragments, "overlap": overlap,
-                 "merge_alpha": merge_alpha}
+                 "merge_alpha": merge_alpha, "outer": outer}
     wrapped = wrap(_DiLoCo, optimizer)
     wrapped._hx_setup(named_parameters, arguments, compression if compression is not None else hvd.Compression.none,
                       inner_compression if inner_compression is not None else hvd.Compression.none)

@@ -36,6 +36,15 @@ and momentum (each fragment's momentum starts at its own first round), and each 
 
 Each fragment has its own residuals. P = 1, tau = 0 is DiLoCo.
 
+The leader as the outer step (outer="leader", after LSGD: Teng et al., "Leader Stochastic Gradient Descent for
+Distributed Training of Deep Learning Models", NeurIPS 2019): at each exchange the worker b with the lowest running
+training loss since the last exchange (ties to the lowest index) sends its own pseudo-gradient, and only it:
+
+    Delta = sent_b      (x_b = Delta_b + e_b through the codec; e_b = x_b - sent_b; every other e_m unchanged)
+
+and the outer step above moves theta along it: the workers are pulled toward the best one's progress instead of
+the average's.
+
 Every operation is float32 and one rounding each, in the order written (mu * b is rounded before the add; eta times
 the step is rounded before the subtraction): the framework implementations compute the same operations, not a
 fused multiply-add, so that their bits equal these.
@@ -70,6 +79,22 @@ def compressed_mean(deltas, residuals, sent_of=None):
         sent.append(s)
         kept.append(x - s)
     return mean_of_sent(sent), kept
+
+
+def leader_of(losses):
+    """The worker with the lowest loss, ties to the lowest index."""
+    return min(range(len(losses)), key=lambda m: (losses[m], m))
+
+
+def leader_sent(deltas, residuals, losses, sent_of=None):
+    """(Delta, new residuals) of outer="leader": the best worker's x_b = Delta_b + e_b through sent_of (None: sent
+    uncompressed), the others' residuals unchanged."""
+    best = leader_of(losses)
+    residuals = [np.asarray(r, dtype=F32).copy() for r in residuals]
+    x = np.asarray(deltas[best], dtype=F32) + residuals[best]
+    sent = x if sent_of is None else np.asarray(sent_of(x, best), dtype=F32)
+    residuals[best] = x - sent
+    return sent.copy(), residuals
 
 
 def outer_step(outer, momentum, delta, lr=0.7, mu=0.9, nesterov=True):
@@ -125,10 +150,11 @@ def merge(local, outer, alpha):
 
 
 def train_streaming(theta0, inner_update, workers, steps, inner_steps, fragments, overlap=0, merge_alpha=0.0,
-                    sent_of=None, lr=0.7, mu=0.9, nesterov=True):
+                    sent_of=None, lr=0.7, mu=0.9, nesterov=True, losses_of=None):
     """A Streaming DiLoCo run of `steps` inner steps over flat parameters; fragments: index arrays into them (one per
-    fragment). Returns (theta, b, the workers' parameters, history): history[k] = (step, fragment, the workers'
-    fragment values at the start of the k-th exchange)."""
+    fragment). losses_of(locals_, step) -> each worker's training loss since the last exchange: outer="leader"
+    (None: the average). Returns (theta, b, the workers' parameters, history): history[k] = (step, fragment, the
+    workers' fragment values at the start of the k-th exchange)."""
     theta = np.asarray(theta0, dtype=F32).copy()
     b = np.zeros_like(theta)
     started = [False] * len(fragments)
@@ -142,7 +168,11 @@ def train_streaming(theta0, inner_update, workers, steps, inner_steps, fragments
             idx = fragments[f]
             deltas = [pseudo_gradient(theta[idx], x[idx]) for x in locals_]
             history.append((step, f, [x[idx].copy() for x in locals_]))
-            delta, kept = compressed_mean(deltas, [residuals[m][f] for m in range(workers)], sent_of)
+            own = [residuals[m][f] for m in range(workers)]
+            if losses_of is None:
+                delta, kept = compressed_mean(deltas, own, sent_of)
+            else:
+                delta, kept = leader_sent(deltas, own, losses_of(locals_, step), sent_of)
             for m in range(workers):
                 residuals[m][f] = kept[m]
             pending[step + overlap] = (f, delta)

@@ -89,7 +89,9 @@ def stepper(m, opt, graph):
     def step():
         with tf.GradientTape() as tape:
             loss = loss_fn(y, m(x))
+        opt.report_loss(loss)  # what outer="leader" elects by
         opt.apply_gradients(zip(tape.gradient(loss, m.trainable_variables), m.trainable_variables))
+        return loss
 
     return tf.function(step) if graph else step
 
@@ -196,7 +198,9 @@ def bad_arguments():
     bad.update({"fragments not dividing inner_steps": {"inner_steps": 6, "fragments": 4},
                 "overlap not below H / P": {"inner_steps": 6, "fragments": 1, "overlap": 6},
                 "merge_alpha outside [0, 1]": {"merge_alpha": 1.5},
-                "overlap on rank 1 only": {"inner_steps": 6, "overlap": 1 if RANK == 1 else 0}})
+                "overlap on rank 1 only": {"inner_steps": 6, "overlap": 1 if RANK == 1 else 0},
+                "an unknown outer": {"outer": "median"},
+                "leader with powersgd": {"outer": "leader", "compression": hvd.Compression.powersgd}})
     errors = [expect_error(case, lambda kwargs=kwargs: make(**kwargs)) for case, kwargs in bad.items()]
     linear = model(0)
     errors.append(expect_error("fragments more than the layers", lambda: make(inner_steps=6, fragments=2).build(
@@ -209,7 +213,11 @@ def bad_arguments():
 STREAM_STEPS, STREAM_SAVE = 14, 8
 STREAMING = {"stream-none": {"compression": lambda: hvd.Compression.none, "merge_alpha": 0.0},
              "stream-ternary-merge": {"compression": TERNARY, "merge_alpha": 0.5},
-             "stream-groups": {"compression": lambda: hvd.Compression.none, "merge_alpha": 0.0, "groups": True}}
+             "stream-groups": {"compression": lambda: hvd.Compression.none, "merge_alpha": 0.0, "groups": True},
+             "leader-none": {"compression": lambda: hvd.Compression.none, "merge_alpha": 0.0, "outer": "leader"},
+             "leader-ternary": {"compression": TERNARY, "merge_alpha": 0.0, "outer": "leader"},
+             "leader-fp16-groups": {"compression": lambda: hvd.Compression.fp16, "merge_alpha": 0.0,
+                                    "outer": "leader", "groups": True}}
 PRE = []  # the parameters after each inner step (before the exchange)
 
 
@@ -240,17 +248,17 @@ def stream_optimizer(name):
     case = STREAMING[name]
     return hvd.DiLoCoOptimizer(EveryStepSGD(0.05), inner_steps=6, fragments=3, overlap=1,
                                merge_alpha=case["merge_alpha"], compression=case["compression"](),
-                               groups=groups() if case.get("groups") else None)
+                               groups=groups() if case.get("groups") else None, outer=case.get("outer", "average"))
 
 
 def stream_steps(m, opt, step, first, last):
-    post, outer = [], []
+    post, outer, losses = [], [], []
     for _ in range(first, last + 1):
-        step()
+        losses.append(float(step()))
         post.append(flat_of(m.trainable_variables))
         with opt.evaluation_parameters():
             outer.append(flat_of(m.trainable_variables))
-    return post, outer
+    return post, outer, losses
 
 
 def streaming(name, mode, tmp):
@@ -262,7 +270,7 @@ def streaming(name, mode, tmp):
     step = stepper(m, opt, mode == "graph")
     opt.build(m.trainable_variables)
     start = flat_of(m.trainable_variables)
-    post, outer = stream_steps(m, opt, step, 1, STREAM_SAVE)
+    post, outer, losses = stream_steps(m, opt, step, 1, STREAM_SAVE)
     in_flight = opt.compression_stats()["in_flight"]
     path = checkpoint(m, opt).write(os.path.join(tmp, f"{name}-stream-rank{RANK}")) if mode == "graph" else None
     more = stream_steps(m, opt, step, STREAM_SAVE + 1, STREAM_STEPS)
@@ -271,6 +279,7 @@ def streaming(name, mode, tmp):
     offsets = {n: (int(sum(np.prod(v.shape) for v in m.trainable_variables[:i])), int(np.prod(v.shape)))
                for i, (n, v) in enumerate(zip(names, m.trainable_variables))}
     out = {"start": start, "pre": list(PRE), "post": post + more[0], "outer": outer + more[1],
+           "losses": losses + more[2], "elected": stats["elected"], "payload_bytes": stats["total"]["payload_bytes"],
            "in_flight_at_save": in_flight, "fragments": stats["fragments"], "rounds": stats["outer_rounds"],
            "workers": stats["workers"], "peak": stats["peak_exchange_payload_bytes"],
            "ranges": [[offsets[n] for n in names_f] for names_f in stats["fragments"]]}
@@ -280,7 +289,8 @@ def streaming(name, mode, tmp):
         again_opt = stream_optimizer(name)
         again_opt.build(again.trainable_variables)
         checkpoint(again, again_opt).read(path)  # residuals are made at the first step: restored then
-        post, outer = stream_steps(again, again_opt, stepper(again, again_opt, True), STREAM_SAVE + 1, STREAM_STEPS)
+        post, outer, _ = stream_steps(again, again_opt, stepper(again, again_opt, True), STREAM_SAVE + 1,
+                                      STREAM_STEPS)
         out["resumed"] = {"pre": list(PRE), "post": post, "outer": outer}
     return out
 

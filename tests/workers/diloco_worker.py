@@ -141,7 +141,12 @@ def a_slower_worker_ends_last():
 STREAM_STEPS, STREAM_SAVE = 14, 8  # after step 8 fragment 0's exchange is in flight (started at 8, due at 9)
 STREAMING = {"stream-none": {"compression": lambda: hvd.Compression.none, "merge_alpha": 0.0},
              "stream-ternary-merge": {"compression": TERNARY, "merge_alpha": 0.5},
-             "stream-groups": {"compression": lambda: hvd.Compression.none, "merge_alpha": 0.0, "groups": True}}
+             "stream-groups": {"compression": lambda: hvd.Compression.none, "merge_alpha": 0.0, "groups": True},
+             # outer="leader": the best worker's pseudo-gradient steers each fragment's outer step
+             "leader-none": {"compression": lambda: hvd.Compression.none, "merge_alpha": 0.0, "outer": "leader"},
+             "leader-ternary": {"compression": TERNARY, "merge_alpha": 0.0, "outer": "leader"},
+             "leader-fp16-groups": {"compression": lambda: hvd.Compression.fp16, "merge_alpha": 0.0,
+                                    "outer": "leader", "groups": True}}
 
 
 def stream_model():
@@ -154,24 +159,28 @@ def stream_optimizer(name, model):
     case = STREAMING[name]
     return hvd.DiLoCoOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters(),
                                inner_steps=6, fragments=3, overlap=1, merge_alpha=case["merge_alpha"],
-                               compression=case["compression"](), groups=groups() if case.get("groups") else None)
+                               compression=case["compression"](), groups=groups() if case.get("groups") else None,
+                               outer=case.get("outer", "average"))
 
 
 def stream_steps(model, opt, first, last, x, y):
     """Steps first..last; per step the parameters after the inner step (before the exchange: the step post-hook),
     after opt.step(), and the outer parameters."""
     flat_now = lambda: torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()  # noqa: E731
-    pre, post, outer = [], [], []
+    pre, post, outer, losses = [], [], [], []
     handle = opt.register_step_post_hook(lambda *_: pre.append(flat_now()))
     for _ in range(first, last + 1):
         opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.report_loss(loss)  # what outer="leader" elects by
+        losses.append(float(loss))
         opt.step()
         post.append(flat_now())
         with opt.evaluation_parameters():
             outer.append(flat_now())
     handle.remove()
-    return pre, post, outer
+    return pre, post, outer, losses
 
 
 def streaming(name):
@@ -182,7 +191,7 @@ def streaming(name):
     opt = stream_optimizer(name, model)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     start = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
-    pre, post, outer = stream_steps(model, opt, 1, STREAM_SAVE, x, y)
+    pre, post, outer, losses = stream_steps(model, opt, 1, STREAM_SAVE, x, y)
     saved = ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict())
     in_flight = opt.compression_stats()["in_flight"]
     more = stream_steps(model, opt, STREAM_SAVE + 1, STREAM_STEPS, x, y)
@@ -198,6 +207,7 @@ def streaming(name):
         offsets[n] = (sum(o[1] for o in offsets.values()), p.numel())
     ranges = [[offsets[n] for n in names] for names in stats["fragments"]]
     return {"ranges": ranges, "start": start, "pre": pre + more[0], "post": post + more[1], "outer": outer + more[2],
+            "losses": losses + more[3], "elected": stats["elected"],
             "in_flight_at_save": in_flight, "resumed": {"pre": resumed[0], "post": resumed[1], "outer": resumed[2]},
             "fragments": stats["fragments"], "rounds": stats["outer_rounds"], "workers": stats["workers"],
             "peak": stats["peak_exchange_payload_bytes"], "payload_bytes": stats["total"]["payload_bytes"]}
@@ -247,7 +257,9 @@ def main():
                   "fragments not dividing inner_steps": {"inner_steps": 6, "fragments": 4},
                   "overlap not below H / P": {"inner_steps": 6, "fragments": 1, "overlap": 6},
                   "merge_alpha outside [0, 1]": {"merge_alpha": 1.5},
-                  "overlap on rank 1 only": {"inner_steps": 6, "overlap": 1 if hvd.rank() == 1 else 0}}
+                  "overlap on rank 1 only": {"inner_steps": 6, "overlap": 1 if hvd.rank() == 1 else 0},
+                  "an unknown outer": {"outer": "median"},
+                  "leader with powersgd": {"outer": "leader", "compression": hvd.Compression.powersgd}}
     bad.update(stream_bad)
     for case, kwargs in bad.items():
         out["errors"].append(expect_error(case, lambda: hvd.DiLoCoOptimizer(
