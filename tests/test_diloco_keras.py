@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from diloco_checks import (H, LEADER_CASES, ROUNDS, STREAM_SAVE, STREAM_STEPS, check_outer_steps_against_reference,
-                           check_leader, check_streaming, check_streaming_argument_errors, check_uneven_then_join,
-                           check_worker_argument_errors, flat, group_sgd)
+                           check_leader, check_resumed, check_streaming, check_streaming_argument_errors,
+                           check_uneven_then_join, check_worker_argument_errors, flat, group_sgd)
 from hvdext_reference import diloco as reference
 from hvdrun import horovodrun
 
@@ -193,7 +193,8 @@ def test_a_resumed_streaming_run_continues_to_the_same_bits_with_an_update_pendi
             run = by_mode["graph"]
             assert run["in_flight_at_save"] == 0, name  # fragment 0 exchanged at step 8, due at 9
             for key in ("pre", "post", "outer"):
-                assert run["resumed"][key] == run[key][STREAM_SAVE:], (r["rank"], name, key)
+                check_resumed(run["resumed"][key], run[key][STREAM_SAVE:],
+                              ring=len(results) > 2 and name == "stream-none")
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -69,7 +69,8 @@ def check_arguments(inner_steps=50, outer_lr=0.7, outer_momentum=0.9, nesterov=T
     if not isinstance(outer, str) or outer not in OUTERS:
         raise ValueError(f"DiLoCoOptimizer: outer must be one of {', '.join(repr(o) for o in OUTERS)} (the workers' "
                          f"average, or the pseudo-gradient of the worker with the lowest training loss); got {outer!r}")
-    return {"outer": outer, "inner_steps": int(inner_steps), "outer_lr": float(outer_lr), "outer_momentum": float(outer_momentum),
+    return {"outer": outer, "inner_steps": int(inner_steps), "outer_lr": float(outer_lr),
+            "outer_momentum": float(outer_momentum),
             "nesterov": nesterov, "fragments": int(fragments), "overlap": int(overlap),
             "merge_alpha": float(merge_alpha)}
 

@@ -84,6 +84,25 @@ def _pick(truth, fn, otherwise):
     return tf.cond(truth, fn, otherwise)
 
 
+def _packed(payloads):
+    """One uint8 buffer: the payloads' byte counts (int64), then their bytes."""
+    raw = [tf.reshape(p if p.dtype == tf.uint8 else tf.bitcast(p, tf.uint8), [-1]) for p in payloads]
+    sizes = tf.stack([tf.size(r, out_type=tf.int64) for r in raw])
+    return tf.concat([tf.reshape(tf.bitcast(sizes, tf.uint8), [-1]), *raw], 0)
+
+
+def _unpacked(buffer, count):
+    """The `count` payloads of a _packed buffer, as uint8."""
+    sizes = tf.bitcast(tf.reshape(buffer[:8 * count], [count, 8]), tf.int64)
+    return tf.split(buffer[8 * count:], sizes, num=count)
+
+
+def _as(chunk, dtype):
+    """A uint8 chunk's bytes as `dtype`."""
+    size = tf.as_dtype(dtype).size
+    return chunk if dtype == tf.uint8 else tf.bitcast(tf.reshape(chunk, [-1, size]), dtype)
+
+
 def _fragment_at(step, window, fragments):
     """(whether a fragment's exchange starts after inner step `step`, which one): consensus.diloco.Schedule.starts
     in tensors (step: an int64 tensor or a Python int)."""
@@ -269,9 +288,10 @@ class DiLoCoState(tf.Module):
 
     @tf.autograph.experimental.do_not_convert
     def leader_exchange(self, fragment, values, variables, best):
-        """The elected worker's pseudo-gradient on every leader, tensor by tensor through the fragment's plan
-        (consensus.diloco.leader_transport): the elected leader encodes (with its error feedback), an allgather over
-        the leaders to which every other leader contributes nothing carries the payload, every leader decodes."""
+        """The elected worker's pseudo-gradient on every leader through the fragment's plan
+        (consensus.diloco.leader_transport): the elected leader encodes each tensor (with its error feedback) into
+        one buffer, one allgather over the leaders to which every other leader contributes nothing carries it, and
+        every leader decodes it (one collective: see horovod_ext/torch/diloco.py's _hx_leader_launch)."""
         s, aggregator = self.settings, self.exchanges[fragment]
         names = variable_names(variables)
         aggregator._agree(names, values)  # noqa: SLF001 - the plan's settings exchange (eager, also while tracing)
@@ -279,23 +299,28 @@ class DiLoCoState(tf.Module):
         driver.begin(aggregator.step.read_value(), aggregator.seed.read_value())
         kind, codec = leader_transport(driver.method)
         sending = tf.equal(tf.cast(best, tf.int64), s.workers.index(s.group))
-        out, sent = [], []
-        for i, (name, d) in enumerate(zip(names, values)):
-            item = driver.item(i, name, d, d.shape.num_elements(), 4)
-            flat = be.flat32(d)
+        items = [driver.item(i, name, d, d.shape.num_elements(), 4) for i, (name, d) in enumerate(zip(names, values))]
+
+        def encoded():
             if kind == "codec":
-                payload = _pick(sending, lambda item=item, flat=flat: codec.encode(
-                    be, item, codec.prepare(be, item, flat))[0], lambda: tf.zeros([0], tf.uint8))
+                return _packed([codec.encode(be, item, codec.prepare(be, item, be.flat32(d)))[0]
+                                for item, d in zip(items, values)])
+            return _packed([codec.compress(be.flat32(d))[0] for d in values])
+
+        buffer = _pick(sending, encoded, lambda: tf.zeros([0], tf.uint8))
+        gathered = hvd.allgather(buffer, process_set=aggregator.process_set, ignore_name_scope=True,
+                                 name=f"horovod_ext.diloco.{self.n}.leader.{s.generation}.{names[0]}")
+        out = []
+        for item, d, chunk in zip(items, values, _unpacked(gathered, len(items))):
+            if kind == "codec":
+                value = codec.sent(be, item, chunk)
             else:
-                compressed, ctx = codec.compress(flat)
-                payload = _pick(sending, lambda c=compressed: c, lambda c=compressed: c[:0])
-            gathered = hvd.allgather(payload, process_set=aggregator.process_set, ignore_name_scope=True,
-                                     name=f"horovod_ext.diloco.{self.n}.leader.{s.generation}.{name}")
-            value = codec.sent(be, item, gathered) if kind == "codec" else codec.decompress(gathered, ctx)
+                compressed, ctx = codec.compress(be.flat32(d)[:1])  # the compressed dtype and the context
+                value = codec.decompress(_as(chunk, compressed.dtype), ctx)
             out.append(tf.reshape(tf.cast(value, tf.float32), d.shape))
-            sent.append(tf.size(payload, out_type=tf.int64) * payload.dtype.size)
         with tf.control_dependencies(out):
-            counted = [aggregator.step.assign_add(1), self.leader_bytes.assign_add(tf.add_n(sent))]
+            counted = [aggregator.step.assign_add(1),
+                       self.leader_bytes.assign_add(tf.size(buffer, out_type=tf.int64))]
         with tf.control_dependencies(counted):
             return [tf.identity(o) for o in out]
 
@@ -407,7 +432,8 @@ class DiLoCoState(tf.Module):
     def elastic_commit(self):
         """This rank's state at a commit (keras/elastic.py's KerasState): the inner step count, the outer parameters
         and momentum, and each aggregator's (round counter, seed, method state, this rank's residuals)."""
-        return {"values": numpy_values(self._values()), "aggregators": [a.elastic_commit() for a in self._aggregators()]}
+        return {"values": numpy_values(self._values()),
+                "aggregators": [a.elastic_commit() for a in self._aggregators()]}
 
     def elastic_restore(self, saved):
         assign_all(self._values(), saved["values"])

@@ -42,6 +42,26 @@ from .wrapping import StateInCheckpoint, wrap
 _ids = itertools.count()
 
 
+class _LeaderTransfer:
+    """outer="leader"'s exchange in flight: its items and the allgather's handle."""
+
+    def __init__(self, items, future):
+        self.items, self.future = items, future
+
+
+def _packed(payloads):
+    """One uint8 buffer: the payloads' byte counts (int64), then their bytes."""
+    raw = [p.contiguous().reshape(-1).view(torch.uint8) for p in payloads]
+    sizes = torch.tensor([r.numel() for r in raw], dtype=torch.int64, device=raw[0].device)
+    return torch.cat([sizes.view(torch.uint8), *raw])
+
+
+def _unpacked(buffer, count):
+    """The `count` payloads of a _packed buffer, as uint8."""
+    sizes = buffer[:8 * count].clone().view(torch.int64).tolist()
+    return list(torch.split(buffer[8 * count:], sizes))
+
+
 class _DiLoCo(StateInCheckpoint):
     """Horovod's API around DiLoCo's outer loop; mixed in before the user's optimizer class, so super() reaches
     the user's optimizer (its step is the inner step)."""
@@ -279,40 +299,40 @@ class _DiLoCo(StateInCheckpoint):
 
     def _hx_leader_launch(self, run, names, deltas, best):
         """outer="leader", on a worker's leader: the best worker's leader encodes its pseudo-gradient tensor by tensor
-        (the plan's codec with its error feedback, or Horovod's compressor) and an allgather over the leaders, to
-        which every other leader contributes nothing, carries it (consensus.diloco.leader_transport)."""
+        (the plan's codec with its error feedback, or Horovod's compressor) into one buffer, and one allgather over
+        the leaders, to which every other leader contributes nothing, carries it (consensus.diloco.
+        leader_transport). One collective per exchange: Horovod 0.28.1 fails ("a tensor with the same name ...
+        is currently being processed") when it fuses allgathers that some ranks contribute nothing to."""
         driver, s = run.driver, self._hx_settings
         be, sending = driver.be, hvd.rank() == s.leaders[best]
         driver.begin(run.counters.step, run.counters.seed)  # the codec's draws: this exchange's step and seed
         kind, codec = leader_transport(driver.method)
-        items, sent = [], 0
+        items, payloads = [], []
         for i, (name, d) in enumerate(zip(names, deltas)):
             item = driver.item(i, name, d, d.numel(), 4)
-            if kind == "codec":
-                payload = codec.encode(be, item, codec.prepare(be, item, be.flat32(d)))[0] if sending else \
-                    torch.empty(0, dtype=torch.uint8, device=d.device)
-            else:
-                payload, item.work = codec.compress(d.reshape(-1)) if sending else \
-                    (torch.empty(0, dtype=codec.compress(d.reshape(-1)[:1])[0].dtype, device=d.device), None)
-            sent += payload.numel() * payload.element_size()
-            item.future = hvd.allgather_async(payload, process_set=self._hx_backends[0].process_set,
-                                              name=f"horovod_ext.diloco.{self._hx_id}.leader.{s.generation}.{name}")
+            if sending and kind == "codec":
+                payloads.append(codec.encode(be, item, codec.prepare(be, item, be.flat32(d)))[0])
+            elif sending:
+                compressed, item.work = codec.compress(d.reshape(-1))
+                payloads.append(compressed)
             items.append(item)
+        buffer = _packed(payloads) if sending else torch.empty(0, dtype=torch.uint8, device=deltas[0].device)
         if sending:
-            self._hx_stats.add(payload_bytes=sent, wire_bytes=sent * (len(s.leaders) - 1))
-        return items
+            self._hx_stats.add(payload_bytes=buffer.numel(), wire_bytes=buffer.numel() * (len(s.leaders) - 1))
+        future = hvd.allgather_async(buffer, process_set=self._hx_backends[0].process_set,
+                                     name=f"horovod_ext.diloco.{self._hx_id}.leader.{s.generation}.{names[0]}")
+        return _LeaderTransfer(items, future)
 
-    def _hx_leader_finish(self, run, items):
+    def _hx_leader_finish(self, run, transfer):
         """The best worker's pseudo-gradient, decoded on every leader."""
         kind, codec = leader_transport(run.driver.method)
-        out = []
-        for item in items:
-            payload = hvd.synchronize(item.future)
+        chunks, out = _unpacked(hvd.synchronize(transfer.future), len(transfer.items)), []
+        for item, chunk in zip(transfer.items, chunks):
             if kind == "codec":
-                value = codec.sent(run.driver.be, item, payload)
+                value = codec.sent(run.driver.be, item, chunk)
             else:
-                ctx = item.work if item.work is not None else codec.compress(item.grad.reshape(-1)[:1])[1]
-                value = codec.decompress(payload, ctx)
+                sample = codec.compress(item.grad.reshape(-1)[:1])  # the compressed dtype and the context
+                value = codec.decompress(chunk.clone().view(sample[0].dtype), sample[1])
             out.append(value.reshape(item.grad.shape).float())
         return out
 

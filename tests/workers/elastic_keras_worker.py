@@ -5,8 +5,8 @@
 
 METHOD: topk (DistributedOptimizer, top-k with error feedback; the default), lsgd (LeaderOptimizer, multi-leader:
 groups="node", each horovodrun host a node), easgd (ElasticAveragingOptimizer) or diloco (DiLoCoOptimizer, streaming:
-two fragments, one exchanged every 5 steps and applied a step later, so one is pending at every commit; ternary
-pseudo-gradients, groups="node"). The parameter-space optimizers' final weights are what every rank evaluates: the
+two fragments, one exchanged every 5 steps and applied a step later, so one is pending at every commit; the best
+worker's ternary pseudo-gradient as the outer step, groups="node"). The parameter-space optimizers' final weights are what every rank evaluates: the
 elected leader's (LSGD), EASGD's center or DiLoCo's outer parameters.
 
 Horovod's documented pattern: KerasState, CommitStateCallback (every 5 batches and each epoch's end),
@@ -82,7 +82,7 @@ def make_optimizer(method):
         return hvd.ElasticAveragingOptimizer(base, beta=0.2, period=2)  # a center not synchronized would show
     if method == "diloco":  # streaming: 2 fragments, one every 5 steps, each applied a step after its exchange,
         # so that one is pending at the addition (step 35); ternary pseudo-gradients; a host's ranks one worker
-        return hvd.DiLoCoOptimizer(base, inner_steps=10, fragments=2, overlap=1, groups="node",
+        return hvd.DiLoCoOptimizer(base, inner_steps=10, fragments=2, overlap=1, groups="node", outer="leader",
                                    compression=hvd.Compression.ternary(error_feedback=True))
     return hvd.DistributedOptimizer(base, compression=hvd.Compression.topk(ratio=0.05))
 
@@ -103,7 +103,7 @@ def main():
     callbacks = [Faults(state, per_epoch, kill_at, add_at),
                  hvd.elastic.CommitStateCallback(state, batches_per_commit=5),
                  hvd.elastic.UpdateBatchStateCallback(state), hvd.elastic.UpdateEpochStateCallback(state)]
-    if method == "lsgd":
+    if method in ("lsgd", "diloco"):  # the elections' training loss
         callbacks.append(hvd.callbacks.ReportLossCallback())
 
     @hvd.elastic.run

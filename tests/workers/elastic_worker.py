@@ -47,8 +47,9 @@ COMPRESSORS = {
 PARAMETER_SPACE = ("lsgd", "async_lsgd", "easgd", "diloco", "streaming_diloco")
 DILOCO_INNER_STEPS = 4
 # streaming: 2 fragments of 10 steps' window 5, each exchange applied 2 steps after it starts, so that one is in
-# flight at the commits of steps 20 and 35 (the rollback's and the addition's)
-STREAMING = {"inner_steps": 10, "fragments": 2, "overlap": 2}
+# flight at the commits of steps 20 and 35 (the rollback's and the addition's); the leader as the outer step (the
+# first election after a reset meets added ranks without a loss)
+STREAMING = {"inner_steps": 10, "fragments": 2, "overlap": 2, "outer": "leader"}
 
 
 def data():
