@@ -176,21 +176,23 @@ def test_streaming_fragments_are_the_references_to_the_bit(results, mode):
     runs = lambda name: [r["streaming"][name][mode] for r in results]  # noqa: E731
     check_streaming(runs("stream-none"), 0.0, dense=True, exact=len(results) == 2)
     check_streaming(runs("stream-ternary-merge"), 0.5, dense=False, exact=True)
-    workers = runs("stream-groups")[0]["workers"]
-    leaders = [results[g[0]]["streaming"]["stream-groups"][mode] for g in workers]
-    check_streaming(leaders, 0.0, dense=True, exact=True)
-    for k, group in enumerate(workers):
-        for rank in group:
-            assert results[rank]["streaming"]["stream-groups"][mode]["post"] == leaders[k]["post"]
+    if mode == "eager":  # groups inside tf.function: test_the_leader_steers_..., leader-fp16-groups
+        workers = runs("stream-groups")[0]["workers"]
+        leaders = [results[g[0]]["streaming"]["stream-groups"][mode] for g in workers]
+        check_streaming(leaders, 0.0, dense=True, exact=True)
+        for k, group in enumerate(workers):
+            for rank in group:
+                assert results[rank]["streaming"]["stream-groups"][mode]["post"] == leaders[k]["post"]
     run = runs("stream-none")[0]
     assert [[name.split("/")[-2] for name in f] for f in run["fragments"]] == [["l0", "l0"], ["l1", "l1"], ["l2", "l2"]]
     assert run["rounds"] == STREAM_STEPS // 2 - 1 and run["peak"] == (8 * 8 + 8) * 4
 
 
 def test_a_resumed_streaming_run_continues_to_the_same_bits_with_an_update_pending(results):
+    """Inside tf.function, the cases with residuals, the leader and groups (each resume traces a new step)."""
     for r in results:
-        for name, by_mode in r["streaming"].items():
-            run = by_mode["graph"]
+        for name in ("stream-ternary-merge", "leader-ternary", "leader-fp16-groups"):
+            run = r["streaming"][name]["graph"]
             assert run["in_flight_at_save"] == 0, name  # fragment 0 exchanged at step 8, due at 9
             for key in ("pre", "post", "outer"):
                 check_resumed(run["resumed"][key], run[key][STREAM_SAVE:],
