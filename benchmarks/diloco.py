@@ -13,11 +13,14 @@ against bytes.
     python benchmarks/diloco.py --ranks 4        # two nodes of 2; DiLoCo's workers also as groups="node"
     python benchmarks/diloco.py --model cnn      # the digits CNN (or the nplm) with SGD: dense against DiLoCo
     python benchmarks/diloco.py --streaming      # Streaming DiLoCo (P = 4, overlap) beside whole-model DiLoCo
+    python benchmarks/diloco.py --leader         # outer="leader" against the average, 3 seeds
 
 --streaming runs dense, "local" (AdamW alone, no collective: the compute-alone step), whole-model DiLoCo at H = 48
 and Streaming DiLoCo at H = 48 with 4 fragments (one every 12 steps) and overlap 6, fp32 and ternary, and states
 the issue's goals: the streaming step within 10% of compute alone, its final loss within 2% of whole-model
-DiLoCo's, and its peak bytes per exchange cut 4-fold.
+DiLoCo's, and its peak bytes per exchange cut 4-fold (dense's row, for the target, unless --methods leaves it out).
+--leader runs DiLoCo with outer="leader" beside the average (H = 50; at 4 ranks with groups="node") from seeds 1, 2
+and 3 (the model's initialization and the batches), and states the final loss of each, per seed and on average.
 
 --model cnn / nplm trains benchmarks/gravac_models.py's model with SGD (momentum 0.9) for gravac.py's schedule
 (tta_worker.py's runs): dense data-parallel SGD against DiLoCo around the same SGD (H = 50, dense and ternary
@@ -40,6 +43,8 @@ H_SWEEP = ["diloco-ternary-h10", "diloco-ternary-h100"]  # at 10 Mbit/s, beside 
 GROUPED = ["diloco-node", "diloco-ternary-node"]  # at 4 ranks
 HOSTS = {4: "localhost:2,127.0.0.1:2"}
 STREAMING = ["dense", "local", "diloco-h48", "diloco-h48-p4-t6", "diloco-ternary-h48", "diloco-ternary-h48-p4-t6"]
+LEADER = {2: ["diloco", "diloco-leader"], 4: ["diloco-node", "diloco-leader-node"]}
+SEEDS = (1, 2, 3)
 STEP_GOAL, LOSS_GOAL = 1.10, 1.02  # streaming's step over compute alone; its final loss over whole-model DiLoCo's
 
 
@@ -80,9 +85,9 @@ def output_name(mbit, ranks=2, streaming=False):
 
 def report(results, args):
     name = output_name(args.mbit, getattr(args, "ranks", 2), getattr(args, "streaming", False))
-    dense = next(r for r in results if r["method"] == "dense")
-    target = dense["curve"][-1]["loss"] * TARGET_MARGIN
-    dense_bytes = first_reaching(dense["curve"], target, "bytes")
+    dense = next((r for r in results if r["method"] == "dense"), None)
+    target = dense["curve"][-1]["loss"] * TARGET_MARGIN if dense else -1.0  # no dense row: no target
+    dense_bytes = first_reaching(dense["curve"], target, "bytes") if dense else None
     rows = []
     for r in results:
         final = r["curve"][-1]["loss"]
@@ -96,14 +101,42 @@ def report(results, args):
                      f"{seconds:.1f}" if seconds is not None else "not reached", f"{step_seconds(r) * 1e3:.1f}",
                      f"{peak / 1e6:.3f}" if peak else "-"])
     md = (f"Transformer LM ({results[0]['parameters'] / 1e6:.2f}M parameters, lm.py), AdamW, {args.steps} steps "
-          f"({args.diloco_steps} for DiLoCo), batch {args.batch} per rank, {results[0]['ranks']} ranks, loopback shaped to {args.mbit} Mbit/s. "
-          f"Target: dense's final test loss plus 2% ({target:.3f}), checked every {args.eval_every} steps.\n\n"
+          f"({args.diloco_steps} for DiLoCo), batch {args.batch} per rank, {results[0]['ranks']} ranks, loopback "
+          f"shaped to {args.mbit} Mbit/s. "
+          + (f"Target: dense's final test loss plus 2% ({target:.3f}), checked every {args.eval_every} steps.\n\n"
+             if dense else "No dense row, no target.\n\n")
           + markdown_table(["method", "H", "final test loss", "perplexity", "MB sent", "fewer bytes than dense",
                             "MB to target", "fewer bytes to target", "s to target", "ms per step",
                             "peak MB per exchange"], rows)
           + streaming_goals(results) + f"\n\n![loss]({name}_loss.png)")
     path = write_outputs(name, {"machine": machine(), "args": vars(args), "results": results}, md)
     plots(results, os.path.join(OUT_DIR, name), args.mbit)
+    print(md)
+    print(f"\nwritten: {path}")
+    return 0
+
+
+def report_leader(by_seed, args):
+    """--leader: the final test loss of outer="leader" and of the average, per seed and on average."""
+    name = f"diloco_leader_{args.mbit}mbit_{args.ranks}ranks"
+    average, leader = LEADER[args.ranks]
+    rows, differences = [], []
+    for seed, results in by_seed.items():
+        final = {r["method"]: r["curve"][-1]["loss"] for r in results}
+        differences.append(final[leader] - final[average])
+        rows.append([seed, f"{final[average]:.3f}", f"{final[leader]:.3f}", f"{differences[-1]:+.3f}",
+                     f"{final[leader] / final[average]:.3f}x"])
+    mean = sum(differences) / len(differences)
+    md = (f"Transformer LM, AdamW inner steps, DiLoCo H = {args.inner_steps}, {args.diloco_steps} steps, "
+          f"{args.ranks} ranks{' (groups=node: two workers of 2)' if args.ranks == 4 else ''}, loopback shaped to "
+          f"{args.mbit} Mbit/s; outer=\"leader\" (the worker with the lowest training loss since the last round "
+          f"sends its pseudo-gradient) against the average, seeds {', '.join(map(str, by_seed))}.\n\n"
+          + markdown_table(["seed", f"final loss, {average}", f"final loss, {leader}", "leader - average",
+                            "leader / average"], rows)
+          + f"\n\nMean difference (leader - average): {mean:+.3f}; the leader ended lower in "
+            f"{sum(d < 0 for d in differences)} of {len(differences)} seeds.")
+    path = write_outputs(name, {"machine": machine(), "args": vars(args),
+                                "results": {str(k): v for k, v in by_seed.items()}}, md)
     print(md)
     print(f"\nwritten: {path}")
     return 0
@@ -201,6 +234,8 @@ def accuracy_model(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--streaming", action="store_true", help="Streaming DiLoCo's rows (STREAMING) only")
+    parser.add_argument("--leader", action="store_true", help="outer='leader' against the average (LEADER), "
+                                                               "seeds 1, 2, 3")
     parser.add_argument("--quick", action="store_true", help="40 steps of dense, DiLoCo and DiLoCo with ternary "
                                                              "pseudo-gradients (H = 10), 1-layer model")
     parser.add_argument("--mbit", type=int, default=100)
@@ -225,9 +260,11 @@ def main():
         args.methods = "dense,diloco,diloco-ternary"
     if args.streaming and not args.methods:
         args.methods = ",".join(STREAMING)
+    if args.leader:
+        args.methods = ",".join(LEADER[args.ranks])
     args.methods = args.methods or ",".join(default_methods(args.mbit, args.ranks))
     args.diloco_steps = args.diloco_steps or 3 * args.steps
-    if "dense" not in args.methods.split(","):
+    if "dense" not in args.methods.split(",") and not (args.streaming or args.leader):
         parser.error("--methods must include dense (the target is dense's final loss)")
     if args.report:
         with open(args.report) as f:
@@ -242,20 +279,23 @@ def main():
     # one launch per number of steps (--quick: one launch in all)
     groups = [(dense_methods + diloco_methods, args.steps)] if args.steps == args.diloco_steps else \
         [(dense_methods, args.steps), (diloco_methods, args.diloco_steps)]
-    results = []
+    by_seed = {}
     try:
         with shaped_namespace(args.mbit) as prefix:
-            for group, steps in groups:
-                if group:
-                    print(f"[diloco] {args.ranks} ranks, {args.mbit} Mbit/s, {steps} steps: {','.join(group)}",
-                          flush=True)
-                    results += horovodrun_json(prefix, args.ranks, worker,
-                                               options + ["--method", ",".join(group), "--steps", steps],
-                                               args.timeout, hosts=HOSTS.get(args.ranks))
+            for seed in (SEEDS if args.leader else (1,)):
+                results = by_seed.setdefault(seed, [])
+                for group, steps in groups:
+                    if group:
+                        print(f"[diloco] {args.ranks} ranks, {args.mbit} Mbit/s, {steps} steps, seed {seed}: "
+                              f"{','.join(group)}", flush=True)
+                        results += horovodrun_json(prefix, args.ranks, worker,
+                                                   options + ["--method", ",".join(group), "--steps", steps,
+                                                              "--seed", seed],
+                                                   args.timeout, hosts=HOSTS.get(args.ranks))
     except NamespaceUnavailable as exc:
         print(f"[diloco] skipped: {exc}")
         return 0
-    return report(results, args)
+    return report_leader(by_seed, args) if args.leader else report(by_seed[1], args)
 
 
 if __name__ == "__main__":

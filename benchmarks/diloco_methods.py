@@ -2,11 +2,11 @@
 steps) and benchmarks/tta_worker.py (gravac_models.py's models, SGD inner steps):
 
     diloco[-ternary|-topk][-h<H>][-lr<outer lr>][-m<outer momentum>][-p<fragments>][-t<overlap>][-a<merge alpha>]
-          [-node]
+          [-leader][-node]
 
 "ternary": ternary pseudo-gradients with error feedback; "topk": top-k 1% (error feedback, its default); neither:
 dense fp32. "-h50" sets inner_steps, "-lr0.35" outer_lr, "-m0.5" outer_momentum, "-p4" fragments (Streaming
-DiLoCo), "-t6" overlap, "-a0.5" merge_alpha, "-node" groups="node". Left out, each is DiLoCoOptimizer's default (or
+DiLoCo), "-t6" overlap, "-a0.5" merge_alpha, "-leader" outer="leader", "-node" groups="node". Left out, each is DiLoCoOptimizer's default (or
 the benchmark's --inner-steps).
 """
 import horovod_ext.torch as hvd
@@ -33,7 +33,7 @@ def is_diloco(method):
     if not method.startswith("diloco"):
         return False
     parts = method.split("-")
-    return parts[0] == "diloco" and all(p in COMPRESSIONS or p == "node" or _number(p) for p in parts[1:])
+    return parts[0] == "diloco" and all(p in COMPRESSIONS or p in ("node", "leader") or _number(p) for p in parts[1:])
 
 
 def diloco_settings(method, inner_steps=None):
@@ -41,10 +41,10 @@ def diloco_settings(method, inner_steps=None):
     is `inner_steps` unless the name says -h<H>, and left out (the default) where both are None."""
     if not is_diloco(method):
         raise ValueError(f"method {method!r}: not diloco[-ternary|-topk][-h<H>][-lr<x>][-m<x>][-p<P>][-t<tau>]"
-                         f"[-a<alpha>][-node]")
+                         f"[-a<alpha>][-leader][-node]")
     parts = method.split("-")[1:]
     settings = {"compression": next((p for p in parts if p in COMPRESSIONS), "none"),
-                "groups": "node" if "node" in parts else None}
+                "groups": "node" if "node" in parts else None, "outer": "leader" if "leader" in parts else "average"}
     if inner_steps is not None:
         settings["inner_steps"] = inner_steps
     for prefix, value in filter(None, map(_number, parts)):

@@ -53,7 +53,8 @@ def optimizer_for(method, model, inner_steps):
 
 
 def train(args, method):
-    model, (x, y, x_test, y_test) = lm.build(context=args.context, layers=args.layers)
+    model, (x, y, x_test, y_test) = lm.build(seed=42 if args.seed == 1 else args.seed, context=args.context,
+                                             layers=args.layers)
     opt, schedule, forward, ddp_bytes = optimizer_for(method, model, args.inner_steps)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     step = 0
@@ -66,7 +67,7 @@ def train(args, method):
         return total["payload_bytes"], total["dense_bytes"]
 
     x_test, y_test = x_test[:args.eval_sequences], y_test[:args.eval_sequences]
-    gen = torch.Generator().manual_seed(1000 + hvd.rank())
+    gen = torch.Generator().manual_seed(1000 * args.seed + hvd.rank())
     curve, seconds = [], 0.0
 
     def evaluate(step):
@@ -110,13 +111,15 @@ def parse_args():
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--context", type=int, default=32)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1, help="the model's initialization is lm.build's seed 42 for "
+                                                             "seed 1, else this seed; the batches' draws follow it")
     parser.add_argument("--json", required=True)
     args = parser.parse_args()
     args.methods = args.method.split(",")
     unknown = [m for m in args.methods if not check_method(m)]
     if unknown:
         parser.error(f"--method: {unknown} not among {BASE_METHODS} nor DiLoCo methods "
-                     "(diloco[-ternary|-topk][-h<H>][-lr<x>][-m<x>][-p<P>][-t<tau>][-a<alpha>][-node])")
+                     "(diloco[-ternary|-topk][-h<H>][-lr<x>][-m<x>][-p<P>][-t<tau>][-a<alpha>][-leader][-node])")
     return args
 
 
