@@ -2,6 +2,7 @@
 workers' results: the workers' linear regression stepped by SGD on the mean of a group's gradients, uneven data
 then hvd.join(), and the bad worker arguments' errors."""
 import numpy as np
+from diloco_cases import STREAM_ARGUMENTS, STREAM_SAVE, STREAM_STEPS  # noqa: F401 - the tests import them here
 from hvdext_reference import diloco as reference
 
 H, ROUNDS, LR = 3, 4, 0.05  # tests/workers/diloco_worker.py's and diloco_keras_worker.py's
@@ -79,8 +80,7 @@ def check_worker_argument_errors(cases):
     assert "inner_compression" in cases["inner_compression on rank 0 only"]["message"]
 
 
-# Streaming DiLoCo in tests/workers/diloco_worker.py and diloco_keras_worker.py: H = 6, P = 3, tau = 1
-STREAM_H, STREAM_P, STREAM_TAU, STREAM_STEPS, STREAM_SAVE = 6, 3, 1, 14, 8
+STREAM_H, STREAM_P, STREAM_TAU = (STREAM_ARGUMENTS[k] for k in ("inner_steps", "fragments", "overlap"))
 
 
 def fragment_indices(run):

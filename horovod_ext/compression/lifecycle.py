@@ -137,6 +137,10 @@ class TrainingRun:
         which this rank cannot take (it starts from zero residuals), else None."""
         shared, per_rank = split_checkpoint(ours)
         self.residuals = residuals_for(per_rank, rank, size)
+        if self.residuals is None and self.driver is not None:
+            # the checkpoint holds no residuals of this rank: it starts from zero ones, not from those it has now
+            # (an elastic rollback to a commit made before a tensor first kept any)
+            self.driver.method.codec.reset_all(self.driver.be)
         self.offer_shared(shared)
         if per_rank["residuals"] and self.residuals is None:
             return per_rank["rank"], per_rank["size"]

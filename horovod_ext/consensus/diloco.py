@@ -180,15 +180,35 @@ def check_leader_compression(compression):
                          f"topk; Compression.{compression.name} encodes with every rank (got {compression!r})")
 
 
-def leader_transport(method):
+def leader_transport(method, joined=False):
     """How outer="leader" sends a tensor with the plan's method: ("codec", the method's per-tensor codec, with
     its error feedback) for a payload compressor, ("linear", the Horovod Compressor) for Horovod's own (none,
     fp16): the elected worker's leader encodes, an allgather in which only its contribution is non-empty carries
-    the payload (only its bytes travel), and every rank decodes it (codec.sent / Compressor.decompress)."""
+    the payload (only its bytes travel), and every rank decodes it (codec.sent / Compressor.decompress). While a
+    rank has joined (Horovod cannot allgather then): ("dense", None), the elected leader's float32 values summed
+    with every other leader's zeros."""
+    if joined:
+        return "dense", None
     codec = getattr(method, "codec", None)
     if codec is not None and getattr(method.spec, "payload", False):
         return "codec", codec
     return "linear", method.spec
+
+
+def election_row(loss, size, rank):
+    """This rank's part of outer="leader"'s election, one allreduce (Sum) of a size x 3 table: zeros but for its
+    row, (loss sum, loss count, 1). A rank that has called hvd.join() adds zeros (Horovod's join), so the sum's
+    third column counts the ranks still training."""
+    table = [[0.0, 0.0, 0.0] for _ in range(size)]
+    table[rank] = [float(loss[0]), float(loss[1]), 1.0]
+    return table
+
+
+def elected(table, workers, what="DiLoCoOptimizer", lenient=False):
+    """(the elected worker's index, whether some rank has joined) from the summed election table: a joined rank
+    reported nothing and is not elected, and while one has, the exchange goes dense (as the plan's steps do)."""
+    joined = sum(row[2] for row in table) < len(table)
+    return elect_worker([row[:2] for row in table], workers, what, lenient=lenient or joined), joined
 
 
 def elect_worker(windows, workers, what="DiLoCoOptimizer", lenient=False):

@@ -218,9 +218,8 @@ class GradientAggregator(tf.Module):
 
     def elastic_restore(self, saved):
         assign_all([self.step, self.seed, self.method_state], saved["shared"])
-        for name, value in saved["residuals"].items():
-            if name in self.residuals:
-                self.residuals[name].assign(value)
+        for name, variable in self.residuals.items():  # a residual made after the commit starts from zero
+            variable.assign(saved["residuals"][name] if name in saved["residuals"] else tf.zeros_like(variable))
 
     def elastic_sync(self):
         """Rank 0's step counter, seed and method state on every rank; the residuals stay each rank's own."""

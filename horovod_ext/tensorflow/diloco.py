@@ -36,8 +36,9 @@ from horovod_ext.compression.horovod_args import outside_process_set
 from horovod_ext.compression.specs import describe_compression
 from horovod_ext.compression.wire import allreduce_wire_bytes
 from horovod_ext.consensus.agreement import build_on_every_rank
-from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averaged_pseudo_gradient, elect_worker,
-                                          fragments_of, leader_transport, merged, outer_update, worker_process_sets)
+from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averaged_pseudo_gradient, elected,
+                                          election_row, fragments_of, leader_transport, merged, outer_update,
+                                          worker_process_sets)
 from .aggregator import GradientAggregator, variable_names
 from .backend import barrier_over_every_rank, numpy_allgather
 from .elastic_state import assign_all, broadcast_variables, numpy_values
@@ -248,8 +249,8 @@ class DiLoCoState(tf.Module):
                     for i, value in zip(indices, values)]
 
         if s.outer == "leader":
-            best = self.elect()
-            across = lambda values: self.leader_exchange(fragment, values, variables, best)  # noqa: E731
+            best, joined = self.elect()
+            across = lambda values: self.leader_exchange(fragment, values, variables, best, joined)  # noqa: E731
         else:
             across = lambda values: self.exchanges[fragment].aggregate(values, variables)  # noqa: E731
         delta = averaged_pseudo_gradient(s, deltas, across, in_group)
@@ -265,62 +266,71 @@ class DiLoCoState(tf.Module):
 
     @tf.autograph.experimental.do_not_convert
     def elect(self):
-        """Every rank's (loss sum, count) since the last election by one small allgather, and the same worker
-        elected on every rank (consensus.diloco.elect_worker, on the host inside a graph); the window starts
-        again. Returns the worker's index (a Python int eagerly, an int64 tensor in a graph)."""
+        """Every rank's (loss sum, count) since the last election by one small allreduce, and the same worker
+        elected on every rank (consensus.diloco.elected, on the host inside a graph); the window starts again.
+        Returns (the worker's index, whether some rank has joined): Python values eagerly; in a graph the index as
+        an int64 tensor and False (Horovod 0.28.1's TensorFlow join fails inside tf.function by itself)."""
         s = self.settings
-        window = tf.reshape(tf.stack([self.loss_sum.read_value(), self.loss_count.read_value()]), [1, 2])
-        windows = hvd.allgather(window, name=f"horovod_ext.diloco.{self.n}.losses.{s.generation}",
-                                ignore_name_scope=True)
-
-        def on_host(values, lenient):
-            return elect_worker(np.asarray(values).tolist(), s.workers, WHAT, lenient=bool(lenient))
-
+        row = tf.reshape(tf.stack([self.loss_sum.read_value(), self.loss_count.read_value(),
+                                   tf.constant(1.0, tf.float64)]), [1, 3])
+        mask = tf.reshape(tf.one_hot(hvd.rank(), hvd.size(), dtype=tf.float64), [hvd.size(), 1])
+        table = hvd.allreduce(mask * row, op=hvd.Sum, ignore_name_scope=True,
+                              name=f"horovod_ext.diloco.{self.n}.losses.{s.generation}")
         if tf.executing_eagerly():
-            best = on_host(windows.numpy(), self.lenient.numpy())
+            best, joined = elected(table.numpy().tolist(), s.workers, WHAT, lenient=bool(self.lenient.numpy()))
         else:
-            best = tf.reshape(tf.py_function(lambda w, le: np.int64(on_host(w.numpy(), le.numpy())),
-                                             [windows, self.lenient.read_value()], tf.int64), [])
+            best, joined = tf.reshape(tf.py_function(lambda t, le: np.int64(elected(
+                t.numpy().tolist(), s.workers, WHAT, lenient=bool(le.numpy()))[0]),
+                [table, self.lenient.read_value()], tf.int64), []), False
         leaders = tf.constant(s.leaders, tf.int64)
         with tf.control_dependencies([self.loss_sum.assign(0.0), self.loss_count.assign(0.0),
                                       self.lenient.assign(False), self.elected.assign(tf.gather(leaders, best))]):
-            return best if tf.executing_eagerly() else tf.identity(best)
+            return (best, joined) if tf.executing_eagerly() else (tf.identity(best), joined)
 
     @tf.autograph.experimental.do_not_convert
-    def leader_exchange(self, fragment, values, variables, best):
+    def leader_exchange(self, fragment, values, variables, best, joined):
         """The elected worker's pseudo-gradient on every leader through the fragment's plan
         (consensus.diloco.leader_transport): the elected leader encodes each tensor (with its error feedback) into
         one buffer, one allgather over the leaders to which every other leader contributes nothing carries it, and
-        every leader decodes it (one collective: see horovod_ext/torch/diloco.py's _hx_leader_launch)."""
+        every leader decodes it (one collective: see horovod_ext/torch/diloco.py's _hx_leader_launch); while a rank
+        has joined, the float32 values by one allreduce (Sum) with the other leaders' zeros."""
         s, aggregator = self.settings, self.exchanges[fragment]
         names = variable_names(variables)
         aggregator._agree(names, values)  # noqa: SLF001 - the plan's settings exchange (eager, also while tracing)
         driver, be = aggregator.run.driver, aggregator.backend
         driver.begin(aggregator.step.read_value(), aggregator.seed.read_value())
-        kind, codec = leader_transport(driver.method)
+        kind, codec = leader_transport(driver.method, joined)
         sending = tf.equal(tf.cast(best, tf.int64), s.workers.index(s.group))
         items = [driver.item(i, name, d, d.shape.num_elements(), 4) for i, (name, d) in enumerate(zip(names, values))]
+        name = f"horovod_ext.diloco.{self.n}.leader.{s.generation}.{names[0]}"
+        if kind == "dense":
+            flat = tf.concat([be.flat32(d) for d in values], 0)
+            buffer = _pick(sending, lambda: flat, lambda: tf.zeros_like(flat))
+            summed = hvd.allreduce(buffer, op=hvd.Sum, process_set=aggregator.process_set, ignore_name_scope=True,
+                                   name=name)
+            out = [tf.reshape(v, d.shape) for v, d in zip(tf.split(summed, [item.numel for item in items]), values)]
+            sent = tf.size(buffer, out_type=tf.int64) * 4
+        else:
+            def encoded():
+                if kind == "codec":
+                    return _packed([codec.encode(be, item, codec.prepare(be, item, be.flat32(d)))[0]
+                                    for item, d in zip(items, values)])
+                return _packed([codec.compress(be.flat32(d))[0] for d in values])
 
-        def encoded():
-            if kind == "codec":
-                return _packed([codec.encode(be, item, codec.prepare(be, item, be.flat32(d)))[0]
-                                for item, d in zip(items, values)])
-            return _packed([codec.compress(be.flat32(d))[0] for d in values])
-
-        buffer = _pick(sending, encoded, lambda: tf.zeros([0], tf.uint8))
-        gathered = hvd.allgather(buffer, process_set=aggregator.process_set, ignore_name_scope=True,
-                                 name=f"horovod_ext.diloco.{self.n}.leader.{s.generation}.{names[0]}")
-        out = []
-        for item, d, chunk in zip(items, values, _unpacked(gathered, len(items))):
-            if kind == "codec":
-                value = codec.sent(be, item, chunk)
-            else:
-                compressed, ctx = codec.compress(be.flat32(d)[:1])  # the compressed dtype and the context
-                value = codec.decompress(_as(chunk, compressed.dtype), ctx)
-            out.append(tf.reshape(tf.cast(value, tf.float32), d.shape))
+            buffer = _pick(sending, encoded, lambda: tf.zeros([0], tf.uint8))
+            gathered = hvd.allgather(buffer, process_set=aggregator.process_set, ignore_name_scope=True, name=name)
+            out = []
+            for item, d, chunk in zip(items, values, _unpacked(gathered, len(items))):
+                if kind == "codec":
+                    value = codec.sent(be, item, chunk)
+                else:
+                    compressed, ctx = codec.compress(be.flat32(d)[:1])  # the compressed dtype and the context
+                    value = codec.decompress(_as(chunk, compressed.dtype), ctx)
+                out.append(tf.reshape(tf.cast(value, tf.float32), d.shape))
+            sent = tf.size(buffer, out_type=tf.int64)
         with tf.control_dependencies(out):
             counted = [aggregator.step.assign_add(1),
-                       self.leader_bytes.assign_add(tf.size(buffer, out_type=tf.int64))]
+                       self.leader_bytes.assign_add(tf.where(sending, sent, tf.zeros_like(sent)))]
         with tf.control_dependencies(counted):
             return [tf.identity(o) for o in out]
 
@@ -379,7 +389,7 @@ class DiLoCoState(tf.Module):
         seconds = {k: 0.0 for k in ("compress_seconds", "decompress_seconds", "comm_seconds")}
         if s.outer == "leader":  # the bytes this rank broadcast when elected, and the elections' allgathers
             rounds_started = int(self.rounds.numpy()) + (int(self.pending_fragment.numpy()) >= 0 and s.overlap > 0)
-            total["payload_bytes"] += int(self.leader_bytes.numpy()) + 16 * rounds_started
+            total["payload_bytes"] += int(self.leader_bytes.numpy()) + 24 * hvd.size() * rounds_started
         stats["total"] = CompressionStats._summary({**total, **seconds})  # noqa: SLF001
         window = s.inner_steps // s.fragments
         last = (inner // window - 1) % s.fragments if inner and inner % window == 0 and s.is_leader else None

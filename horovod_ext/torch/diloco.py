@@ -30,10 +30,10 @@ from horovod_ext.compression.specs import compression_name, describe_compression
 
 from horovod_ext.consensus.accounting import account_dense_reference
 from horovod_ext.consensus.agreement import build_on_every_rank
-from horovod_ext.compression.wire import allgather_wire_bytes
-from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averaged_pseudo_gradient, elect_worker,
-                                          exchange, finish_exchange, fragments_of, launch_exchange, leader_transport,
-                                          merged, outer_update, worker_process_sets)
+from horovod_ext.compression.wire import allreduce_wire_bytes
+from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averaged_pseudo_gradient, elected,
+                                          election_row, exchange, finish_exchange, fragments_of, launch_exchange,
+                                          leader_transport, merged, outer_update, worker_process_sets)
 from horovod_ext.compression.resume import split_checkpoint
 from .backend import TorchBackend, barrier_over_every_rank, numpy_allgather, timed_into
 from .optimizer import _LIVE_OPTIMIZERS
@@ -43,10 +43,10 @@ _ids = itertools.count()
 
 
 class _LeaderTransfer:
-    """outer="leader"'s exchange in flight: its items and the allgather's handle."""
+    """outer="leader"'s exchange in flight: its items, the collective's handle and how it was sent."""
 
-    def __init__(self, items, future):
-        self.items, self.future = items, future
+    def __init__(self, items, future, kind="dense"):
+        self.items, self.future, self.kind = items, future, kind
 
 
 def _packed(payloads):
@@ -270,10 +270,10 @@ class _DiLoCo(StateInCheckpoint):
         s = self._hx_settings
         if s.outer == "leader":
             if record.get("best") is None:  # a checkpoint's record keeps the worker it elected
-                record["best"] = self._hx_elect()
+                record["best"], record["joined"] = self._hx_elect()
             self._hx_elected = s.leaders[record["best"]]
-            record["items"] = self._hx_leader_launch(run, names, record["deltas"], record["best"]) \
-                if s.is_leader else []
+            record["items"] = self._hx_leader_launch(run, names, record["deltas"], record["best"],
+                                                     record["joined"]) if s.is_leader else []
         else:
             record["items"] = launch_exchange(run.driver, names, record["deltas"], run.counters.step,
                                               run.counters.seed) if s.is_leader else []
@@ -287,47 +287,60 @@ class _DiLoCo(StateInCheckpoint):
         self._hx_loss[1] += 1
 
     def _hx_elect(self):
-        """outer="leader": every rank's (loss sum, count) since the last election, one small allgather; the same
-        worker elected on every rank (consensus.diloco.elect_worker); the window starts again."""
+        """outer="leader": every rank's (loss sum, count) since the last election, one small allreduce; the same
+        worker elected on every rank (consensus.diloco.elected), and whether some rank has joined; the window
+        starts again."""
         s = self._hx_settings
-        window = torch.tensor([self._hx_loss], dtype=torch.float64)
-        windows = hvd.allgather(window, name=f"horovod_ext.diloco.{self._hx_id}.losses.{s.generation}").tolist()
-        self._hx_stats.add(payload_bytes=16, wire_bytes=allgather_wire_bytes(16, hvd.size()))
-        best = elect_worker(windows, s.workers, self._hx_what, lenient=self._hx_lenient)
+        table = torch.tensor(election_row(self._hx_loss, hvd.size(), hvd.rank()), dtype=torch.float64)
+        table = hvd.allreduce(table, op=hvd.Sum, name=f"horovod_ext.diloco.{self._hx_id}.losses.{s.generation}")
+        self._hx_stats.add(payload_bytes=table.numel() * 8,
+                           wire_bytes=allreduce_wire_bytes(table.numel() * 8, hvd.size()))
+        best, joined = elected(table.tolist(), s.workers, self._hx_what, lenient=self._hx_lenient)
         self._hx_loss, self._hx_lenient = [0.0, 0], False
-        return best
+        return best, joined
 
-    def _hx_leader_launch(self, run, names, deltas, best):
+    def _hx_leader_launch(self, run, names, deltas, best, joined):
         """outer="leader", on a worker's leader: the best worker's leader encodes its pseudo-gradient tensor by tensor
         (the plan's codec with its error feedback, or Horovod's compressor) into one buffer, and one allgather over
         the leaders, to which every other leader contributes nothing, carries it (consensus.diloco.
         leader_transport). One collective per exchange: Horovod 0.28.1 fails ("a tensor with the same name ...
-        is currently being processed") when it fuses allgathers that some ranks contribute nothing to."""
+        is currently being processed") when it fuses allgathers that some ranks contribute nothing to. While a rank
+        has joined: the float32 values by one allreduce (Sum) with every other leader's zeros."""
         driver, s = run.driver, self._hx_settings
         be, sending = driver.be, hvd.rank() == s.leaders[best]
         driver.begin(run.counters.step, run.counters.seed)  # the codec's draws: this exchange's step and seed
-        kind, codec = leader_transport(driver.method)
-        items, payloads = [], []
-        for i, (name, d) in enumerate(zip(names, deltas)):
-            item = driver.item(i, name, d, d.numel(), 4)
+        kind, codec = leader_transport(driver.method, joined)
+        items = [driver.item(i, name, d, d.numel(), 4) for i, (name, d) in enumerate(zip(names, deltas))]
+        name = f"horovod_ext.diloco.{self._hx_id}.leader.{s.generation}.{names[0]}"
+        process_set = self._hx_backends[0].process_set
+        if kind == "dense":
+            flat = torch.cat([d.reshape(-1) for d in deltas])
+            flat = flat if sending else torch.zeros_like(flat)
+            if sending:
+                self._hx_stats.add(payload_bytes=flat.numel() * 4,
+                                   wire_bytes=allreduce_wire_bytes(flat.numel() * 4, len(s.leaders)))
+            return _LeaderTransfer(items, hvd.allreduce_async(flat, op=hvd.Sum, name=name, process_set=process_set))
+        payloads = []
+        for item, d in zip(items, deltas):
             if sending and kind == "codec":
                 payloads.append(codec.encode(be, item, codec.prepare(be, item, be.flat32(d)))[0])
             elif sending:
                 compressed, item.work = codec.compress(d.reshape(-1))
                 payloads.append(compressed)
-            items.append(item)
         buffer = _packed(payloads) if sending else torch.empty(0, dtype=torch.uint8, device=deltas[0].device)
         if sending:
             self._hx_stats.add(payload_bytes=buffer.numel(), wire_bytes=buffer.numel() * (len(s.leaders) - 1))
-        future = hvd.allgather_async(buffer, process_set=self._hx_backends[0].process_set,
-                                     name=f"horovod_ext.diloco.{self._hx_id}.leader.{s.generation}.{names[0]}")
-        return _LeaderTransfer(items, future)
+        return _LeaderTransfer(items, hvd.allgather_async(buffer, process_set=process_set, name=name), kind)
 
     def _hx_leader_finish(self, run, transfer):
         """The best worker's pseudo-gradient, decoded on every leader."""
-        kind, codec = leader_transport(run.driver.method)
-        chunks, out = _unpacked(hvd.synchronize(transfer.future), len(transfer.items)), []
-        for item, chunk in zip(transfer.items, chunks):
+        kind, codec = transfer.kind, leader_transport(run.driver.method)[1]
+        received = hvd.synchronize(transfer.future)
+        if kind == "dense":
+            sizes = [item.numel for item in transfer.items]
+            return [v.reshape(item.grad.shape) for v, item in zip(torch.split(received, sizes), transfer.items)]
+        out = []
+        for item, chunk in zip(transfer.items, _unpacked(received, len(transfer.items))):
             if kind == "codec":
                 value = codec.sent(run.driver.be, item, chunk)
             else:
@@ -427,7 +440,7 @@ class _DiLoCo(StateInCheckpoint):
         if record is not None:  # the statistics are the optimizer's (every fragment's run holds the same object)
             runs[record["fragment"]] = dict(record["before"], stats=self._hx_stats.state())
             pending = {"fragment": record["fragment"], "due": record["due"], "deltas": clone(record["saved"]),
-                       "best": record.get("best")}
+                       "best": record.get("best"), "joined": record.get("joined")}
         return {"inner": self._hx_inner, "outer": clone(self._hx_outer), "momentum": clone(self._hx_momentum),
                 "update_norm": self._hx_update_norm, "rounds": self._hx_rounds, "peak_bytes": self._hx_peak_bytes,
                 "loss": list(self._hx_loss), "elected": self._hx_elected,
@@ -455,7 +468,8 @@ class _DiLoCo(StateInCheckpoint):
             same = own is not None and (own["fragment"], own["due"]) == (pending["fragment"], pending["due"])
             saved = own["saved"] if same else moved(pending["deltas"])
             self._hx_pending = {"fragment": int(pending["fragment"]), "due": int(pending["due"]), "items": None,
-                                "deltas": None, "saved": saved, "before": None, "best": pending.get("best")}
+                                "deltas": None, "saved": saved, "before": None, "best": pending.get("best"),
+                                "joined": pending.get("joined")}
 
     def _hx_load_ours(self, ours):
         self._hx_take(ours, copy=True)

@@ -17,6 +17,7 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import horovod_ext.tensorflow.keras as hvd  # noqa: E402
 from horovod.tensorflow import broadcast, join  # noqa: E402
+from diloco_cases import STREAM_ARGUMENTS, STREAM_SAVE, STREAM_STEPS, streaming_cases  # noqa: E402
 from hvdrun import expect_error, write_result  # noqa: E402
 
 hvd.init()
@@ -209,15 +210,7 @@ def bad_arguments():
     return errors
 
 
-# Streaming DiLoCo (tests/workers/diloco_worker.py's cases): H = 6, P = 3, tau = 1 on a 3-layer MLP
-STREAM_STEPS, STREAM_SAVE = 14, 8
-STREAMING = {"stream-none": {"compression": lambda: hvd.Compression.none, "merge_alpha": 0.0},
-             "stream-ternary-merge": {"compression": TERNARY, "merge_alpha": 0.5},
-             "stream-groups": {"compression": lambda: hvd.Compression.none, "merge_alpha": 0.0, "groups": True},
-             "leader-none": {"compression": lambda: hvd.Compression.none, "merge_alpha": 0.0, "outer": "leader"},
-             "leader-ternary": {"compression": TERNARY, "merge_alpha": 0.0, "outer": "leader"},
-             "leader-fp16-groups": {"compression": lambda: hvd.Compression.fp16, "merge_alpha": 0.0,
-                                    "outer": "leader", "groups": True}}
+STREAMING = streaming_cases(hvd.Compression, TERNARY)  # tests/diloco_cases.py
 PRE = []  # the parameters after each inner step (before the exchange)
 # resumed from a checkpoint inside tf.function (each resume traces a new step: the cases with residuals and groups)
 RESUMED = ("stream-ternary-merge", "leader-ternary", "leader-fp16-groups")
@@ -249,8 +242,7 @@ def stream_model(seed=0):
 
 def stream_optimizer(name):
     case = STREAMING[name]
-    return hvd.DiLoCoOptimizer(EveryStepSGD(0.05), inner_steps=6, fragments=3, overlap=1,
-                               merge_alpha=case["merge_alpha"], compression=case["compression"](),
+    return hvd.DiLoCoOptimizer(EveryStepSGD(0.05), **STREAM_ARGUMENTS, merge_alpha=case["merge_alpha"], compression=case["compression"](),
                                groups=groups() if case.get("groups") else None, outer=case.get("outer", "average"))
 
 

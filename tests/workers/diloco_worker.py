@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import horovod_ext.torch as hvd  # noqa: E402
+from diloco_cases import STREAM_ARGUMENTS, STREAM_SAVE, STREAM_STEPS, streaming_cases  # noqa: E402
 from hvdrun import expect_error, write_result  # noqa: E402
 
 H, ROUNDS = 3, 4
@@ -137,16 +138,7 @@ def a_slower_worker_ends_last():
     return opt.compression_stats()["inner_steps_taken"]
 
 
-# Streaming DiLoCo (fragments, overlap, merge) on a 3-layer MLP: H = 6, P = 3 (a fragment every 2 steps), tau = 1
-STREAM_STEPS, STREAM_SAVE = 14, 8  # after step 8 fragment 0's exchange is in flight (started at 8, due at 9)
-STREAMING = {"stream-none": {"compression": lambda: hvd.Compression.none, "merge_alpha": 0.0},
-             "stream-ternary-merge": {"compression": TERNARY, "merge_alpha": 0.5},
-             "stream-groups": {"compression": lambda: hvd.Compression.none, "merge_alpha": 0.0, "groups": True},
-             # outer="leader": the best worker's pseudo-gradient steers each fragment's outer step
-             "leader-none": {"compression": lambda: hvd.Compression.none, "merge_alpha": 0.0, "outer": "leader"},
-             "leader-ternary": {"compression": TERNARY, "merge_alpha": 0.0, "outer": "leader"},
-             "leader-fp16-groups": {"compression": lambda: hvd.Compression.fp16, "merge_alpha": 0.0,
-                                    "outer": "leader", "groups": True}}
+STREAMING = streaming_cases(hvd.Compression, TERNARY)  # tests/diloco_cases.py
 
 
 def stream_model():
@@ -158,7 +150,7 @@ def stream_model():
 def stream_optimizer(name, model):
     case = STREAMING[name]
     return hvd.DiLoCoOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters(),
-                               inner_steps=6, fragments=3, overlap=1, merge_alpha=case["merge_alpha"],
+                               **STREAM_ARGUMENTS, merge_alpha=case["merge_alpha"],
                                compression=case["compression"](), groups=groups() if case.get("groups") else None,
                                outer=case.get("outer", "average"))
 
@@ -213,12 +205,12 @@ def streaming(name):
             "peak": stats["peak_exchange_payload_bytes"], "payload_bytes": stats["total"]["payload_bytes"]}
 
 
-def streaming_then_join():
+def streaming_then_join(name):
     """Uneven data under streaming with overlap (rank r takes 2 r steps fewer, so that exchanges are in flight
     when ranks stop), then hvd.join() on every rank."""
     x, y = data(hvd.rank())
     model = stream_model()
-    opt = stream_optimizer("stream-ternary-merge", model)
+    opt = stream_optimizer(name, model)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     stream_steps(model, opt, 1, STREAM_STEPS - 2 * hvd.rank(), x, y)
     last = hvd.join()
@@ -243,7 +235,7 @@ def main():
     for name in ("none", "ternary-ef"):
         out["join"][name] = uneven_then_join(name)
     out["streaming"] = {name: streaming(name) for name in STREAMING}
-    out["streaming_join"] = streaming_then_join()
+    out["streaming_join"] = {name: streaming_then_join(name) for name in ("stream-ternary-merge", "leader-ternary")}
     model = torch.nn.Linear(8, 4)
     bad = {"inner_steps=0": {"inner_steps": 0}, "outer_lr=0": {"outer_lr": 0.0},
            "outer_momentum=1": {"outer_momentum": 1.0},
