@@ -121,7 +121,7 @@ class TorchBackend(Backend):
             self.grad_op, self.prescale, self.postscale = op, 1.0, 1.0
         self.round = 0
         self.generation = 0
-        self.scope = ""  # put before a tensor's name in its collectives' names: an optimizer's own (DiLoCo's)
+        self.prefix = ""  # put before a tensor's name in its collectives' names: an optimizer's own (DiLoCo's)
 
     def begin_step(self, dense):
         """Only steps every rank takes advance the round in step-level collective names: a rank that has called
@@ -298,13 +298,13 @@ class TorchBackend(Backend):
         return output if isinstance(future, Deferred) or future.post is None else future.post(output)
 
     def name(self, prefix, item):
-        return named(f"{prefix}.{self.scope}{item.name}", self.generation)
+        return named(f"{prefix}.{self.prefix}{item.name}", self.generation)
 
     def step_name(self, prefix):
-        return named(f"{prefix}.{self.scope}{self.round}", self.generation)
+        return named(f"{prefix}.{self.prefix}{self.round}", self.generation)
 
     def stable_name(self, prefix):
-        return named(f"hvdext.{self.scope}{prefix}", self.generation)
+        return named(f"hvdext.{self.prefix}{prefix}", self.generation)
 
     # ------------------------------------------------------------------------------------------ host, control
     @staticmethod

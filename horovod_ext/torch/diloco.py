@@ -122,7 +122,7 @@ class _DiLoCo(StateInCheckpoint):
         for tag, backend in [*((f"f{f}", b) for f, b in enumerate(self._hx_backends)),
                              ("inner", self._hx_inner_backend)]:
             if backend is not None:
-                backend.scope = f"diloco{self._hx_id}.{tag}."
+                backend.prefix = f"diloco{self._hx_id}.{tag}."
 
     def _hx_complete_in_flight(self):
         """Before this rank joins (horovod_ext.torch.join): the fragment exchange in flight is waited for and
