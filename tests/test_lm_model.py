@@ -53,9 +53,13 @@ def test_diloco_method_names_give_the_optimizer_arguments():
     """benchmarks/diloco_methods.py: the benchmarks' DiLoCo variants by name."""
     import diloco_methods
 
-    assert diloco_methods.diloco_settings("diloco") == {"compression": "none", "groups": None}
+    assert diloco_methods.diloco_settings("diloco") == {"compression": "none", "groups": None, "outer": "average"}
     assert diloco_methods.diloco_settings("diloco-ternary-h10-lr0.35-m0.5-node", inner_steps=50) == {
-        "compression": "ternary", "groups": "node", "inner_steps": 10, "outer_lr": 0.35, "outer_momentum": 0.5}
+        "compression": "ternary", "groups": "node", "inner_steps": 10, "outer_lr": 0.35, "outer_momentum": 0.5,
+        "outer": "average"}
+    assert diloco_methods.diloco_settings("diloco-ternary-h48-p4-t6-a0.5-leader") == {
+        "compression": "ternary", "groups": None, "inner_steps": 48, "fragments": 4, "overlap": 6,
+        "merge_alpha": 0.5, "outer": "leader"}
     assert diloco_methods.diloco_settings("diloco-topk", inner_steps=50)["inner_steps"] == 50
     for bad in ("dilocox", "diloco-h", "diloco-lrx", "diloco-fp8", "dense"):
         assert not diloco_methods.is_diloco(bad)
