@@ -175,13 +175,18 @@ def stream_steps(model, opt, first, last, x, y):
     return pre, post, outer, losses
 
 
-def streaming(name):
-    """A streaming run of STREAM_STEPS steps; rank r's own checkpoint after STREAM_SAVE (an exchange in flight),
-    loaded into a new model and optimizer that take the remaining steps."""
-    x, y = data(hvd.rank())
+def stream_start(name):
+    """This rank's data, the model and the case's optimizer, with rank 0's parameters (Horovod's idiom)."""
     model = stream_model()
     opt = stream_optimizer(name, model)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    return (*data(hvd.rank()), model, opt)
+
+
+def streaming(name):
+    """A streaming run of STREAM_STEPS steps; rank r's own checkpoint after STREAM_SAVE (an exchange in flight),
+    loaded into a new model and optimizer that take the remaining steps."""
+    x, y, model, opt = stream_start(name)
     start = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
     pre, post, outer, losses = stream_steps(model, opt, 1, STREAM_SAVE, x, y)
     saved = ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict())
@@ -208,10 +213,7 @@ def streaming(name):
 def streaming_then_join(name):
     """Uneven data under streaming with overlap (rank r takes 2 r steps fewer, so that exchanges are in flight
     when ranks stop), then hvd.join() on every rank."""
-    x, y = data(hvd.rank())
-    model = stream_model()
-    opt = stream_optimizer(name, model)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    x, y, model, opt = stream_start(name)
     stream_steps(model, opt, 1, STREAM_STEPS - 2 * hvd.rank(), x, y)
     last = hvd.join()
     with opt.evaluation_parameters():
