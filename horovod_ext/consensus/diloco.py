@@ -110,11 +110,15 @@ class Schedule:
     def __init__(self, inner_steps, fragments, overlap):
         self.window, self.fragments, self.overlap = inner_steps // fragments, fragments, overlap
 
+    def at(self, step):
+        """(whether a fragment's exchange starts after inner step `step`, which fragment if it does), in operators
+        that Python integers and framework tensors (TensorFlow's, inside a graph) share."""
+        return (step > 0) & (step % self.window == 0), (step // self.window - 1) % self.fragments
+
     def starts(self, step):
         """The fragment whose exchange starts after inner step `step`, or None."""
-        if step <= 0 or step % self.window:
-            return None
-        return (step // self.window - 1) % self.fragments
+        truth, fragment = self.at(step)
+        return fragment if truth else None
 
     def applies(self, step):
         """The fragment whose outer update is applied after inner step `step`, or None."""
@@ -193,6 +197,11 @@ def leader_transport(method, joined=False):
     if codec is not None and getattr(method.spec, "payload", False):
         return "codec", codec
     return "linear", method.spec
+
+
+def election_bytes(size):
+    """The bytes of the election's table: (loss sum, count, 1) in float64 per rank."""
+    return 24 * size
 
 
 def election_row(loss, size, rank):

@@ -37,7 +37,7 @@ from horovod_ext.compression.specs import describe_compression
 from horovod_ext.compression.wire import allreduce_wire_bytes
 from horovod_ext.consensus.agreement import build_on_every_rank
 from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averaged_pseudo_gradient, elected,
-                                          election_row, fragments_of, leader_transport, merged, outer_update,
+                                          election_bytes, fragments_of, leader_transport, merged, outer_update,
                                           worker_process_sets)
 from .aggregator import GradientAggregator, variable_names
 from .backend import barrier_over_every_rank, numpy_allgather
@@ -102,12 +102,6 @@ def _as(chunk, dtype):
     """A uint8 chunk's bytes as `dtype`."""
     size = tf.as_dtype(dtype).size
     return chunk if dtype == tf.uint8 else tf.bitcast(tf.reshape(chunk, [-1, size]), dtype)
-
-
-def _fragment_at(step, window, fragments):
-    """(whether a fragment's exchange starts after inner step `step`, which one): consensus.diloco.Schedule.starts
-    in tensors (step: an int64 tensor or a Python int)."""
-    return tf.logical_and(step > 0, tf.equal(step % window, 0)), (step // window - 1) % fragments
 
 
 class _Bound:
@@ -223,12 +217,11 @@ class DiLoCoState(tf.Module):
         then the outer update that is due (fragments=1, overlap=0: every inner_steps-th step, the whole round)."""
         s = self.settings
         inner = self.inner.assign_add(1)
-        window = s.inner_steps // s.fragments
-        starts, fragment = _fragment_at(inner, window, s.fragments)
+        starts, fragment = s.schedule.at(inner)
         exchanged = _when(starts, lambda: _switch(fragment, [functools.partial(self.exchange_fragment, f)
                                                              for f in range(s.fragments)]), lambda: None)
         with tf.control_dependencies([exchanged] if exchanged is not None else []):
-            due, applied = _fragment_at(inner - s.overlap, window, s.fragments)
+            due, applied = s.schedule.at(inner - s.overlap)
             return _when(due, lambda: _switch(applied, [functools.partial(self.apply_fragment, f)
                                                         for f in range(s.fragments)]), lambda: None)
 
@@ -389,10 +382,10 @@ class DiLoCoState(tf.Module):
         seconds = {k: 0.0 for k in ("compress_seconds", "decompress_seconds", "comm_seconds")}
         if s.outer == "leader":  # the bytes this rank broadcast when elected, and the elections' allgathers
             rounds_started = int(self.rounds.numpy()) + (int(self.pending_fragment.numpy()) >= 0 and s.overlap > 0)
-            total["payload_bytes"] += int(self.leader_bytes.numpy()) + 24 * hvd.size() * rounds_started
+            elections = election_bytes(hvd.size()) * rounds_started
+            total["payload_bytes"] += int(self.leader_bytes.numpy()) + elections
         stats["total"] = CompressionStats._summary({**total, **seconds})  # noqa: SLF001
-        window = s.inner_steps // s.fragments
-        last = (inner // window - 1) % s.fragments if inner and inner % window == 0 and s.is_leader else None
+        last = s.schedule.starts(inner) if s.is_leader else None
         last_step = {k: dense.get(k, 0) for k in _DENSE_FIELDS}
         if last is not None:  # the last step sent a fragment: what the plan counted for it, the rest dense
             last_step = {k: exchanges[last]["last_step"][k] + dense.get(k, 0) - dense_f[last].get(k, 0)

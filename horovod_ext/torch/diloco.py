@@ -32,8 +32,9 @@ from horovod_ext.consensus.accounting import account_dense_reference
 from horovod_ext.consensus.agreement import build_on_every_rank
 from horovod_ext.compression.wire import allreduce_wire_bytes
 from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averaged_pseudo_gradient, elected,
-                                          election_row, exchange, finish_exchange, fragments_of, launch_exchange,
-                                          leader_transport, merged, outer_update, worker_process_sets)
+                                          election_bytes, election_row, exchange, finish_exchange, fragments_of,
+                                          launch_exchange, leader_transport, merged, outer_update,
+                                          worker_process_sets)
 from horovod_ext.compression.resume import split_checkpoint
 from .backend import TorchBackend, barrier_over_every_rank, numpy_allgather, timed_into
 from .optimizer import _LIVE_OPTIMIZERS
@@ -293,8 +294,8 @@ class _DiLoCo(StateInCheckpoint):
         s = self._hx_settings
         table = torch.tensor(election_row(self._hx_loss, hvd.size(), hvd.rank()), dtype=torch.float64)
         table = hvd.allreduce(table, op=hvd.Sum, name=f"horovod_ext.diloco.{self._hx_id}.losses.{s.generation}")
-        self._hx_stats.add(payload_bytes=table.numel() * 8,
-                           wire_bytes=allreduce_wire_bytes(table.numel() * 8, hvd.size()))
+        nbytes = election_bytes(hvd.size())
+        self._hx_stats.add(payload_bytes=nbytes, wire_bytes=allreduce_wire_bytes(nbytes, hvd.size()))
         best, joined = elected(table.tolist(), s.workers, self._hx_what, lenient=self._hx_lenient)
         self._hx_loss, self._hx_lenient = [0.0, 0], False
         return best, joined
