@@ -158,6 +158,11 @@ class Registry:
             # per step: the median step, its compute (step less compression and waiting) and the mean compression
             line += (f"; per step {1e3 * first['step_seconds']:.2f} ms, compute {1e3 * first['compute_seconds']:.2f}"
                      f" ms, compression {1e3 * kernels / steps:.3f} ms, communication {1e3 * comm / steps:.2f} ms")
+        if first.get("choice"):
+            counts = {}
+            for entry in first["choice"].values():
+                counts[entry["method"]] = counts.get(entry["method"], 0) + 1
+            line += "; auto chose " + ", ".join(f"{method} for {n} tensors" for method, n in sorted(counts.items()))
         return line
 
     def print_summary(self):

@@ -66,6 +66,16 @@ class Backend(abc.ABC):
         """The n elements of a 1-D tensor, as a list (Python numbers eagerly in PyTorch)."""
 
     @abc.abstractmethod
+    def inner_products(self, a, b):
+        """The float64 1-D tensor [<a, b>, <a, a>, <b, b>] of two float32 tensors of one size (Compression.auto's
+        gain: the cosine of what a candidate sends and what it was given)."""
+
+    @abc.abstractmethod
+    def linear_compressor(self, name):
+        """The framework's Horovod compressor of that name ("none", "fp16"): what Compression.auto sends by
+        allreduce."""
+
+    @abc.abstractmethod
     def concat(self, parts):
         """The 1-D tensors of `parts` one after the other (the one part itself when there is one)."""
 
@@ -184,6 +194,12 @@ class Backend(abc.ABC):
     def host(self, fn, args, dtypes):
         """fn run in Python on the host values of `args` (lists of numbers; a tf.py_function in a graph). Returns
         a tuple of values of `dtypes`."""
+
+    @abc.abstractmethod
+    def eager(self, fn, args, dtypes):
+        """fn run eagerly on the framework's tensors `args` (inside a graph: when the step runs, as a host op),
+        returning a tuple of tensors of `dtypes` (Compression.auto's measurements and first decision, which run
+        collectives and kernels eagerly)."""
 
     @abc.abstractmethod
     def numpy(self, fn, args, dtypes):

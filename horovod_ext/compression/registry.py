@@ -6,6 +6,7 @@ A compressor defined elsewhere (a user's, a test's) joins with ``register(MySpec
 CompressorSpec and names a Method (plan.Allgather for a codec by allgather) and a Codec whose kernels the backends
 run (native kernels from the backend's table, or NumPy functions through ``backend.numpy``).
 """
+from .auto import Auto
 from .plan import Linear
 from .powersgd import PowerSGD
 from .specs import CompressorSpec
@@ -47,5 +48,5 @@ def method_for(compression):
     return compression.method if isinstance(compression, CompressorSpec) else Linear
 
 
-for _spec in (Ternary(), TopK(), AdaptiveTopK(), PowerSGD()):
+for _spec in (Ternary(), TopK(), AdaptiveTopK(), PowerSGD(), Auto()):
     register(_spec)

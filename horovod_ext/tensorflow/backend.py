@@ -117,6 +117,15 @@ class TFBackend(Backend):
         return tf.unstack(t, num=n)
 
     @staticmethod
+    def inner_products(a, b):
+        a, b = tf.cast(a, tf.float64), tf.cast(b, tf.float64)
+        return tf.stack([tf.reduce_sum(a * b), tf.reduce_sum(a * a), tf.reduce_sum(b * b)])
+
+    @staticmethod
+    def linear_compressor(name):
+        return getattr(hvd.Compression, name)
+
+    @staticmethod
     def concat(parts):
         return parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
 
@@ -242,6 +251,19 @@ class TFBackend(Backend):
             result = fn(*[v.numpy().tolist() for v in values])
             result = result if isinstance(result, tuple) else (result,)
             return [tf.constant(r, DTYPES[d]) for r, d in zip(result, dtypes)]
+
+        return as_tuple(tf.py_function(call, list(args), [DTYPES[d] for d in dtypes]))
+
+    @staticmethod
+    def eager(fn, args, dtypes):
+        if tf.executing_eagerly():
+            result = fn(*args)
+            return result if isinstance(result, tuple) else (result,)
+
+        def call(*values):
+            result = fn(*values)
+            result = result if isinstance(result, tuple) else (result,)
+            return [tf.cast(r, DTYPES[d]) for r, d in zip(result, dtypes)]
 
         return as_tuple(tf.py_function(call, list(args), [DTYPES[d] for d in dtypes]))
 

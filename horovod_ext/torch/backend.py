@@ -153,6 +153,15 @@ class TorchBackend(Backend):
         return t.tolist()
 
     @staticmethod
+    def inner_products(a, b):
+        a, b = a.double(), b.double()
+        return torch.stack([torch.dot(a, b), torch.dot(a, a), torch.dot(b, b)])
+
+    @staticmethod
+    def linear_compressor(name):
+        return getattr(hvd.Compression, name)
+
+    @staticmethod
     def concat(parts):
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -310,6 +319,11 @@ class TorchBackend(Backend):
     @staticmethod
     def host(fn, args, dtypes):
         result = fn(*[a.tolist() if isinstance(a, torch.Tensor) else a for a in args])
+        return result if isinstance(result, tuple) else (result,)
+
+    @staticmethod
+    def eager(fn, args, dtypes):
+        result = fn(*args)
         return result if isinstance(result, tuple) else (result,)
 
     @staticmethod

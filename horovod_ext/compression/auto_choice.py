@@ -1,0 +1,199 @@
+"""Compression.auto's chooser, framework-free: from measured inputs, each tensor's candidate with the least predicted
+step time among those whose accuracy guard holds.
+
+The step model (TernGrad's, as horovod_ext.perfmodel.predict, made per tensor). Tensor t sent with candidate c puts
+bytes_{t,c} on a collective of kind k(c) ("allreduce", "allgather", or "factors": PowerSGD's two allreduces) and
+spends kernel_{t,c} seconds encoding and decoding on this rank:
+
+    step(A) = compute + sum_t kernel_{t,A(t)} + check(A) + max(0, comm(A) - overlap)
+    comm(A) = sum over the candidates c that A uses of latency_{k(c)} + sum_t slope_{k(A(t))} * bytes_{t,A(t)}
+
+latency_k and slope_k are the link's, fitted per collective kind from a probe of this job's own collectives at this
+number of ranks (Link.fit: time = latency + slope * bytes per rank); a method's latency is paid once per step because
+Horovod fuses the step's collectives of one method (its tensor fusion), and a payload method's join check (one
+allreduce's latency before the step's first collective) is added where one is used. Kernels run on the thread (or stream) that
+runs backward, so they never overlap it; communication runs on Horovod's background thread behind what is left of
+backward once the first gradient is ready (overlap: measured, the seconds between the step's first and last
+gradient, 0 where every gradient is sent at once, as in TensorFlow).
+
+The accuracy guard (GraVAC's compression gain, Tyagi & Swany 2023, made method-independent): a candidate's gain on a
+tensor is the cosine between x = g + r (the gradient with its error-feedback residual) and C(x), what the candidate
+sends of it,
+
+    gain = <x, C(x)> / (|x| |C(x)|)
+
+which is GraVAC's |C(x)| / |x| wherever C is a projection (top-k keeps coordinates, PowerSGD's P P^T M), and for an
+unbiased quantizer (TernGrad) the cosine of its draw. A candidate qualifies for a tensor while its gain, averaged
+over the window, is at least epsilon; "none" (dense float32) always qualifies.
+
+The solver: coordinate descent from the current assignment, largest tensor first (ties by name), each tensor taking
+the qualifying candidate that lowers step(A) most (ties: the earlier candidate, the denser by the order given),
+until a pass changes nothing. A new assignment replaces the current one only where it is predicted at least
+`margin` faster (no oscillation on noise; AUTO.md), except that a tensor whose candidate lost its guard moves at once.
+Deterministic: every rank that holds the same inputs takes the same decision.
+"""
+import math
+from dataclasses import dataclass, field
+
+KINDS = ("allreduce", "allgather", "factors")
+
+
+@dataclass
+class Link:
+    """time = latency + slope * bytes per rank, per collective kind (seconds, seconds per byte), at this N."""
+    latency: dict = field(default_factory=dict)
+    slope: dict = field(default_factory=dict)
+
+    @staticmethod
+    def fit(samples):
+        """From {kind: [(bytes per rank, seconds), ...]}: the line through the smallest and the largest size's
+        median times (slope >= 0, latency >= 0); "factors" is two allreduces."""
+        link = Link()
+        for kind, points in samples.items():
+            by_size = {}
+            for nbytes, seconds in points:
+                by_size.setdefault(float(nbytes), []).append(float(seconds))
+            sizes = sorted(by_size)
+            if not sizes:
+                raise ValueError(f"Link.fit: no samples of {kind!r}")
+            med = [_median(by_size[s]) for s in sizes]
+            slope = (med[-1] - med[0]) / (sizes[-1] - sizes[0]) if len(sizes) > 1 else med[0] / max(sizes[0], 1.0)
+            slope = max(slope, 0.0)
+            link.latency[kind], link.slope[kind] = max(med[0] - slope * sizes[0], 0.0), slope
+        if "allreduce" in link.latency and "factors" not in link.latency:
+            link.latency["factors"], link.slope["factors"] = 2 * link.latency["allreduce"], link.slope["allreduce"]
+        return link
+
+    def seconds(self, kind, nbytes):
+        return self.latency[kind] + self.slope[kind] * nbytes
+
+    def as_list(self):
+        return [v for kind in KINDS for v in (self.latency.get(kind, 0.0), self.slope.get(kind, 0.0))]
+
+    @staticmethod
+    def from_list(values):
+        link = Link()
+        for j, kind in enumerate(KINDS):
+            link.latency[kind], link.slope[kind] = float(values[2 * j]), float(values[2 * j + 1])
+        return link
+
+
+def _median(values):
+    values = sorted(values)
+    n = len(values)
+    return values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
+
+
+@dataclass
+class Option:
+    """One candidate on one tensor: its collective kind, bytes per rank, kernel seconds per step and gain."""
+    kind: str
+    nbytes: float
+    kernel: float
+    gain: float
+    always: bool = False  # qualifies whatever its gain ("none")
+    join_check: bool = False  # its method asks whether a rank has joined before each step (a payload's)
+
+
+def qualifies(option, epsilon):
+    return option.always or (option.gain is not None and math.isfinite(option.gain) and option.gain >= epsilon)
+
+
+class Prediction:
+    """step(A) of an assignment, kept incrementally: the kernels' sum, the bytes' time, and the tensors per
+    (candidate, kind): each method in use pays its collective's latency once per step (Horovod fuses one method's
+    collectives of one dtype and kind; two methods negotiate and fuse apart), and a method that asks whether a rank
+    has joined (payload compressors) adds that allreduce's latency before the step, where nothing hides it."""
+
+    def __init__(self, options, assignment, link, compute, overlap):
+        self.options, self.link, self.compute, self.overlap = options, link, compute, overlap
+        self.kernel, self.transfer, self.users, self.checks = 0.0, 0.0, {}, 0
+        for t, c in enumerate(assignment):
+            self._add(options[t][c], c, 1)
+
+    def _add(self, o, c, sign):
+        self.kernel += sign * o.kernel
+        self.transfer += sign * self.link.slope[o.kind] * o.nbytes
+        key = (c, o.kind)
+        self.users[key] = self.users.get(key, 0) + sign
+        self.checks += sign * o.join_check
+
+    def step(self):
+        comm = self.transfer + sum(self.link.latency[kind] for (_, kind), n in self.users.items() if n > 0)
+        check = self.link.latency["allreduce"] if self.checks > 0 else 0.0
+        return self.compute + self.kernel + check + max(0.0, comm - self.overlap)
+
+    def moved(self, t, old, new):
+        """step(A) with tensor t moved from candidate old to new (A itself unchanged)."""
+        if old == new:
+            return self.step()
+        self.move(t, old, new)
+        out = self.step()
+        self.move(t, new, old)
+        return out
+
+    def move(self, t, old, new):
+        self._add(self.options[t][old], old, -1)
+        self._add(self.options[t][new], new, 1)
+
+
+def predicted_step(options, assignment, link, compute, overlap):
+    return Prediction(options, assignment, link, compute, overlap).step()
+
+
+def guarded(options, assignment, epsilon):
+    """The assignment with every tensor whose candidate lost its guard moved to the nearest denser candidate that
+    qualifies: the one with the fewest bytes among those with at least as many ("none", candidate 0, always
+    qualifies)."""
+    out = list(assignment)
+    for t, c in enumerate(out):
+        if qualifies(options[t][c], epsilon):
+            continue
+        denser = [d for d, o in enumerate(options[t]) if qualifies(o, epsilon) and o.nbytes >= options[t][c].nbytes]
+        out[t] = min(denser, key=lambda d: (options[t][d].nbytes, d)) if denser else 0
+    return out
+
+
+def optimum(options, link, compute, overlap, epsilon, start, order, passes=8):
+    """Coordinate descent from `start` over the qualifying candidates, tensors in `order`; see the module
+    docstring. Returns the assignment."""
+    assignment = guarded(options, start, epsilon)
+    model = Prediction(options, assignment, link, compute, overlap)
+    for _ in range(passes):
+        changed = False
+        for t in order:
+            old = assignment[t]
+            best, best_step = old, model.step()
+            for c, option in enumerate(options[t]):
+                if c == old or not qualifies(option, epsilon):
+                    continue
+                step = model.moved(t, old, c)
+                if step < best_step * (1 - 1e-9) or (c < best and step <= best_step * (1 + 1e-9)):
+                    best, best_step = c, step
+            if best != old:
+                model.move(t, old, best)
+                assignment[t] = best
+                changed = True
+        if not changed:
+            break
+    return assignment
+
+
+def decide(options, link, compute, overlap, epsilon, current, sizes, names, margin):
+    """The next assignment: the optimum where it is predicted at least `margin` faster than the current assignment
+    (each guard-failing tensor moved denser), else that guarded current one. Returns (assignment, predicted step of
+    it, predicted step of the current one)."""
+    order = sorted(range(len(options)), key=lambda t: (-sizes[t], names[t]))
+    held = guarded(options, current, epsilon)
+    held_step = predicted_step(options, held, link, compute, overlap)
+    best, best_step = held, held_step
+    ncandidates = max(len(row) for row in options)
+    # from the current choice, and from each candidate on every tensor (the latency terms make local optima)
+    for start in [held] + [[c if c < len(row) else 0 for row in options] for c in range(ncandidates)]:
+        found = optimum(options, link, compute, overlap, epsilon, start, order)
+        step = predicted_step(options, found, link, compute, overlap)
+        if step < best_step * (1 - 1e-9):
+            best, best_step = found, step
+    if best_step <= held_step * (1 - margin):
+        return best, best_step, held_step
+    return held, held_step, held_step

@@ -1,0 +1,130 @@
+"""What Compression.auto measures, framework-free, eagerly (PyTorch; TensorFlow eagerly or inside a host call of a
+traced step): the link's probe, each candidate's round trip on a gradient, and the window's measurements.
+
+- The probe (``probe_link``): an allreduce and an allgather of float32 slices of the largest gradient, 4 KB upwards,
+  x4 a size, 3 times each; after each size every rank takes the slowest rank's times (one allreduce(Max)), so every
+  rank stops at the same size: once a size took probe_seconds / 8 on the slowest rank, or at the largest gradient.
+  auto_choice.Link.fit turns the samples into latency and seconds per byte per collective kind.
+- A round trip (``round_trip``): candidate c on x = g + r: its payload, the N payloads' decode (the rank's own payload
+  N times: the kernels' work at N ranks), what it sends of x, and the gain <x, C(x)> / (|x| |C(x)|) (auto_choice);
+  its seconds are the kernels' (the inner products wait for the device).
+"""
+import math
+import time
+
+from .auto_choice import Link
+from .plan import Item
+from .powersgd import PowerSGD, matrix_layout
+
+LINEAR = ("none", "fp16")  # Horovod's compressors, by allreduce
+FIELDS = 4  # per (tensor, candidate): sums of gains, samples, kernel seconds and payload bytes
+
+
+def floats(be, tensor, n):
+    """A 1-D tensor's n values as Python floats (eagerly)."""
+    return [float(v) for v in be.unstack(tensor, n)]
+
+
+def candidate_name(candidate):
+    return candidate if isinstance(candidate, str) else candidate.describe()
+
+
+def short_name(candidate):
+    """A candidate as compression_stats() and the log name it: "topk(ratio=0.01)", "ternary", "powersgd(rank=4)"."""
+    if isinstance(candidate, str):
+        return candidate
+    key = {"topk": "ratio", "powersgd": "rank"}.get(candidate.name)
+    return f"{candidate.name}({key}={candidate.settings[key]!r})" if key else candidate.name
+
+
+def probe_link(be, flat, probe_seconds, tag):
+    """auto_choice.Link of this job's allreduce and allgather (see the module docstring); flat: a float32 gradient."""
+    limit = int(be.size(flat))
+    samples = {kind: [] for kind in ("allreduce", "allgather")}
+    n, index = 1024, 0
+    while True:
+        n = min(n, limit)
+        part = be.split(flat, [n, limit - n])[0] if n < limit else flat
+        times = []
+        for kind in ("allreduce", "allgather"):
+            for rep in range(3):
+                name = be.step_name(f"auto.probe.{tag}.{kind}.{index}.{rep}")
+                start = time.perf_counter()
+                be.wait(be.allreduce(part, name, "sum") if kind == "allreduce" else be.allgather(part, name))
+                times.append(time.perf_counter() - start)
+        slowest = floats(be, be.wait(be.allreduce(be.stack(times, "float64"),
+                                                  be.step_name(f"auto.probe.{tag}.times.{index}"), "max")), 6)
+        samples["allreduce"] += [(4.0 * n, s) for s in slowest[:3]]
+        samples["allgather"] += [(4.0 * n, s) for s in slowest[3:]]
+        index += 1
+        if n >= limit or max(slowest) >= probe_seconds / 8:
+            return Link.fit(samples)
+        n *= 4
+
+
+def round_trip(be, ctx, item, x, candidate, shape):
+    """(gain, kernel seconds, payload bytes per rank) of `candidate` on x (flat float32) of the tensor `item`."""
+    start = time.perf_counter()
+    if candidate == "none":
+        return 1.0, 0.0, 4.0 * item.numel
+    if candidate == "fp16":
+        sent, nbytes = be.cast(be.cast(x, "float16"), "float32"), 2.0 * item.numel
+    elif isinstance(candidate, PowerSGD):
+        sent, nbytes = powersgd_round_trip(be, item, x, candidate, shape)
+    else:
+        codec = candidate.codec(candidate, ctx)
+        probe = Item(item.index, item.name, item.grad, item.numel, item.itemsize)
+        probe.work = codec.Record()
+        payload, _ = codec.encode(be, probe, be.copy(x))
+        sent = codec.sent(be, probe, payload)
+        codec.decode(be, probe, be.concat([payload] * be.nranks), None)
+        nbytes = float(be.size(payload))
+    dot, xx, ss = floats(be, be.inner_products(x, sent), 3)  # waits for the device
+    seconds = time.perf_counter() - start
+    gain = dot / math.sqrt(xx * ss) if xx > 0 and ss > 0 else (1.0 if xx == ss else 0.0)
+    return gain, seconds, nbytes
+
+
+def powersgd_round_trip(be, item, x, candidate, shape):
+    """P Q^T of one power iteration from the first r rows of M (M = x as n x m; PowerSGD's step from a cold Q),
+    and its factors' bytes; x itself where the tensor goes dense (matrix_layout)."""
+    layout = matrix_layout(shape, candidate.rank, candidate.min_compression_rate)
+    if layout is None:
+        return x, 4.0 * item.numel
+    rows, cols, r = layout
+    m = be.reshape(x, (1, rows, cols))
+    q = be.reshape(be.split(x, [cols * r, item.numel - cols * r])[0] if item.numel > cols * r else x, (1, cols, r))
+    q = be.orthogonalize(q, candidate.orthogonalization)
+    p = be.orthogonalize(be.matmul(m, q), candidate.orthogonalization)
+    q = be.matmul(m, p, transpose_a=True)
+    approx = be.reshape(be.matmul(p, q, transpose_b=True), (-1,))
+    return approx, float((rows + cols) * r * (2 if candidate.value_dtype == "fp16" else 4))
+
+
+class Measures:
+    """A window's measurements, per (tensor, candidate): the samples, and the sums of their gains, kernel seconds and
+    payload bytes (sums, so that the ranks' average gives the pooled mean whatever each rank measured); and the
+    steps' compute and overlap seconds."""
+
+    def __init__(self, ntensors, ncandidates):
+        self.values = [[[0.0, 0.0, 0.0, 0.0] for _ in range(ncandidates)] for _ in range(ntensors)]
+        self.compute, self.overlap, self.steps = 0.0, 0.0, 0
+
+    def add(self, t, c, gain, seconds, nbytes):
+        v = self.values[t][c]
+        v[0] += gain
+        v[1] += 1
+        v[2] += seconds
+        v[3] += nbytes
+
+    def step(self, compute, overlap):
+        self.compute += compute
+        self.overlap += overlap
+        self.steps += 1
+
+    def vector(self):
+        """What the ranks average: every (tensor, candidate)'s four fields, then mean compute, mean overlap, and
+        whether any step was timed."""
+        flat = [x for row in self.values for v in row for x in v]
+        steps = max(self.steps, 1)
+        return flat + [self.compute / steps, self.overlap / steps, float(self.steps > 0)]

@@ -1,0 +1,159 @@
+"""Compression.auto: the chooser as a unit (auto_choice.py: the predicted optimum, the guard, the margin, the link's
+fit), its arguments, and, under horovodrun -np 2, PyTorch and TensorFlow (eager) runs: every rank's choice the same,
+a mixed choice where compression pays (TensorFlow eagerly and inside tf.function), a resumed run that continues its
+choice, errors on every rank."""
+import itertools
+import json
+import random
+
+import pytest
+
+from horovod_ext.compression.auto import Auto
+from horovod_ext.compression.auto_choice import Link, Option, decide, guarded, optimum, predicted_step
+from hvdrun import horovodrun
+
+LINK = Link(latency={"allreduce": 1e-3, "allgather": 2e-3, "factors": 2e-3},
+            slope={"allreduce": 1e-8, "allgather": 1.2e-8, "factors": 1e-8})
+
+
+def random_options(rng, ntensors, ncandidates):
+    options = []
+    for _ in range(ntensors):
+        n = rng.choice([1e3, 1e5, 1e6, 4e6])
+        row = [Option("allreduce", 4 * n, 0.0, 1.0, always=True)]
+        for _ in range(ncandidates - 1):
+            row.append(Option(rng.choice(["allreduce", "allgather", "factors"]), 4 * n * rng.uniform(0.001, 0.6),
+                              n * rng.uniform(0, 2e-8), rng.uniform(0.1, 1.0)))
+        options.append(row)
+    return options
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_chosen_plan_is_the_predicted_optimum(seed):
+    """Against every assignment of 4 tensors to 4 candidates (those whose gain keeps epsilon)."""
+    rng = random.Random(seed)
+    options = random_options(rng, 4, 4)
+    compute, overlap, epsilon = 0.01, rng.uniform(0, 0.02), 0.4
+    sizes, names = [o[0].nbytes for o in options], [f"t{j}" for j in range(4)]
+    best = min(predicted_step(options, list(a), LINK, compute, overlap)
+               for a in itertools.product(range(4), repeat=4)
+               if all(options[t][c].always or options[t][c].gain >= epsilon for t, c in enumerate(a)))
+    chosen, step, _ = decide(options, LINK, compute, overlap, epsilon, [0] * 4, sizes, names, margin=0.0)
+    assert step == pytest.approx(best, rel=1e-9)
+    assert predicted_step(options, chosen, LINK, compute, overlap) == pytest.approx(best, rel=1e-9)
+
+
+def test_a_slow_link_compresses_the_large_tensors_and_a_fast_one_keeps_them_dense():
+    big = 4e6
+    options = [[Option("allreduce", 4 * big, 0.0, 1.0, always=True), Option("allreduce", 2 * big, 1e-3, 0.99),
+                Option("allgather", 0.02 * big, 0.02, 0.5)]] * 2
+    slow = Link(latency={k: 1e-3 for k in ("allreduce", "allgather", "factors")},
+                slope={k: 8e-8 for k in ("allreduce", "allgather", "factors")})  # 100 Mbit/s
+    fast = Link(latency=slow.latency, slope={k: 1e-10 for k in slow.slope})
+    args = (0.05, 0.0, 0.3, [0, 0], [big, big], ["a", "b"], 0.05)
+    assert decide(options, slow, *args[:3], *args[3:])[0] == [2, 2]
+    assert decide(options, fast, *args[:3], *args[3:])[0] == [0, 0]
+
+
+def test_a_candidate_whose_gain_falls_below_epsilon_moves_to_the_nearest_denser_one_that_keeps_it():
+    row = [Option("allreduce", 400.0, 0.0, 1.0, always=True), Option("allreduce", 200.0, 0.0, 0.9),
+           Option("allgather", 20.0, 0.0, 0.6), Option("allgather", 2.0, 0.0, 0.2)]
+    assert guarded([row], [3], 0.5) == [2]
+    assert guarded([row], [3], 0.95) == [0]  # dense always qualifies
+    assert guarded([row], [2], 0.5) == [2]
+    # the move happens even when the margin would keep the current choice
+    chosen, _, _ = decide([row], LINK, 0.01, 0.0, 0.5, [3], [100], ["t"], margin=0.99)
+    assert chosen == [2]
+
+
+def test_the_margin_keeps_a_choice_predicted_only_slightly_slower():
+    row = [Option("allreduce", 4e6, 0.0, 1.0, always=True), Option("allgather", 3.9e6, 0.0, 0.9)]
+    link = Link(latency={"allreduce": 0.0, "allgather": 0.0, "factors": 0.0},
+                slope={"allreduce": 1e-8, "allgather": 1e-8, "factors": 1e-8})
+    assert decide([row], link, 0.0, 0.0, 0.5, [0], [1e6], ["t"], margin=0.05)[0] == [0]
+    assert decide([row], link, 0.0, 0.0, 0.5, [0], [1e6], ["t"], margin=0.0)[0] == [1]
+
+
+def test_overlap_hides_communication_and_kernels_never_overlap():
+    row = [Option("allreduce", 1e6, 0.0, 1.0, always=True), Option("allgather", 1e4, 5e-3, 0.9)]
+    link = Link(latency={"allreduce": 0.0, "allgather": 0.0, "factors": 0.0},
+                slope={"allreduce": 1e-8, "allgather": 1e-8, "factors": 1e-8})
+    assert predicted_step([row], [0], link, 0.1, 0.0) == pytest.approx(0.11)
+    assert predicted_step([row], [0], link, 0.1, 0.05) == pytest.approx(0.1)
+    assert predicted_step([row], [1], link, 0.1, 0.05) == pytest.approx(0.105)
+    assert optimum([row], link, 0.1, 0.05, 0.5, [1], [0]) == [0]
+
+
+def test_the_link_fit_recovers_latency_and_seconds_per_byte():
+    samples = {kind: [(b, 1e-3 + 2e-9 * b) for b in (4e3, 1.6e4, 6.4e4, 2.56e5) for _ in range(3)]
+               for kind in ("allreduce", "allgather")}
+    link = Link.fit(samples)
+    assert link.latency["allgather"] == pytest.approx(1e-3) and link.slope["allreduce"] == pytest.approx(2e-9)
+    assert link.latency["factors"] == pytest.approx(2e-3)
+    assert Link.from_list(link.as_list()) == link
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(candidates=[]), "at least one method"),
+    (dict(candidates=["none", "bogus"]), "auto candidates must be names among"),
+    (dict(candidates=["adaptive_topk"]), "auto candidates must be names among"),
+    (dict(candidates="topk"), "a list of names"),
+    (dict(epsilon=0.0), r"auto epsilon must be in \(0, 1\]"),
+    (dict(epsilon=1.5), r"auto epsilon must be in \(0, 1\]"),
+    (dict(window=0), "auto window"),
+    (dict(margin=1.0), "auto margin"),
+    (dict(measure_share=0.0), "auto measure_share"),
+])
+def test_bad_arguments_name_the_argument_and_the_allowed_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Auto(**kwargs)
+
+
+def test_candidates_by_name_and_spec_with_dense_always_among_them():
+    from horovod_ext.compression.topk import TopK
+    auto = Auto(candidates=["topk", TopK(ratio=0.001), "fp16"])
+    assert auto.candidates[0] == "none" and auto.candidates[-1] == "fp16"
+    assert auto.candidates[1].transport == "allgather" and auto.candidates[2].ratio == 0.001
+    with pytest.raises(ValueError, match="transport='allgather'"):
+        Auto(candidates=[TopK(transport="sparse_reduce", packing="delta")])
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    results, output = horovodrun(2, "tests/workers/auto_worker.py", timeout=300)
+    return results, output
+
+
+def test_every_rank_takes_the_same_choice_in_both_frameworks(ranks):
+    results, output = ranks
+    for run in ("torch_loopback", "torch_slow", "torch_resumed", "tf_slow", "tf_traced_slow"):
+        assert results[0][run]["windows"] == results[1][run]["windows"], run
+        assert results[0][run]["checksum"] == results[1][run]["checksum"], run
+    assert "horovod_ext auto: step 0:" in output
+
+
+def test_a_slow_link_mixes_methods_and_compresses(ranks):
+    results, _ = ranks
+    for run in ("torch_slow", "tf_slow", "tf_traced_slow"):
+        methods = set(results[0][run]["windows"][-1].values())
+        assert len(methods) >= 2 and any(m.startswith("topk") for m in methods), methods
+    assert results[0]["torch_slow"]["ratio"] > 5
+    gains = results[0]["torch_slow"]["gains"]
+    chosen = results[0]["torch_slow"]["windows"][-1]
+    assert all(gains[name] >= 0.3 for name, method in chosen.items() if method != "none")
+
+
+def test_a_resumed_run_continues_its_choice(ranks):
+    results, _ = ranks
+    for rank in results:
+        resumed = rank["torch_resumed"]["resumed"]
+        assert resumed["before"] == resumed["after"]
+        assert resumed["before"] == rank["torch_slow"]["windows"][1]
+
+
+def test_bad_input_fails_on_every_rank(ranks):
+    results, _ = ranks
+    for rank in results:
+        assert [e["type"] for e in rank["bad"]] == ["ValueError"] * 3
+        assert "auto epsilon must be in (0, 1]" in rank["bad"][0]["message"]
+    assert json.dumps(results[0]["bad"]) == json.dumps(results[1]["bad"])

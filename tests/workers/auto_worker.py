@@ -1,0 +1,120 @@
+"""Compression.auto under horovodrun -np 2, PyTorch then TensorFlow (eagerly) in one process.
+
+The link is the probe's answer on loopback, or (a "slow" run) a 100 Mbit/s-like link put in place of the probe, so
+that compression pays and the choice mixes methods. Records, per rank: each run's choice at each window's end
+(compression_stats()["choice"]'s methods), the final parameters' checksum, whether a resumed run (a checkpoint of
+rank 0 loaded on rank 0, then Horovod's broadcast_optimizer_state) continued the choice it saved, the error of a
+bad argument. TensorFlow runs eagerly and inside tf.function."""
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from hvdrun import expect_error, write_result  # noqa: E402
+
+from horovod_ext.compression import auto_method  # noqa: E402
+from horovod_ext.compression.auto_choice import Link  # noqa: E402
+
+WINDOW, STEPS = 4, 12
+SLOW = Link(latency={"allreduce": 2e-3, "allgather": 1e-3, "factors": 4e-3},
+            slope={"allreduce": 1.6e-7, "allgather": 1.6e-7, "factors": 1.6e-7})
+_probe = auto_method.probe_link
+
+
+def use_link(slow):
+    auto_method.probe_link = (lambda be, flat, seconds, tag: SLOW) if slow else _probe
+
+
+def choice_methods(stats):
+    return {name: entry["method"] for name, entry in sorted(stats["choice"].items())}
+
+
+def torch_run(slow, steps=STEPS, resume_at=None):
+    import torch
+    import horovod_ext.torch as hvd
+    use_link(slow)
+    torch.manual_seed(0)
+
+    def make():
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                    torch.nn.ReLU(), torch.nn.Linear(256, 4))
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters(),
+                                       compression=hvd.Compression.auto(window=WINDOW))
+        return model, opt
+
+    model, opt = make()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    gen = torch.Generator().manual_seed(1 + hvd.rank())
+    windows, resumed = [], None
+    for step in range(steps):
+        if step == resume_at:
+            saved = {"model": model.state_dict(), "opt": opt.state_dict()}
+            before = choice_methods(opt.compression_stats())
+            model, opt = make()
+            if hvd.rank() == 0:
+                model.load_state_dict(saved["model"])
+                opt.load_state_dict(saved["opt"])
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            hvd.broadcast_optimizer_state(opt, root_rank=0)
+        x = torch.randn(32, 64, generator=gen)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), x[:, :4].argmax(1)).backward()
+        opt.step()
+        if step == resume_at:
+            resumed = {"before": before, "after": choice_methods(opt.compression_stats())}
+        if (step + 1) % WINDOW == 0:
+            windows.append(choice_methods(opt.compression_stats()))
+    stats = opt.compression_stats()
+    return {"windows": windows, "resumed": resumed, "checksum": float(sum(p.double().sum() for p in model.parameters())),
+            "gains": {n: e["gain"] for n, e in stats["choice"].items()}, "changes": stats["choice_changes"],
+            "ratio": stats["total"]["ratio"]}
+
+
+def tf_run(slow, traced):
+    import numpy as np
+    import tensorflow as tf
+    import horovod_ext.tensorflow as hvd
+    hvd.init()
+    use_link(slow)
+    tf.random.set_seed(0)
+    w = [tf.Variable(tf.random.normal([64, 256], stddev=0.1)), tf.Variable(tf.random.normal([256], stddev=0.1)),
+         tf.Variable(tf.random.normal([256, 4], stddev=0.1))]
+    hvd.broadcast_variables(w, root_rank=0)
+    rng = np.random.default_rng(1 + hvd.rank())
+    # one aggregator per compression spec: the traced run's differs from the eager run's
+    compression = hvd.Compression.auto(window=WINDOW, margin=0.04 if traced else 0.05)
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.nn.relu(x @ w[0] + w[1]) @ w[2]))
+        tape = hvd.DistributedGradientTape(tape, compression=compression)
+        for v, g in zip(w, tape.gradient(loss, w)):
+            v.assign_sub(0.1 * g)
+        return loss
+
+    step = tf.function(step) if traced else step
+    windows = []
+    for i in range(STEPS):
+        step(tf.constant(rng.normal(size=(32, 64)), tf.float32))
+        if (i + 1) % WINDOW == 0:
+            stats = hvd.DistributedGradientTape(tf.GradientTape(), compression=compression).compression_stats()
+            windows.append(choice_methods(stats))
+    return {"windows": windows, "checksum": float(sum(tf.reduce_sum(tf.cast(v, tf.float64)) for v in w)),
+            "ratio": stats["total"]["ratio"]}
+
+
+def main():
+    import horovod_ext.torch as hvd
+    hvd.init()
+    from horovod_ext.torch import Compression
+    result = {"torch_loopback": torch_run(False), "torch_slow": torch_run(True),
+              "torch_resumed": torch_run(True, resume_at=6), "tf_slow": tf_run(True, False),
+              "tf_traced_slow": tf_run(True, True),
+              "bad": [expect_error("epsilon", lambda: Compression.auto(epsilon=1.5)),
+                      expect_error("candidates", lambda: Compression.auto(candidates=[])),
+                      expect_error("unknown", lambda: Compression.auto(candidates=["none", "top_k"]))]}
+    write_result(hvd.rank(), result)
+
+
+if __name__ == "__main__":
+    main()
