@@ -3,10 +3,12 @@ link and number of ranks, beside every static method at its defaults and DDP's P
 
     python benchmarks/auto.py                                 # 3 models x 4 links x 2 and 4 ranks
     python benchmarks/auto.py --models cnn --mbit 0,100 --ranks 2
+    python benchmarks/auto.py --tta                           # time to the target: 2 models x 100, 10 Mbit/s
 
 Links: 0 is plain loopback, others loopback shaped by tbf in a network namespace (benchmarks/shaped_link.py; needs
 root, else the shaped cells are skipped with the reason). Writes JSON, a table and a heat map to benchmarks/results.
-Time to accuracy: benchmarks/tta.py --method auto,... (its worker knows "auto").
+--tta: each method's training time until it first reaches the target, dense's final test accuracy less half a point
+(benchmarks/tta_worker.py, which knows "auto"; the models' training as benchmarks/gravac.py's), at 2 ranks.
 """
 import argparse
 import contextlib
@@ -19,6 +21,9 @@ from shaped_link import NamespaceUnavailable, shaped_namespace
 HERE = os.path.dirname(os.path.abspath(__file__))
 STATIC = ("none", "fp16", "ternary", "topk-1%", "topk-10%", "adaptive_topk", "powersgd-r4")
 HOSTS = {2: "localhost:2", 4: "localhost:2,127.0.0.1:2"}
+TTA_METHODS = ("auto", "dense", "fp16", "ternary", "topk-10x", "topk-100x", "adaptive_topk", "hvdext-powersgd",
+               "powersgd")  # tta_worker's names: top-k 10% and 1%; "powersgd" is DDP's hook
+TOLERANCE = 0.005
 
 
 def link_prefix(mbit):
@@ -73,6 +78,54 @@ def heat_map(summaries, path):
     fig.savefig(path, dpi=100)
 
 
+def tta(args):
+    """Time to the target per model and link at 2 ranks (module docstring)."""
+    from gravac import TRAINING, time_to
+    rows, skipped = [], []
+    for mbit in [int(x) for x in args.tta_mbit.split(",")]:
+        try:
+            with link_prefix(mbit) as prefix:
+                for model in args.tta_models.split(","):
+                    print(f"[auto] time to the target: {model}, {mbit or 'loopback'} Mbit/s", flush=True)
+                    runs = horovodrun_json(prefix, 2, os.path.join(HERE, "tta_worker.py"),
+                                           ["--method", ",".join(TTA_METHODS), "--model", model, "--seed", args.seed,
+                                            "--hidden", args.hidden, *TRAINING[model]], args.timeout, hosts=HOSTS[2])
+                    for run in runs:
+                        run["link_mbit"] = mbit
+                    rows += runs
+        except NamespaceUnavailable as exc:
+            skipped.append(f"{mbit} Mbit/s: {exc}")
+    cells, table = [], []
+    for model, mbit in sorted({(r["model"], r["link_mbit"]) for r in rows}):
+        runs = {r["method"]: r for r in rows if (r["model"], r["link_mbit"]) == (model, mbit)}
+        target = runs["dense"]["curve"][-1]["accuracy"] - TOLERANCE
+        times = {m: time_to(r["curve"], target) for m, r in runs.items()}
+        static = {m: t for m, t in times.items() if m not in ("auto", "powersgd") and t is not None}
+        best = min(static, key=static.get) if static else None
+        ratio = times["auto"] / static[best] if best and times["auto"] is not None else None
+        cells.append({"model": model, "link_mbit": mbit, "target": target, "times": times, "best_static": best,
+                      "auto_over_best": ratio, "final": {m: r["curve"][-1]["accuracy"] for m, r in runs.items()}})
+        for m, r in runs.items():
+            table.append([model, f"{mbit} Mbit/s", m, f"{r['curve'][-1]['accuracy']:.2%}",
+                          "not reached" if times[m] is None else f"{times[m]:.1f}",
+                          f"{r['block_step_seconds'] * 1e3:.1f}", f"{r.get('payload_bytes', 0) / 1e3:.1f}"])
+    md = (f"Seed {args.seed}, 2 ranks, batch 32 per rank, digits MLP width {args.hidden}; target: dense's final test accuracy less half a point.\n\n"
+          + markdown_table(["model", "link", "method", "final accuracy", "s to target", "step ms", "KB sent per step"],
+                           table)
+          + "\n\n" + "; ".join(f"{c['model']} at {c['link_mbit']} Mbit/s: auto / best static ({c['best_static']}) = "
+                                + ("-" if c["auto_over_best"] is None else f"{c['auto_over_best']:.2f}")
+                                for c in cells))
+    goal = all(c["auto_over_best"] is not None and c["auto_over_best"] <= 1.1 for c in cells)
+    md += f"\n\nGoal (auto's time to the target within 1.1x of the best static method's): {'met' if goal else 'NOT met'}"
+    if skipped:
+        md += "\n\nSkipped: " + "; ".join(skipped)
+    path = write_outputs("auto_tta", {"machine": machine(), "args": vars(args), "runs": rows, "cells": cells,
+                                      "goal": goal}, md)
+    print(md)
+    print(f"\nwritten: {path}")
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="mlp10m,cnn,nplm")
@@ -82,7 +135,14 @@ def main():
     parser.add_argument("--budget", type=float, default=15.0, help="seconds of timed steps per method (at least 2)")
     parser.add_argument("--settle", type=int, default=41)
     parser.add_argument("--timeout", type=int, default=3600)
+    parser.add_argument("--tta", action="store_true", help="time to the target instead of the step grid")
+    parser.add_argument("--tta-models", default="mlp,cnn")
+    parser.add_argument("--tta-mbit", default="100,10")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--hidden", type=int, default=256, help="the digits MLP's width (gravac_models.py)")
     args = parser.parse_args()
+    if args.tta:
+        return tta(args)
     rows, skipped = [], []
     for mbit in [int(x) for x in args.mbit.split(",")]:
         try:
@@ -91,6 +151,7 @@ def main():
                     for ranks in [int(x) for x in args.ranks.split(",")]:
                         print(f"[auto] {model}, {mbit or 'loopback'} Mbit/s, {ranks} ranks", flush=True)
                         rows += cell_rows(prefix, model, ranks, mbit, args)
+                        write_outputs("auto_rows", {"rows": rows}, "")  # what a failure later would lose
         except NamespaceUnavailable as exc:
             skipped.append(f"{mbit} Mbit/s: {exc}")
     cells = summary(rows)
@@ -111,10 +172,11 @@ def main():
     if skipped:
         md += "\n\nSkipped: " + "; ".join(skipped)
     if cells:
-        heat_map(cells, os.path.join(OUT_DIR, "auto_heat_map.png"))
         md += "\n\n![auto over best static](auto_heat_map.png)"
     path = write_outputs("auto", {"machine": machine(), "args": vars(args), "rows": rows, "cells": cells,
                                   "goals": goals}, md)
+    if cells:
+        heat_map(cells, os.path.join(OUT_DIR, "auto_heat_map.png"))
     print(md)
     print(f"\nwritten: {path}")
     return 0

@@ -14,7 +14,8 @@ from hvdrun import failure_report, horovodrun_elastic, third_host
 WORKER = os.path.join("tests", "workers", "elastic_worker.py")
 KERAS_WORKER = os.path.join("tests", "workers", "elastic_keras_worker.py")
 STEPS, KILL_AT, ADD_AT, COMMIT_EVERY = 60, 23, 35, 5
-METHODS = ["ternary", "topk", "topk_sparse_reduce", "adaptive_topk", "async_lsgd", "diloco", "streaming_diloco"]
+METHODS = ["ternary", "topk", "topk_sparse_reduce", "adaptive_topk", "async_lsgd", "diloco", "streaming_diloco",
+           "auto"]
 DILOCO_INNER_STEPS = 4  # tests/workers/elastic_worker.py's
 # streaming_diloco (elastic_worker.STREAMING): a fragment exchange starts every 5 steps and lands 2 steps later;
 # the one started at the last step is still in flight
@@ -65,6 +66,9 @@ def test_worker_killed_and_added(every_method, method):
             got = r["methods"][method]
             assert got["transport"] == "two_phase" and got["last_wire_bytes"] == pytest.approx(
                 got["planned_wire_bytes"]), where
+    if method == "auto":  # the link measured again, and the choice taken again, for N = 3; the same on every rank
+        assert all(r["methods"][method]["link_ranks"] == 3 for r in results), where
+        assert all(r["methods"][method]["choice"] == results[0]["methods"][method]["choice"] for r in results), where
     if method == "topk_sparse_reduce":  # regions rebalanced for N = 3 (N + 1 bounds)
         assert all(r["methods"][method]["transport"] == "sparse_reduce"
                    and r["methods"][method]["region_bounds"] == 4 for r in results), where

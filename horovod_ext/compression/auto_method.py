@@ -125,7 +125,7 @@ class AutoMethod(Method):
         self.shapes = {}
         self.subs = self.cbes = None  # per candidate: its method over every tensor, and its backend
         self.assignment = None  # candidate index per tensor (None: not decided yet)
-        self.link = None  # auto_choice.Link, fitted at this N
+        self.link = self.link_ranks = None  # auto_choice.Link, and the N it was fitted at
         self.gains = self.kernel = self.nbytes = None  # [t][c]: the agreed mean gain, kernel seconds, bytes
         self.compute = self.overlap = 0.0
         self.window_step = 0  # steps taken in the current window
@@ -299,6 +299,7 @@ class AutoMethod(Method):
         if self.link is None:
             largest = max(items, key=lambda i: i.numel)
             self.link = probe_link(be, be.copy(be.flat32(largest.grad)), self.spec.probe_seconds, self.changes)
+            self.link_ranks = be.nranks
         self.measures = Measures(len(self.sizes), len(self.candidates))
         for item in items:
             t = self.index[item.name]
@@ -591,6 +592,7 @@ class AutoMethod(Method):
         self.carry = set(state.get("carry", []))
         same_ranks = state["nranks"] == self.be.nranks and state["link"] is not None
         self.link = Link.from_list(state["link"]) if same_ranks else None
+        self.link_ranks = self.be.nranks if same_ranks else None
         self.window_step = int(state["window_step"]) if same_ranks else 0
         if same_ranks:
             self.assignment = state["assignment"]
@@ -624,7 +626,7 @@ class AutoMethod(Method):
     def observations(self):
         """compression_stats()["choice"]: per tensor its candidate, bytes per rank, predicted seconds (its kernels
         and its bytes' time on the fitted link), measured kernel seconds and gain; the predicted step, the number of
-        changes, the fitted link."""
+        changes, the fitted link and the number of ranks it was fitted at."""
         if self.assignment is None:
             return {"choice": {}}
         options = self.options()
@@ -636,6 +638,7 @@ class AutoMethod(Method):
                                      "kernel_seconds": o.kernel,
                                      "gain": 1.0 if self.candidates[c] == "none" else o.gain}
         return {"choice": choice, "predicted_step_seconds": self.predicted, "choice_changes": self.changes,
+                "link_ranks": self.link_ranks,
                 "link": {k: {"latency": self.link.latency[k], "seconds_per_byte": self.link.slope[k]} for k in KINDS}}
 
 

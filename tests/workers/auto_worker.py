@@ -4,7 +4,7 @@ The link is the probe's answer on loopback, or (a "slow" run) a 100 Mbit/s-like 
 that compression pays and the choice mixes methods. Records, per rank: each run's choice at each window's end
 (compression_stats()["choice"]'s methods), the final parameters' checksum, whether a resumed run (a checkpoint of
 rank 0 loaded on rank 0, then Horovod's broadcast_optimizer_state) continued the choice it saved, the error of a
-bad argument. TensorFlow runs eagerly and inside tf.function."""
+bad argument. TensorFlow runs eagerly and inside tf.function, and Keras's compiled fit."""
 import os
 import sys
 
@@ -103,13 +103,34 @@ def tf_run(slow, traced):
             "ratio": stats["total"]["ratio"]}
 
 
+def keras_run():
+    """Keras 3's compiled fit (a traced train step) with Compression.auto on the slow link."""
+    import keras
+    import numpy as np
+    import horovod_ext.tensorflow.keras as hvd
+    hvd.init()
+    use_link(True)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(4)])
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05), compression=hvd.Compression.auto(window=WINDOW))
+    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=False)
+    rng = np.random.default_rng(1 + hvd.rank())
+    x = rng.normal(size=(32 * STEPS, 64)).astype("float32")
+    history = model.fit(x, x[:, :4].argmax(1), batch_size=32, epochs=2, verbose=0,
+                        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    stats = opt.compression_stats()
+    return {"choice": choice_methods(stats), "losses": [float(v) for v in history.history["loss"]],
+            "checksum": float(sum(np.sum(w.numpy(), dtype=np.float64) for w in model.trainable_weights))}
+
+
 def main():
     import horovod_ext.torch as hvd
     hvd.init()
     from horovod_ext.torch import Compression
     result = {"torch_loopback": torch_run(False), "torch_slow": torch_run(True),
               "torch_resumed": torch_run(True, resume_at=6), "tf_slow": tf_run(True, False),
-              "tf_traced_slow": tf_run(True, True),
+              "tf_traced_slow": tf_run(True, True), "keras_slow": keras_run(),
               "bad": [expect_error("epsilon", lambda: Compression.auto(epsilon=1.5)),
                       expect_error("candidates", lambda: Compression.auto(candidates=[])),
                       expect_error("unknown", lambda: Compression.auto(candidates=["none", "top_k"]))]}

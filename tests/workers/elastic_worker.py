@@ -43,6 +43,7 @@ COMPRESSORS = {
     "topk_sparse_reduce": lambda: hvd.Compression.topk(ratio=0.05, transport="sparse_reduce", rebalance_every=4),
     "adaptive_topk": lambda: hvd.Compression.adaptive_topk,
     "powersgd": lambda: hvd.Compression.powersgd(rank=2),
+    "auto": lambda: hvd.Compression.auto(min_size=0, window=5),
 }
 PARAMETER_SPACE = ("lsgd", "async_lsgd", "easgd", "diloco", "streaming_diloco")
 DILOCO_INNER_STEPS = 4
@@ -131,6 +132,8 @@ def method_result(method, model, opt, kept, x_test, y_test):
         extra["region_bounds"] = len(regions.bounds) if regions.bounds is not None else None
     if method in ("diloco", "streaming_diloco"):
         extra["outer_rounds"] = stats["outer_rounds"]
+    if method == "auto":  # the ranks its link was last measured at, and its choice
+        extra.update(link_ranks=stats["link_ranks"], choice={n: e["method"] for n, e in stats["choice"].items()})
     return {"accuracy": accuracy, "params": params.tolist(), "stats_steps": stats["steps"], "residuals_kept": kept,
             "transport": stats.get("transport"), "last_wire_bytes": stats["last_step"].get("wire_bytes"), **extra}
 
