@@ -136,7 +136,7 @@ def test_a_slow_link_mixes_methods_and_compresses(ranks):
     results, _ = ranks
     for run in ("torch_slow", "tf_slow", "tf_traced_slow"):
         methods = set(results[0][run]["windows"][-1].values())
-        assert len(methods) >= 2 and any(m.startswith("topk") for m in methods), methods
+        assert len(methods) >= 2 and methods - {"none", "fp16"}, methods  # a payload method among them
     assert results[0]["torch_slow"]["ratio"] > 5
     gains = results[0]["torch_slow"]["gains"]
     chosen = results[0]["torch_slow"]["windows"][-1]
