@@ -1,7 +1,9 @@
 """Compression.auto under horovodrun -np 2, PyTorch then TensorFlow (eagerly) in one process.
 
 The link is the probe's answer on loopback, or (a "slow" run) a 100 Mbit/s-like link put in place of the probe, so
-that compression pays and the choice mixes methods. Records, per rank: each run's choice at each window's end
+that compression pays and the choice mixes methods. A slow run also puts fixed figures in place of the clock's
+(each candidate's kernel seconds, the step's compute and overlap), so that its choice depends on the gradients alone
+and not on how loaded the machine is. Records, per rank: each run's choice at each window's end
 (compression_stats()["choice"]'s methods), the final parameters' checksum, whether a resumed run (a checkpoint of
 rank 0 loaded on rank 0, then Horovod's broadcast_optimizer_state) continued the choice it saved, the error of a
 bad argument. TensorFlow runs eagerly and inside tf.function, and Keras's compiled fit."""
@@ -12,17 +14,31 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hvdrun import expect_error, write_result  # noqa: E402
 
-from horovod_ext.compression import auto_method  # noqa: E402
+from horovod_ext.compression import auto_measure, auto_method  # noqa: E402
 from horovod_ext.compression.auto_choice import Link  # noqa: E402
 
 WINDOW, STEPS = 4, 12
 SLOW = Link(latency={"allreduce": 2e-3, "allgather": 1e-3, "factors": 4e-3},
             slope={"allreduce": 1.6e-7, "allgather": 1.6e-7, "factors": 1.6e-7})
-_probe = auto_method.probe_link
+KERNEL_SECONDS = (2e-5, 2e-9)  # a payload candidate's kernels: fixed seconds, and seconds per element
+COMPUTE_SECONDS = 4e-3  # the step's compute; no overlap
+_probe, _round_trip, _step = auto_method.probe_link, auto_method.round_trip, auto_measure.Measures.step
+
+
+def fixed_round_trip(be, ctx, item, x, candidate, shape):
+    gain, _, nbytes = _round_trip(be, ctx, item, x, candidate, shape)
+    return gain, 0.0 if candidate == "none" else KERNEL_SECONDS[0] + KERNEL_SECONDS[1] * item.numel, nbytes
+
+
+def fixed_step(measures, compute, overlap):
+    _step(measures, COMPUTE_SECONDS, 0.0)
 
 
 def use_link(slow):
+    """The slow link and fixed measured seconds, or the probe's link and the clock's seconds."""
     auto_method.probe_link = (lambda be, flat, seconds, tag: SLOW) if slow else _probe
+    auto_method.round_trip = fixed_round_trip if slow else _round_trip
+    auto_measure.Measures.step = fixed_step if slow else _step
 
 
 def choice_methods(stats):
