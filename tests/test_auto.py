@@ -9,7 +9,8 @@ import random
 import pytest
 
 from horovod_ext.compression.auto import Auto
-from horovod_ext.compression.auto_choice import Link, Option, decide, guarded, optimum, predicted_step
+from horovod_ext.compression.auto_choice import (Link, Option, best_uniform, decide, decide_measured, guarded,
+                                                 optimum, predicted_step)
 from hvdrun import horovodrun
 
 LINK = Link(latency={"allreduce": 1e-3, "allgather": 2e-3, "factors": 2e-3},
@@ -72,6 +73,49 @@ def test_the_margin_keeps_a_choice_predicted_only_slightly_slower():
                 slope={"allreduce": 1e-8, "allgather": 1e-8, "factors": 1e-8})
     assert decide([row], link, 0.0, 0.0, 0.5, [0], [1e6], ["t"], margin=0.05)[0] == [0]
     assert decide([row], link, 0.0, 0.0, 0.5, [0], [1e6], ["t"], margin=0.0)[0] == [1]
+
+
+def mixed_and_uniform():
+    """Two tensors on a 100 Mbit/s-like link where the model's optimum mixes candidates 2 and 1, and the best uniform
+    assignment is candidate 2 on both."""
+    slow = Link(latency={k: 1e-3 for k in ("allreduce", "allgather", "factors")},
+                slope={k: 8e-8 for k in ("allreduce", "allgather", "factors")})
+    options = [[Option("allreduce", 1.6e7, 0.0, 1.0, always=True), Option("allreduce", 8e6, 1e-3, 0.99),
+                Option("allgather", 4e4, 0.02, 0.5, join_check=True)],
+               [Option("allreduce", 4e5, 0.0, 1.0, always=True), Option("allreduce", 2e5, 0.0, 0.99),
+                Option("allgather", 1e3, 0.5, 0.5, join_check=True)]]
+    args = (slow, 0.01, 0.0, 0.3)
+    return options, args, [4e6, 1e5], ["a", "b"]
+
+
+def test_measured_steps_overrule_the_model_after_a_trial_of_the_best_uniform_assignment():
+    options, args, sizes, names = mixed_and_uniform()
+    mixed, uniform = [2, 1], [2, 2]
+    assert decide(options, *args, [0, 0], sizes, names, 0.05)[0] == mixed
+    assert best_uniform(options, *args) == uniform
+
+    def step(current, measured, explored=True):
+        return decide_measured(options, *args, current, sizes, names, 0.05, measured, explored)
+
+    assert step([0, 0], {}, explored=False) == mixed  # nothing measured: the model's choice
+    assert step(mixed, {(2, 1): 0.1}, explored=False) == uniform  # one window measured: the uniform trial
+    assert step(uniform, {(2, 1): 0.1, (2, 2): 0.07}) == uniform  # the model's choice measured slower
+    assert step(mixed, {(2, 1): 0.1, (2, 2): 0.07}) == uniform
+    assert step(mixed, {(2, 1): 0.1, (2, 2): 0.098}) == mixed  # within the margin: kept
+    assert step(uniform, {(2, 1): 0.05, (2, 2): 0.1}) == mixed  # measured faster: back to it
+    # an assignment not measured is estimated by its prediction times the current one's measured / predicted
+    dense = [0, 0]
+    scale = 0.2 / predicted_step(options, uniform, *args[:3])
+    assert predicted_step(options, dense, *args[:3]) * scale > 0.2  # dense stays out, however it is scaled
+    assert step(uniform, {(2, 2): 0.2}) == mixed  # the untried mix, predicted faster, is tried
+
+
+def test_a_measured_assignment_whose_guard_fails_is_not_taken_again():
+    options, args, sizes, names = mixed_and_uniform()
+    for row in options:
+        row[2] = Option(row[2].kind, row[2].nbytes, row[2].kernel, 0.1, join_check=True)  # below epsilon 0.3
+    chosen = decide_measured(options, *args, [1, 1], sizes, names, 0.05, {(2, 1): 0.01, (1, 1): 0.5}, True)
+    assert chosen == [1, 1]
 
 
 def test_overlap_hides_communication_and_kernels_never_overlap():

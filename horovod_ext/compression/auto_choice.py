@@ -31,6 +31,17 @@ the qualifying candidate that lowers step(A) most (ties: the earlier candidate, 
 until a pass changes nothing. A new assignment replaces the current one only where it is predicted at least
 `margin` faster (no oscillation on noise; AUTO.md), except that a tensor whose candidate lost its guard moves at once.
 Deterministic: every rank that holds the same inputs takes the same decision.
+
+Measured steps overrule predicted ones (``measured_choice``). The model misses what it does not hold (a method's
+Python and framework overhead per step, its collectives' negotiation), so each window also measures the step of the
+assignment in force (the median interval between step ends, averaged over ranks). The next assignment is the one
+with the least estimate among the current one, the model's proposal and every assignment measured before that
+still qualifies: a measured assignment's estimate is its measured step, any other's its predicted step times the
+current one's measured / predicted (a measurement counts for MEASURED_WINDOWS windows of auto_method, then the
+assignment is estimated again: a window measured on a busy host does not exclude it for good). It replaces the current one where its estimate is at least `margin` lower. Once,
+after the first window, the best uniform assignment (one candidate for every tensor it is allowed on, by prediction:
+the best static method as the model sees it) runs for a window when it differs from the first choice and was not
+measured, so that a mixed choice stands only where it measured faster than the best single method.
 """
 import math
 from dataclasses import dataclass, field
@@ -197,3 +208,59 @@ def decide(options, link, compute, overlap, epsilon, current, sizes, names, marg
     if best_step <= held_step * (1 - margin):
         return best, best_step, held_step
     return held, held_step, held_step
+
+
+def uniform_assignments(options, epsilon):
+    """Per candidate c, the assignment of c to every tensor (guarded: where c is not allowed or lost its guard, the
+    nearest denser candidate); without repeats, in candidate order."""
+    out = []
+    for c in range(max(len(row) for row in options)):
+        plan = guarded(options, [c if c < len(row) else 0 for row in options], epsilon)
+        if plan not in out:
+            out.append(plan)
+    return out
+
+
+def best_uniform(options, link, compute, overlap, epsilon):
+    """The uniform assignment with the least predicted step (ties: the earlier candidate)."""
+    plans = uniform_assignments(options, epsilon)
+    steps = [predicted_step(options, p, link, compute, overlap) for p in plans]
+    return plans[min(range(len(plans)), key=lambda i: (steps[i], i))]
+
+
+def measured_choice(plans, current, measured, predicted, scale, margin):
+    """The next assignment among `plans` (each qualifying; `current` among them): the one with the least estimate,
+    a measured assignment's (`measured`: tuple -> seconds) its measured step, any other's predicted(plan) * scale;
+    it replaces `current` only where its estimate is at least `margin` lower (ties: the earlier in `plans`)."""
+    def estimate(plan):
+        key = tuple(plan)
+        return measured[key] if key in measured else predicted(plan) * scale
+
+    estimates = [estimate(p) for p in plans]
+    best = min(range(len(plans)), key=lambda i: (estimates[i], i))
+    return list(plans[best]) if estimates[best] <= estimate(current) * (1 - margin) else list(current)
+
+
+def decide_measured(options, link, compute, overlap, epsilon, current, sizes, names, margin, measured, explored):
+    """The next assignment (module docstring): the model's (``decide``) until the current assignment has a measured
+    step (`measured`: tuple -> seconds); then, unless `explored`, the best uniform assignment where it differs from
+    the current one (guarded) and was not measured; else ``measured_choice`` among the current one (guarded), the
+    model's proposal and every measured assignment that qualifies."""
+    proposal, _, _ = decide(options, link, compute, overlap, epsilon, current, sizes, names, margin)
+    if tuple(current) not in measured:
+        return proposal
+
+    def predicted(plan):
+        return predicted_step(options, plan, link, compute, overlap)
+
+    held = guarded(options, current, epsilon)
+    if not explored:
+        uniform = best_uniform(options, link, compute, overlap, epsilon)
+        if uniform != held and tuple(uniform) not in measured:
+            return uniform
+    plans = [held]
+    for plan in [proposal] + [list(p) for p in measured]:
+        if plan not in plans and guarded(options, plan, epsilon) == plan:
+            plans.append(plan)
+    scale = measured[tuple(current)] / max(predicted(list(current)), 1e-12)
+    return measured_choice(plans, held, measured, predicted, scale, margin)

@@ -10,6 +10,7 @@ traced step): the link's probe, each candidate's round trip on a gradient, and t
   its seconds are the kernels' (the inner products wait for the device).
 """
 import math
+import statistics
 import time
 
 from .auto_choice import Link
@@ -18,6 +19,7 @@ from .powersgd import PowerSGD, matrix_layout
 
 LINEAR = ("none", "fp16")  # Horovod's compressors, by allreduce
 FIELDS = 4  # per (tensor, candidate): sums of gains, samples, kernel seconds and payload bytes
+MIN_INTERVALS = 5  # a window measures its choice's step from this many step intervals up
 
 
 def floats(be, tensor, n):
@@ -103,12 +105,14 @@ def powersgd_round_trip(be, item, x, candidate, shape):
 
 class Measures:
     """A window's measurements, per (tensor, candidate): the samples, and the sums of their gains, kernel seconds and
-    payload bytes (sums, so that the ranks' average gives the pooled mean whatever each rank measured); and the
-    steps' compute and overlap seconds."""
+    payload bytes (sums, so that the ranks' average gives the pooled mean whatever each rank measured); the steps'
+    compute and overlap seconds; and the seconds between consecutive steps' ends (the measured step of the choice in
+    force, by its median: an evaluation or a checkpoint between two steps does not move it)."""
 
     def __init__(self, ntensors, ncandidates):
         self.values = [[[0.0, 0.0, 0.0, 0.0] for _ in range(ncandidates)] for _ in range(ntensors)]
         self.compute, self.overlap, self.steps = 0.0, 0.0, 0
+        self.intervals = []
 
     def add(self, t, c, gain, seconds, nbytes):
         v = self.values[t][c]
@@ -122,9 +126,15 @@ class Measures:
         self.overlap += overlap
         self.steps += 1
 
+    def interval(self, seconds):
+        """The seconds from the last step's end to this one's."""
+        self.intervals.append(seconds)
+
     def vector(self):
-        """What the ranks average: every (tensor, candidate)'s four fields, then mean compute, mean overlap, and
-        whether any step was timed."""
+        """What the ranks average: every (tensor, candidate)'s four fields, then mean compute, mean overlap, whether
+        any step was timed, the median step interval, and whether one was measured (MIN_INTERVALS at least)."""
         flat = [x for row in self.values for v in row for x in v]
         steps = max(self.steps, 1)
-        return flat + [self.compute / steps, self.overlap / steps, float(self.steps > 0)]
+        timed = len(self.intervals) >= MIN_INTERVALS
+        return flat + [self.compute / steps, self.overlap / steps, float(self.steps > 0),
+                       statistics.median(self.intervals) if timed else 0.0, float(timed)]

@@ -25,13 +25,14 @@ import sys
 import time
 import types
 
-from .auto_choice import KINDS, Link, Option, decide, predicted_step
+from .auto_choice import KINDS, Link, Option, decide_measured, predicted_step
 from .auto_measure import LINEAR, Measures, floats, probe_link, round_trip, short_name
 from .context import ERROR_PREFIXES
 from .plan import DenseSplit, Item, Method, Record, count_dense
 from .powersgd import PowerSGD, matrix_layout
 from .wire import allreduce_wire_bytes
 
+MEASURED_WINDOWS = 10  # a measured step counts for this many windows (then the model's estimate again)
 MEASURE_SEED = 0x6175746F  # the measurements' random draws (ternary's), apart from any step's
 COUNTED = ("payload_bytes", "wire_bytes", "dense_bytes", "dense_wire_bytes", "elements", "compressed_elements")
 
@@ -141,6 +142,9 @@ class AutoMethod(Method):
         self.step_started = self.last_launch = self.ended_at = None  # host clock
         self.step_kernels = 0.0  # seconds measured in this step's launches
         self.predicted = None  # predicted step seconds of the choice in force
+        self.measured = {}  # tuple(assignment) -> (its measured step seconds, the window measured) at this N
+        self.windows = 0  # windows ended at this N
+        self.explored = False  # whether the best uniform assignment was considered (auto_choice)
         self.changes = 0
         self.codec = AllCodecs(self)
 
@@ -440,6 +444,7 @@ class AutoMethod(Method):
         self.ended_at = now
         if interval is not None:
             self.budget = min(self.budget + self.spec.measure_share * interval, 10 * interval)
+            self.measures.interval(interval)
         compute = self.ctx.stats.compute_seconds()
         if self.step_started is not None and compute is not None:
             overlap = max(0.0, (self.last_launch or self.step_started) - self.step_started - self.step_kernels)
@@ -458,17 +463,18 @@ class AutoMethod(Method):
         averaged = floats(be, be.wait(be.allreduce(be.stack(vector, "float64"),
                                                    be.step_name(f"auto.measures.{self.steps}"), "average")),
                           len(vector))
-        self._take_measures(averaged)
+        self._take_measures(averaged, current)
         choice = self._decide(current) if be.rank == 0 else [0.0] * len(self.sizes)
         agreed = be.wait(be.allreduce(be.stack(choice, "float64"), be.step_name(f"auto.choice.{self.steps}"), "sum"))
         self.ctx.count_decided(payload_bytes=8 * (len(vector) + len(choice)),
                                wire_bytes=allreduce_wire_bytes(8 * len(vector), be.nranks)
                                + allreduce_wire_bytes(8 * len(choice), be.nranks))
+        self.explored = self.explored or tuple(current) in self.measured  # on every rank, as rank 0's _decide
         self._apply(be, [int(round(v)) for v in floats(be, agreed, len(choice))])
         self.measures = Measures(len(self.sizes), len(self.candidates))
         self.window_step = 0
 
-    def _take_measures(self, averaged):
+    def _take_measures(self, averaged, current):
         ntensors, ncand = len(self.sizes), len(self.candidates)
         if self.gains is None:
             self.gains = [[None] * ncand for _ in range(ntensors)]
@@ -481,9 +487,12 @@ class AutoMethod(Method):
                     self.gains[t][c] = gain_sum / count
                     self.kernel[t][c] = seconds / count
                     self.nbytes[t][c] = nbytes / count
-        compute, overlap, measured = averaged[-3:]
+        compute, overlap, measured, interval, timed = averaged[-5:]
         if measured > 0:
             self.compute, self.overlap = compute, overlap
+        if timed == 1.0 and self.assignment is not None:  # every rank timed a window of the choice in force
+            self.measured[tuple(current)] = (interval, self.windows)
+        self.windows += 1
 
     def options(self):
         """auto_choice.Option per tensor and candidate from the agreed measurements (not allowed: no gain)."""
@@ -502,9 +511,11 @@ class AutoMethod(Method):
         return out
 
     def _decide(self, current):
-        assignment, _, _ = decide(self.options(), self.link, self.compute, self.overlap, self.spec.epsilon, current,
-                                  self.sizes, self.names, self.spec.margin)
-        return [float(c) for c in assignment]
+        recent = {plan: seconds for plan, (seconds, at) in self.measured.items()
+                  if self.windows - at < MEASURED_WINDOWS}
+        chosen = decide_measured(self.options(), self.link, self.compute, self.overlap, self.spec.epsilon, current,
+                                 self.sizes, self.names, self.spec.margin, recent, self.explored)
+        return [float(c) for c in chosen]
 
     def _apply(self, be, assignment):
         """The agreed assignment in force from the next step: a moved tensor's residual goes to its new candidate
@@ -574,7 +585,9 @@ class AutoMethod(Method):
                 "shapes": [list(self.shapes[name]) for name in self.names] if self.names else None,
                 "link": self.link.as_list() if self.link is not None else None, "gains": self.gains,
                 "kernel": self.kernel, "nbytes": self.nbytes, "compute": self.compute, "overlap": self.overlap,
-                "window_step": self.window_step, "steps": self.steps, "carry": sorted(self.carry), "subs": subs}
+                "window_step": self.window_step, "steps": self.steps, "carry": sorted(self.carry), "subs": subs,
+                "measured": [[list(plan), seconds, at] for plan, (seconds, at) in self.measured.items()],
+                "windows": self.windows, "explored": self.explored}
 
     def load_shared_state(self, state):
         """A checkpoint's (or rank 0's) state: the choice continues where it was; with another number of ranks the
@@ -594,6 +607,10 @@ class AutoMethod(Method):
         self.link = Link.from_list(state["link"]) if same_ranks else None
         self.link_ranks = self.be.nranks if same_ranks else None
         self.window_step = int(state["window_step"]) if same_ranks else 0
+        measured = state.get("measured", []) if same_ranks else []
+        self.measured = {tuple(plan): (seconds, at) for plan, seconds, at in measured}
+        self.windows = int(state.get("windows", 0)) if same_ranks else 0
+        self.explored = bool(state.get("explored", False)) and same_ranks
         if same_ranks:
             self.assignment = state["assignment"]
         else:

@@ -2,7 +2,8 @@
 
 The link is the probe's answer on loopback, or (a "slow" run) a 100 Mbit/s-like link put in place of the probe, so
 that compression pays and the choice mixes methods. A slow run also puts fixed figures in place of the clock's
-(each candidate's kernel seconds, the step's compute and overlap), so that its choice depends on the gradients alone
+(each candidate's kernel seconds, the step's compute and overlap) and leaves the steps untimed (no measured step
+overrules the model), so that its choice depends on the gradients alone
 and not on how loaded the machine is. Records, per rank: each run's choice at each window's end
 (compression_stats()["choice"]'s methods), the final parameters' checksum, whether a resumed run (a checkpoint of
 rank 0 loaded on rank 0, then Horovod's broadcast_optimizer_state) continued the choice it saved, the error of a
@@ -22,7 +23,8 @@ SLOW = Link(latency={"allreduce": 2e-3, "allgather": 1e-3, "factors": 4e-3},
             slope={"allreduce": 1.6e-7, "allgather": 1.6e-7, "factors": 1.6e-7})
 KERNEL_SECONDS = (2e-5, 2e-9)  # a payload candidate's kernels: fixed seconds, and seconds per element
 COMPUTE_SECONDS = 4e-3  # the step's compute; no overlap
-_probe, _round_trip, _step = auto_method.probe_link, auto_method.round_trip, auto_measure.Measures.step
+_probe, _round_trip = auto_method.probe_link, auto_method.round_trip
+_step, _interval = auto_measure.Measures.step, auto_measure.Measures.interval
 
 
 def fixed_round_trip(be, ctx, item, x, candidate, shape):
@@ -39,6 +41,7 @@ def use_link(slow):
     auto_method.probe_link = (lambda be, flat, seconds, tag: SLOW) if slow else _probe
     auto_method.round_trip = fixed_round_trip if slow else _round_trip
     auto_measure.Measures.step = fixed_step if slow else _step
+    auto_measure.Measures.interval = (lambda measures, seconds: None) if slow else _interval
 
 
 def choice_methods(stats):
