@@ -21,7 +21,9 @@ How a run goes (AutoMethod, over the backend contract, for PyTorch and TensorFlo
 - **At each window's end** the ranks average the window's measurements (one allreduce), rank 0 decides again
   (auto_choice.decide: a tensor whose candidate's gain fell below epsilon moves to the nearest denser candidate
   that keeps it; the optimum replaces the current choice only where it is predicted ``margin`` faster), and every
-  rank takes rank 0's decision from the next step. Rank 0 prints one line when the choice changes.
+  rank takes rank 0's decision from the next step. Rank 0 prints one line when the choice changes. Each window
+  also times the choice in force; timed steps overrule predicted ones, and the best uniform choice is tried for
+  one window after the first (auto_choice.decide_measured).
 
 A tensor that moves keeps its error-feedback residual: into the new candidate's where that one keeps residuals,
 else sent once with the tensor's next gradient (dense, g + r, after which r = 0). Tensors with fewer than min_size

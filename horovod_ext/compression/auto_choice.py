@@ -9,12 +9,12 @@ spends kernel_{t,c} seconds encoding and decoding on this rank:
     comm(A) = sum over the candidates c that A uses of latency_{k(c)} + sum_t slope_{k(A(t))} * bytes_{t,A(t)}
 
 latency_k and slope_k are the link's, fitted per collective kind from a probe of this job's own collectives at this
-number of ranks (Link.fit: time = latency + slope * bytes per rank); a method's latency is paid once per step because
-Horovod fuses the step's collectives of one method (its tensor fusion), and a payload method's join check (one
-allreduce's latency before the step's first collective) is added where one is used. Kernels run on the thread (or stream) that
-runs backward, so they never overlap it; communication runs on Horovod's background thread behind what is left of
-backward once the first gradient is ready (overlap: measured, the seconds between the step's first and last
-gradient, 0 where every gradient is sent at once, as in TensorFlow).
+number of ranks (Link.fit: time = latency + slope * bytes per rank); a method's latency is paid once per step
+because Horovod fuses the step's collectives of one method (its tensor fusion), and a payload method's join check
+(one allreduce's latency before the step's first collective) is added where one is used. Kernels run on the thread
+(or stream) that runs backward, so they never overlap it; communication runs on Horovod's background thread behind
+what is left of backward once the first gradient is ready (overlap: measured, the seconds between the step's first
+and last gradient, 0 where every gradient is sent at once, as in TensorFlow).
 
 The accuracy guard (GraVAC's compression gain, Tyagi & Swany 2023, made method-independent): a candidate's gain on a
 tensor is the cosine between x = g + r (the gradient with its error-feedback residual) and C(x), what the candidate
@@ -35,13 +35,14 @@ Deterministic: every rank that holds the same inputs takes the same decision.
 Measured steps overrule predicted ones (``measured_choice``). The model misses what it does not hold (a method's
 Python and framework overhead per step, its collectives' negotiation), so each window also measures the step of the
 assignment in force (the median interval between step ends, averaged over ranks). The next assignment is the one
-with the least estimate among the current one, the model's proposal and every assignment measured before that
-still qualifies: a measured assignment's estimate is its measured step, any other's its predicted step times the
-current one's measured / predicted (a measurement counts for MEASURED_WINDOWS windows of auto_method, then the
-assignment is estimated again: a window measured on a busy host does not exclude it for good). It replaces the current one where its estimate is at least `margin` lower. Once,
-after the first window, the best uniform assignment (one candidate for every tensor it is allowed on, by prediction:
-the best static method as the model sees it) runs for a window when it differs from the first choice and was not
-measured, so that a mixed choice stands only where it measured faster than the best single method.
+with the least estimate among the current one, the model's proposal and every assignment measured before that still
+qualifies: a measured assignment's estimate is its measured step, any other's its predicted step times the current
+one's measured / predicted (a measurement counts for MEASURED_WINDOWS windows of auto_method, then the assignment is
+estimated again: a window measured on a busy host does not exclude it for good). It replaces the current one where
+its estimate is at least `margin` lower. Once, after the first window, the best uniform assignment (one candidate
+for every tensor it is allowed on, by prediction: the best static method as the model sees it) runs for a window
+when it differs from the first choice and was not measured, so that a mixed choice stands only where it measured
+faster than the best single method.
 """
 import math
 from dataclasses import dataclass, field
