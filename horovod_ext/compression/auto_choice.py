@@ -39,15 +39,16 @@ with the least estimate among the current one, the model's proposal and every as
 qualifies: a measured assignment's estimate is its measured step, any other's its predicted step times the current
 one's measured / predicted (a measurement counts for MEASURED_WINDOWS windows of auto_method, then the assignment is
 estimated again: a window measured on a busy host does not exclude it for good). It replaces the current one where
-its estimate is at least `margin` lower. Once, after the first window, the best uniform assignment (one candidate
-for every tensor it is allowed on, by prediction: the best static method as the model sees it) runs for a window
-when it differs from the first choice and was not measured, so that a mixed choice stands only where it measured
-faster than the best single method.
+its estimate is at least `margin` lower. In the TRIALS windows after the first, the TRIALS best uniform assignments
+(one candidate for every tensor it is allowed on, by prediction: the best static methods as the model sees them)
+each run for a window where they differ from the choice in force and were not measured, so that a mixed choice
+stands only where it measured faster than the best single methods.
 """
 import math
 from dataclasses import dataclass, field
 
 KINDS = ("allreduce", "allgather", "factors")
+TRIALS = 2  # the best uniform assignments (by prediction) each run for a window after the first one
 
 
 @dataclass
@@ -222,11 +223,11 @@ def uniform_assignments(options, epsilon):
     return out
 
 
-def best_uniform(options, link, compute, overlap, epsilon):
-    """The uniform assignment with the least predicted step (ties: the earlier candidate)."""
+def best_uniforms(options, link, compute, overlap, epsilon, count):
+    """The `count` uniform assignments with the least predicted steps, least first (ties: the earlier candidate)."""
     plans = uniform_assignments(options, epsilon)
     steps = [predicted_step(options, p, link, compute, overlap) for p in plans]
-    return plans[min(range(len(plans)), key=lambda i: (steps[i], i))]
+    return [plans[i] for i in sorted(range(len(plans)), key=lambda i: (steps[i], i))[:count]]
 
 
 def measured_choice(plans, current, measured, predicted, scale, margin):
@@ -242,11 +243,12 @@ def measured_choice(plans, current, measured, predicted, scale, margin):
     return list(plans[best]) if estimates[best] <= estimate(current) * (1 - margin) else list(current)
 
 
-def decide_measured(options, link, compute, overlap, epsilon, current, sizes, names, margin, measured, explored):
+def decide_measured(options, link, compute, overlap, epsilon, current, sizes, names, margin, measured, explore,
+                    trials=TRIALS):
     """The next assignment (module docstring): the model's (``decide``) until the current assignment has a measured
-    step (`measured`: tuple -> seconds); then, unless `explored`, the best uniform assignment where it differs from
-    the current one (guarded) and was not measured; else ``measured_choice`` among the current one (guarded), the
-    model's proposal and every measured assignment that qualifies."""
+    step (`measured`: tuple -> seconds); then, while `explore`, the first of the `trials` best uniform assignments
+    (by prediction) that differs from the current one (guarded) and was not measured; else ``measured_choice``
+    among the current one (guarded), the model's proposal and every measured assignment that qualifies."""
     proposal, _, _ = decide(options, link, compute, overlap, epsilon, current, sizes, names, margin)
     if tuple(current) not in measured:
         return proposal
@@ -255,10 +257,10 @@ def decide_measured(options, link, compute, overlap, epsilon, current, sizes, na
         return predicted_step(options, plan, link, compute, overlap)
 
     held = guarded(options, current, epsilon)
-    if not explored:
-        uniform = best_uniform(options, link, compute, overlap, epsilon)
-        if uniform != held and tuple(uniform) not in measured:
-            return uniform
+    if explore:
+        for uniform in best_uniforms(options, link, compute, overlap, epsilon, trials):
+            if uniform != held and tuple(uniform) not in measured:
+                return uniform
     plans = [held]
     for plan in [proposal] + [list(p) for p in measured]:
         if plan not in plans and guarded(options, plan, epsilon) == plan:

@@ -25,7 +25,7 @@ import sys
 import time
 import types
 
-from .auto_choice import KINDS, Link, Option, decide_measured, predicted_step
+from .auto_choice import KINDS, TRIALS, Link, Option, decide_measured, predicted_step
 from .auto_measure import LINEAR, Measures, floats, probe_link, round_trip, short_name
 from .context import ERROR_PREFIXES
 from .plan import DenseSplit, Item, Method, Record, count_dense
@@ -144,7 +144,7 @@ class AutoMethod(Method):
         self.predicted = None  # predicted step seconds of the choice in force
         self.measured = {}  # tuple(assignment) -> (its measured step seconds, the window measured) at this N
         self.windows = 0  # windows ended at this N
-        self.explored = False  # whether the best uniform assignment was considered (auto_choice)
+        self.timed_windows = 0  # windows whose step was timed, at this N (the first TRIALS after one explore)
         self.changes = 0
         self.codec = AllCodecs(self)
 
@@ -469,7 +469,6 @@ class AutoMethod(Method):
         self.ctx.count_decided(payload_bytes=8 * (len(vector) + len(choice)),
                                wire_bytes=allreduce_wire_bytes(8 * len(vector), be.nranks)
                                + allreduce_wire_bytes(8 * len(choice), be.nranks))
-        self.explored = self.explored or tuple(current) in self.measured  # on every rank, as rank 0's _decide
         self._apply(be, [int(round(v)) for v in floats(be, agreed, len(choice))])
         self.measures = Measures(len(self.sizes), len(self.candidates))
         self.window_step = 0
@@ -492,6 +491,7 @@ class AutoMethod(Method):
             self.compute, self.overlap = compute, overlap
         if timed == 1.0 and self.assignment is not None:  # every rank timed a window of the choice in force
             self.measured[tuple(current)] = (interval, self.windows)
+            self.timed_windows += 1
         self.windows += 1
 
     def options(self):
@@ -514,7 +514,7 @@ class AutoMethod(Method):
         recent = {plan: seconds for plan, (seconds, at) in self.measured.items()
                   if self.windows - at < MEASURED_WINDOWS}
         chosen = decide_measured(self.options(), self.link, self.compute, self.overlap, self.spec.epsilon, current,
-                                 self.sizes, self.names, self.spec.margin, recent, self.explored)
+                                 self.sizes, self.names, self.spec.margin, recent, self.timed_windows <= TRIALS)
         return [float(c) for c in chosen]
 
     def _apply(self, be, assignment):
@@ -587,7 +587,7 @@ class AutoMethod(Method):
                 "kernel": self.kernel, "nbytes": self.nbytes, "compute": self.compute, "overlap": self.overlap,
                 "window_step": self.window_step, "steps": self.steps, "carry": sorted(self.carry), "subs": subs,
                 "measured": [[list(plan), seconds, at] for plan, (seconds, at) in self.measured.items()],
-                "windows": self.windows, "explored": self.explored}
+                "windows": self.windows, "timed_windows": self.timed_windows}
 
     def load_shared_state(self, state):
         """A checkpoint's (or rank 0's) state: the choice continues where it was; with another number of ranks the
@@ -610,7 +610,7 @@ class AutoMethod(Method):
         measured = state.get("measured", []) if same_ranks else []
         self.measured = {tuple(plan): (seconds, at) for plan, seconds, at in measured}
         self.windows = int(state.get("windows", 0)) if same_ranks else 0
-        self.explored = bool(state.get("explored", False)) and same_ranks
+        self.timed_windows = int(state.get("timed_windows", 0)) if same_ranks else 0
         if same_ranks:
             self.assignment = state["assignment"]
         else:
