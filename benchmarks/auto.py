@@ -133,7 +133,7 @@ def main():
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--steps", type=int, default=15, help="the most timed steps per method and cell")
     parser.add_argument("--budget", type=float, default=15.0, help="seconds of timed steps per method (at least 2)")
-    parser.add_argument("--settle", type=int, default=41)
+    parser.add_argument("--settle", type=int, default=61, help="auto's untimed steps (its first three windows)")
     parser.add_argument("--timeout", type=int, default=3600)
     parser.add_argument("--tta", action="store_true", help="time to the target instead of the step grid")
     parser.add_argument("--tta-models", default="mlp,cnn")

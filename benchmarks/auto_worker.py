@@ -1,5 +1,5 @@
 """Runs under horovodrun (inside a shaped namespace, benchmarks/auto.py): the median step time of Compression.auto
-(after its choice has settled: its first two windows are not timed) and of each static method at its defaults, and
+(after its choice has settled: its first three windows, the first choice and two trials, are not timed) and of each static method at its defaults, and
 of PyTorch DDP's PowerSGD hook, on one model. Rank 0 writes JSON to --json."""
 import argparse
 import json
@@ -67,7 +67,7 @@ def measure(method, args):
         loss_fn(model(x), y).backward()
         opt.step()
 
-    # auto: its first two windows; the hook compresses from its 2nd iteration; the others' first step agrees settings
+    # auto: its first three windows; the hook compresses from its 2nd iteration; the others' first step agrees settings
     warm = {"auto": args.settle, "ddp-powersgd": 3}.get(method, 1)
     row = {"method": method, "model": args.model, "ranks": hvd.size(),
            "parameters": sum(p.numel() for p in model.parameters()),
@@ -89,7 +89,7 @@ def main():
     parser.add_argument("--methods", default=",".join(list(STATIC) + ["ddp-powersgd"]))
     parser.add_argument("--steps", type=int, default=15, help="the most timed steps per method")
     parser.add_argument("--budget", type=float, default=15.0, help="seconds of timed steps per method (at least 2)")
-    parser.add_argument("--settle", type=int, default=41, help="auto's untimed steps (its first two windows)")
+    parser.add_argument("--settle", type=int, default=61, help="auto's untimed steps (its first three windows)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--json", required=True)
