@@ -1,6 +1,6 @@
 """Runs under horovodrun (inside a shaped namespace, benchmarks/auto.py): the median step time of Compression.auto
-(after its choice has settled: its first three windows, the first choice and two trials, are not timed) and of each static method at its defaults, and
-of PyTorch DDP's PowerSGD hook, on one model. Rank 0 writes JSON to --json."""
+(after its choice has settled: its first three windows, the first choice and two trials, are not timed) and of each
+static method at its defaults, and of PyTorch DDP's PowerSGD hook, on one model. Rank 0 writes JSON to --json."""
 import argparse
 import json
 import os
