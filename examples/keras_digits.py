@@ -30,7 +30,8 @@ COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compre
                 "ternary-shared": lambda: hvd.Compression.ternary(shared_scale=True),
                 "topk": lambda: hvd.Compression.topk(ratio=0.1),
                 "adaptive_topk": lambda: hvd.Compression.adaptive_topk,  # GraVAC at its defaults
-                "powersgd": lambda: hvd.Compression.powersgd}
+                "powersgd": lambda: hvd.Compression.powersgd,
+                "auto": lambda: hvd.Compression.auto}  # each tensor's method chosen online
 OPTIMIZERS = {"dp": None,
               "lsgd": lambda opt: hvd.LeaderOptimizer(opt, groups=None),
               "multi_lsgd": lambda opt: hvd.LeaderOptimizer(opt, groups="node"),

@@ -36,7 +36,8 @@ COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compre
                 "topk-1000x": lambda: hvd.Compression.topk(ratio=0.001),
                 "adaptive_topk": lambda: hvd.Compression.adaptive_topk(**ADAPTIVE),
                 "powersgd": lambda: hvd.Compression.powersgd,
-                "powersgd-rank1": lambda: hvd.Compression.powersgd(rank=1)}
+                "powersgd-rank1": lambda: hvd.Compression.powersgd(rank=1),
+                "auto": lambda: hvd.Compression.auto}  # each tensor's method chosen online
 ADAPTIVE = {}  # GraVAC at its defaults unless --adaptive says otherwise
 # Parameter-space optimizers: each rank steps on its own gradient and is pulled every `period` steps.
 OPTIMIZERS = {"dp": None,

@@ -12,7 +12,7 @@ import tempfile
 from hvdrun import horovodrun
 
 OPTIMIZERS = ["dp", "lsgd", "async_lsgd", "easgd", "async_easgd"]
-COMPRESSIONS = {"examples/pytorch_digits.py": ["none", "ternary", "powersgd", "topk", "adaptive_topk"],
+COMPRESSIONS = {"examples/pytorch_digits.py": ["none", "ternary", "powersgd", "topk", "adaptive_topk", "auto"],
                 "examples/keras_digits.py": ["none", "ternary", "topk", "adaptive_topk", "powersgd"]}
 
 
