@@ -36,9 +36,9 @@ Measured steps overrule predicted ones (``measured_choice``). The model misses w
 Python and framework overhead per step, its collectives' negotiation), so each window also measures the step of the
 assignment in force (the median interval between step ends, averaged over ranks). The next assignment is the one
 with the least estimate among the current one, the model's proposal and every assignment measured before that still
-qualifies: a measured assignment's estimate is its measured step, any other's its predicted step times the current
-one's measured / predicted (a measurement counts for MEASURED_WINDOWS windows of auto_method, then the assignment is
-estimated again: a window measured on a busy host does not exclude it for good). It replaces the current one where
+qualifies: a measured assignment's estimate is its measured step (the mean over its windows timed in the last
+MEASURED_WINDOWS of auto_method), any other's its predicted step times the current one's measured / predicted (a
+window timed on a busy host does not exclude an assignment for good). It replaces the current one where
 its estimate is at least `margin` lower. In the TRIALS windows after the first, the TRIALS best uniform assignments
 (one candidate for every tensor it is allowed on, by prediction: the best static methods as the model sees them)
 each run for a window where they differ from the choice in force and were not measured, so that a mixed choice

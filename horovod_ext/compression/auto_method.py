@@ -32,7 +32,7 @@ from .plan import DenseSplit, Item, Method, Record, count_dense
 from .powersgd import PowerSGD, matrix_layout
 from .wire import allreduce_wire_bytes
 
-MEASURED_WINDOWS = 10  # a measured step counts for this many windows (then the model's estimate again)
+MEASURED_WINDOWS = 10  # a window's timed step counts for this many windows (then the model's estimate again)
 MEASURE_SEED = 0x6175746F  # the measurements' random draws (ternary's), apart from any step's
 COUNTED = ("payload_bytes", "wire_bytes", "dense_bytes", "dense_wire_bytes", "elements", "compressed_elements")
 
@@ -142,9 +142,9 @@ class AutoMethod(Method):
         self.step_started = self.last_launch = self.ended_at = None  # host clock
         self.step_kernels = 0.0  # seconds measured in this step's launches
         self.predicted = None  # predicted step seconds of the choice in force
-        self.measured = {}  # tuple(assignment) -> (its measured step seconds, the window measured) at this N
+        self.measured = []  # (tuple(assignment), its timed step seconds, the window) per timed window, at this N
         self.windows = 0  # windows ended at this N
-        self.timed_windows = 0  # windows whose step was timed, at this N (the first TRIALS after one explore)
+        self.timed_windows = 0  # windows whose step was timed, at this N (the TRIALS after the first are trials)
         self.changes = 0
         self.codec = AllCodecs(self)
 
@@ -490,7 +490,8 @@ class AutoMethod(Method):
         if measured > 0:
             self.compute, self.overlap = compute, overlap
         if timed == 1.0 and self.assignment is not None:  # every rank timed a window of the choice in force
-            self.measured[tuple(current)] = (interval, self.windows)
+            self.measured.append((tuple(current), interval, self.windows))
+            self.measured = [m for m in self.measured if self.windows - m[2] < MEASURED_WINDOWS]
             self.timed_windows += 1
         self.windows += 1
 
@@ -511,8 +512,10 @@ class AutoMethod(Method):
         return out
 
     def _decide(self, current):
-        recent = {plan: seconds for plan, (seconds, at) in self.measured.items()
-                  if self.windows - at < MEASURED_WINDOWS}
+        recent = {}  # the mean timed step of each assignment over its windows timed among the last MEASURED_WINDOWS
+        for plan, seconds, _ in self.measured:
+            recent.setdefault(plan, []).append(seconds)
+        recent = {plan: sum(times) / len(times) for plan, times in recent.items()}
         chosen = decide_measured(self.options(), self.link, self.compute, self.overlap, self.spec.epsilon, current,
                                  self.sizes, self.names, self.spec.margin, recent, self.timed_windows <= TRIALS)
         return [float(c) for c in chosen]
@@ -586,7 +589,7 @@ class AutoMethod(Method):
                 "link": self.link.as_list() if self.link is not None else None, "gains": self.gains,
                 "kernel": self.kernel, "nbytes": self.nbytes, "compute": self.compute, "overlap": self.overlap,
                 "window_step": self.window_step, "steps": self.steps, "carry": sorted(self.carry), "subs": subs,
-                "measured": [[list(plan), seconds, at] for plan, (seconds, at) in self.measured.items()],
+                "measured": [[list(plan), seconds, at] for plan, seconds, at in self.measured],
                 "windows": self.windows, "timed_windows": self.timed_windows}
 
     def load_shared_state(self, state):
@@ -608,7 +611,7 @@ class AutoMethod(Method):
         self.link_ranks = self.be.nranks if same_ranks else None
         self.window_step = int(state["window_step"]) if same_ranks else 0
         measured = state.get("measured", []) if same_ranks else []
-        self.measured = {tuple(plan): (seconds, at) for plan, seconds, at in measured}
+        self.measured = [(tuple(plan), seconds, at) for plan, seconds, at in measured]
         self.windows = int(state.get("windows", 0)) if same_ranks else 0
         self.timed_windows = int(state.get("timed_windows", 0)) if same_ranks else 0
         if same_ranks:
