@@ -11,6 +11,7 @@ import pytest
 from horovod_ext.compression.auto import Auto
 from horovod_ext.compression.auto_choice import (Link, Option, best_uniforms, decide, decide_measured, guarded,
                                                  optimum, predicted_step)
+from horovod_ext.compression.auto_measure import round_trip, sent_dense
 from hvdrun import horovodrun
 
 LINK = Link(latency={"allreduce": 1e-3, "allgather": 2e-3, "factors": 2e-3},
@@ -162,6 +163,19 @@ def test_candidates_by_name_and_spec_with_dense_always_among_them():
     assert auto.candidates[1].transport == "allgather" and auto.candidates[2].ratio == 0.001
     with pytest.raises(ValueError, match="transport='allgather'"):
         Auto(candidates=[TopK(transport="sparse_reduce", packing="delta")])
+
+
+def test_a_payload_candidate_sends_a_tensor_below_its_own_min_size_dense_as_its_static_method_does():
+    """Every candidate may take every tensor (auto's min_size 0): ternary on a bias is ternary's dense allreduce
+    (gain 1, no kernels, 4 bytes an element), so ternary on every tensor is exactly Compression.ternary."""
+    from horovod_ext.compression.plan import Item
+    from horovod_ext.compression.ternary import Ternary
+    from horovod_ext.compression.topk import TopK
+    assert Auto().min_size == 0
+    bias = Item(0, "fc.bias", None, 100, 4)
+    assert round_trip(None, None, bias, None, Ternary(), (100,)) == (1.0, 0.0, 400.0)
+    assert sent_dense(Ternary(), 1023) and not sent_dense(Ternary(), 1024)
+    assert not sent_dense(Ternary(min_size=0), 1) and not sent_dense(TopK(), 1) and not sent_dense("fp16", 1)
 
 
 @pytest.fixture(scope="module")

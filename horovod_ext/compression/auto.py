@@ -26,9 +26,11 @@ How a run goes (AutoMethod, over the backend contract, for PyTorch and TensorFlo
   prediction) are each tried for one window after the first (auto_choice.decide_measured).
 
 A tensor that moves keeps its error-feedback residual: into the new candidate's where that one keeps residuals,
-else sent once with the tensor's next gradient (dense, g + r, after which r = 0). Tensors with fewer than min_size
-elements choose between "none" and "fp16" only (a payload of a few hundred bytes gains nothing and pays a
-collective's latency). The state every rank holds alike (the choice, the averaged measurements, the link, the
+else sent once with the tensor's next gradient (dense, g + r, after which r = 0). Every candidate may take every
+tensor (min_size 0): a payload candidate sends a tensor below its own min_size dense in its own allreduce, as the
+static compressor does (ternary's biases and norms), so that each candidate on every tensor is exactly that static
+method, one collective round per step; tensors with fewer than auto's min_size elements choose between "none" and
+"fp16" only. The state every rank holds alike (the choice, the averaged measurements, the link, the
 window's position) is the method's shared state: a checkpoint resumes the choice where it was; an elastic reset
 (another number of ranks) measures the link again and decides again at the next step.
 
@@ -99,7 +101,8 @@ class Auto(CompressorSpec):
         window: steps between decisions (>= 1); the first decision is taken at the first step.
         margin: how much faster (a fraction of the step) a new choice must be predicted to replace the current one,
             in [0, 1).
-        min_size: tensors with fewer elements choose between "none" and "fp16" only (>= 0).
+        min_size: tensors with fewer elements choose between "none" and "fp16" only (>= 0). Default 0: every
+            candidate may take every tensor (a payload candidate's own min_size still sends smaller ones dense).
         measure_share: the share of the step's time spent measuring candidates after the first step, in (0, 1).
         probe_seconds: about how long the link's probe may take at the deciding step (> 0).
     """
@@ -111,7 +114,7 @@ class Auto(CompressorSpec):
     travels = "sends each tensor by the method it chose, some by allgather; Horovod's own DistributedOptimizer " \
               "would allreduce them"
 
-    def __init__(self, candidates=None, epsilon=0.25, window=20, margin=0.05, min_size=1024, measure_share=0.03,
+    def __init__(self, candidates=None, epsilon=0.25, window=20, margin=0.05, min_size=0, measure_share=0.03,
                  probe_seconds=1.0):
         if candidates is None:
             candidates = default_candidates()

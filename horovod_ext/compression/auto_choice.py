@@ -45,6 +45,7 @@ each run for a window where they differ from the choice in force and were not me
 stands only where it measured faster than the best single methods.
 """
 import math
+import statistics
 from dataclasses import dataclass, field
 
 KINDS = ("allreduce", "allgather", "factors")
@@ -69,7 +70,7 @@ class Link:
             sizes = sorted(by_size)
             if not sizes:
                 raise ValueError(f"Link.fit: no samples of {kind!r}")
-            med = [_median(by_size[s]) for s in sizes]
+            med = [statistics.median(by_size[s]) for s in sizes]
             slope = (med[-1] - med[0]) / (sizes[-1] - sizes[0]) if len(sizes) > 1 else med[0] / max(sizes[0], 1.0)
             slope = max(slope, 0.0)
             link.latency[kind], link.slope[kind] = max(med[0] - slope * sizes[0], 0.0), slope
@@ -89,12 +90,6 @@ class Link:
         for j, kind in enumerate(KINDS):
             link.latency[kind], link.slope[kind] = float(values[2 * j]), float(values[2 * j + 1])
         return link
-
-
-def _median(values):
-    values = sorted(values)
-    n = len(values)
-    return values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
 
 
 @dataclass

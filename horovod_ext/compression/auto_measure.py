@@ -27,6 +27,12 @@ def floats(be, tensor, n):
     return [float(v) for v in be.unstack(tensor, n)]
 
 
+def sent_dense(candidate, n):
+    """Whether a payload candidate's own method sends a tensor of n elements dense by allreduce (below its own
+    min_size: ternary's biases and norms), as the static compressor does."""
+    return not isinstance(candidate, str) and n < (getattr(candidate, "min_size", None) or 0)
+
+
 def candidate_name(candidate):
     return candidate if isinstance(candidate, str) else candidate.describe()
 
@@ -67,7 +73,7 @@ def probe_link(be, flat, probe_seconds, tag):
 def round_trip(be, ctx, item, x, candidate, shape):
     """(gain, kernel seconds, payload bytes per rank) of `candidate` on x (flat float32) of the tensor `item`."""
     start = time.perf_counter()
-    if candidate == "none":
+    if candidate == "none" or sent_dense(candidate, item.numel):
         return 1.0, 0.0, 4.0 * item.numel
     if candidate == "fp16":
         sent, nbytes = be.cast(be.cast(x, "float16"), "float32"), 2.0 * item.numel

@@ -26,7 +26,7 @@ import time
 import types
 
 from .auto_choice import KINDS, TRIALS, Link, Option, decide_measured, predicted_step
-from .auto_measure import LINEAR, Measures, floats, probe_link, round_trip, short_name
+from .auto_measure import LINEAR, Measures, floats, probe_link, round_trip, sent_dense, short_name
 from .context import ERROR_PREFIXES
 from .plan import DenseSplit, Item, Method, Record, count_dense
 from .powersgd import PowerSGD, matrix_layout
@@ -192,7 +192,7 @@ class AutoMethod(Method):
     def _kind_bytes(self, t, c):
         """(collective kind, bytes per rank, or None where measured) of candidate c on tensor t."""
         cand, n = self.candidates[c], self.sizes[t]
-        if cand == "none":
+        if cand == "none" or sent_dense(cand, n):
             return "allreduce", 4.0 * n
         if cand == "fp16":
             return "allreduce", 2.0 * n

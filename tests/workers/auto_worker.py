@@ -1,13 +1,14 @@
 """Compression.auto under horovodrun -np 2, PyTorch then TensorFlow (eagerly) in one process.
 
 The link is the probe's answer on loopback, or (a "slow" run) a 100 Mbit/s-like link put in place of the probe, so
-that compression pays and the choice mixes methods. A slow run also puts fixed figures in place of the clock's
-(each candidate's kernel seconds, the step's compute and overlap) and leaves the steps untimed (no measured step
-overrules the model), so that its choice depends on the gradients alone
-and not on how loaded the machine is. Records, per rank: each run's choice at each window's end
-(compression_stats()["choice"]'s methods), the final parameters' checksum, whether a resumed run (a checkpoint of
-rank 0 loaded on rank 0, then Horovod's broadcast_optimizer_state) continued the choice it saved, the error of a
-bad argument. TensorFlow runs eagerly and inside tf.function, and Keras's compiled fit."""
+that compression pays; a slow run's biases choose between none and fp16 (min_size 1024), so that its choice mixes
+methods (one step by several methods, in both frameworks). A slow run also puts fixed figures in place of the
+clock's (each candidate's kernel seconds, the step's compute and overlap) and leaves the steps untimed (no measured
+step overrules the model), so that its choice depends on the gradients alone and not on how loaded the machine is.
+Records, per rank: each run's choice at each window's end (compression_stats()["choice"]'s methods), the final
+parameters' checksum, whether a resumed run (a checkpoint of rank 0 loaded on rank 0, then Horovod's
+broadcast_optimizer_state) continued the choice it saved, the error of a bad argument. TensorFlow runs eagerly and
+inside tf.function, and Keras's compiled fit."""
 import os
 import sys
 
@@ -19,6 +20,7 @@ from horovod_ext.compression import auto_measure, auto_method  # noqa: E402
 from horovod_ext.compression.auto_choice import Link  # noqa: E402
 
 WINDOW, STEPS = 4, 12
+SMALL = 1024  # a slow run's min_size: smaller tensors (the biases) choose between none and fp16
 SLOW = Link(latency={"allreduce": 2e-3, "allgather": 1e-3, "factors": 4e-3},
             slope={"allreduce": 1.6e-7, "allgather": 1.6e-7, "factors": 1.6e-7})
 KERNEL_SECONDS = (2e-5, 2e-9)  # a payload candidate's kernels: fixed seconds, and seconds per element
@@ -58,7 +60,7 @@ def torch_run(slow, steps=STEPS, resume_at=None):
         model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
                                     torch.nn.ReLU(), torch.nn.Linear(256, 4))
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters(),
-                                       compression=hvd.Compression.auto(window=WINDOW))
+                                       compression=hvd.Compression.auto(window=WINDOW, min_size=SMALL if slow else 0))
         return model, opt
 
     model, opt = make()
@@ -101,7 +103,7 @@ def tf_run(slow, traced):
     hvd.broadcast_variables(w, root_rank=0)
     rng = np.random.default_rng(1 + hvd.rank())
     # one aggregator per compression spec: the traced run's differs from the eager run's
-    compression = hvd.Compression.auto(window=WINDOW, margin=0.04 if traced else 0.05)
+    compression = hvd.Compression.auto(window=WINDOW, margin=0.04 if traced else 0.05, min_size=SMALL)
 
     def step(x):
         with tf.GradientTape() as tape:
@@ -131,7 +133,8 @@ def keras_run():
     use_link(True)
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(4)])
-    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05), compression=hvd.Compression.auto(window=WINDOW))
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05),
+                                   compression=hvd.Compression.auto(window=WINDOW, min_size=SMALL))
     model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   jit_compile=False)
     rng = np.random.default_rng(1 + hvd.rank())
