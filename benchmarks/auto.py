@@ -4,6 +4,7 @@ link and number of ranks, beside every static method at its defaults and DDP's P
     python benchmarks/auto.py                                 # 3 models x 4 links x 2 and 4 ranks
     python benchmarks/auto.py --models cnn --mbit 0,100 --ranks 2
     python benchmarks/auto.py --tta                           # time to the target: 2 models x 100, 10 Mbit/s
+    python benchmarks/auto.py --quick                         # the CNN on loopback, 2 ranks, a few steps (tests)
 
 Links: 0 is plain loopback, others loopback shaped by tbf in a network namespace (benchmarks/shaped_link.py; needs
 root, else the shaped cells are skipped with the reason). Writes JSON, a table and a heat map to benchmarks/results.
@@ -34,7 +35,7 @@ def cell_rows(prefix, model, ranks, mbit, args):
     methods = ",".join(["auto", *STATIC, "ddp-powersgd"])
     rows = horovodrun_json(prefix, ranks, os.path.join(HERE, "auto_worker.py"),
                            ["--model", model, "--methods", methods, "--steps", args.steps, "--settle", args.settle,
-                            "--budget", args.budget], args.timeout, hosts=HOSTS[ranks])
+                            "--rounds", args.rounds, "--budget", args.budget], args.timeout, hosts=HOSTS[ranks])
     for row in rows:
         row["link_mbit"] = mbit
     return rows
@@ -134,13 +135,18 @@ def main():
     parser.add_argument("--steps", type=int, default=15, help="the most timed steps per method and cell")
     parser.add_argument("--budget", type=float, default=15.0, help="seconds of timed steps per method (at least 2)")
     parser.add_argument("--settle", type=int, default=61, help="auto's untimed steps (its first three windows)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of timed steps (auto_worker.py)")
     parser.add_argument("--timeout", type=int, default=3600)
     parser.add_argument("--tta", action="store_true", help="time to the target instead of the step grid")
     parser.add_argument("--tta-models", default="mlp,cnn")
     parser.add_argument("--tta-mbit", default="100,10")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--hidden", type=int, default=256, help="the digits MLP's width (gravac_models.py)")
+    parser.add_argument("--quick", action="store_true", help="the CNN on plain loopback at 2 ranks, a few steps")
     args = parser.parse_args()
+    if args.quick:
+        args.models, args.mbit, args.ranks = "cnn", "0", "2"
+        args.steps, args.budget, args.settle, args.rounds = 2, 0.1, 3, 1
     if args.tta:
         return tta(args)
     rows, skipped = [], []

@@ -13,7 +13,8 @@ EXPECTED = {"kernels": ["kernels_speedup.png"], "tf_kernels": ["tf_kernels_speed
             "tta": ["tta_accuracy.png", "tta_cf.png"],
             "gravac": ["gravac_cf.png", "gravac_cnn_2_accuracy.png"],
             "perfmodel": ["perfmodel_resnet50.png"], "soak": ["soak_rss_growth.png"],
-            "elastic_soak": ["elastic_soak_seconds_lost.png"], "diloco": ["diloco_loss.png"]}
+            "elastic_soak": ["elastic_soak_seconds_lost.png"], "diloco": ["diloco_loss.png"],
+            "auto": ["auto_heat_map.png"]}
 
 
 def test_quick_benchmarks_write_json_tables_and_plots(tmp_path):

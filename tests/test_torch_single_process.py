@@ -1,5 +1,6 @@
 """horovod_ext.torch in one process (Horovod of size 1): dtypes, gradient accumulation, checkpoints, stats and
 misuse errors. Multi-rank behaviour is in test_torch_multiprocess.py."""
+import types
 import warnings
 
 import numpy as np
@@ -8,6 +9,7 @@ import torch
 
 import horovod.torch as horovod_torch
 import horovod_ext.torch as hvd
+from horovod_ext.compression.auto_method import MEASURE_SEED
 from horovod_ext.compression.wire import tensor_key
 from hvdext_reference import terngrad as ref
 
@@ -313,3 +315,34 @@ def test_a_step_hook_runs_once_per_step_also_after_load_state_dict(make):
         opt.step()
         opt.load_state_dict(opt.state_dict())
     assert len(calls) == 2
+
+
+def test_auto_measures_each_candidate_on_what_it_would_encode_once_chosen():
+    """Compression.auto measures a candidate with error feedback (top-k) on g + r and one without (ternary: once
+    chosen, r is carried once and its payloads carry g alone) on g: an embedding's g is sparse, top-k's residual of
+    it is not, and an entropy-coded ternary payload of g + r would be many times larger than ternary's own."""
+    from horovod_ext.compression.auto_measure import Measures, round_trip
+    from horovod_ext.compression.plan import Item
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(4096, 32)
+    ternary, topk = hvd.Compression.ternary(min_size=0, packing="entropy"), hvd.Compression.topk(ratio=0.001)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1), emb.named_parameters(),
+                                   compression=hvd.Compression.auto(candidates=["none", ternary, topk], window=1000))
+    gen = torch.Generator().manual_seed(0)
+    for step in range(8):
+        opt.zero_grad()
+        emb(torch.randint(0, 4096, (64,), generator=gen)).square().sum().backward()
+        opt.step()
+        method = opt._hx_run.driver.method
+        method.assignment = [2]  # candidates: none, ternary, top-k; top-k's residual builds up over every row touched
+    be, g = method.be, emb.weight.grad.reshape(-1)
+    r = method.subs[2].codec.residuals["weight"]
+    method.measures = Measures(1, 3)
+    method._measure(be, 0, emb.weight.grad, [1, 2])
+    measured_bytes = [method.measures.values[0][c][3] for c in (1, 2)]
+    ctx = types.SimpleNamespace(seed=MEASURE_SEED, step=method.steps, stats=types.SimpleNamespace(extra={}), be=be)
+    item = Item(0, "weight", emb.weight.grad, g.numel(), 4)
+    on_g = round_trip(be, ctx, item, g.clone(), method.candidates[1], (4096, 32))[2]
+    on_g_plus_r = round_trip(be, ctx, item, g + be.read(r), method.candidates[1], (4096, 32))[2]
+    assert measured_bytes[0] == on_g and on_g_plus_r > 3 * on_g, (on_g, on_g_plus_r)
+    assert measured_bytes[1] == round_trip(be, ctx, item, g + be.read(r), method.candidates[2], (4096, 32))[2]

@@ -407,9 +407,12 @@ class AutoMethod(Method):
 
     # ------------------------------------------------------------------------------------------ measuring
     def _measure(self, be, t, grad, candidates):
-        """Candidates' gain, kernel seconds and payload bytes on x = g + r (r: the tensor's residual now)."""
+        """Candidates' gain, kernel seconds and payload bytes on what each would encode once chosen: a candidate
+        with error feedback on x = g + r (r: the tensor's residual now, which moves into it), one without on g
+        (the residual is carried once, then its payloads carry g alone: an entropy-coded ternary payload of a
+        sparse g is far smaller than of g + a dense residual)."""
         name = self.names[t]
-        x = be.flat32(grad)
+        g = x = be.flat32(grad)
         for c in range(len(self.subs)):
             if self.keeps_residuals(c) and name in self.subs[c].codec.residuals:
                 x = be.sub(x, be.scale(be.read(self.subs[c].codec.residuals[name]), -1.0))
@@ -417,7 +420,8 @@ class AutoMethod(Method):
         # the codecs' own context: the draws' key (not the step's: a traced step's are graph tensors), no statistics
         ctx = types.SimpleNamespace(seed=MEASURE_SEED, step=self.steps, stats=types.SimpleNamespace(extra={}), be=be)
         for c in candidates:
-            self.measures.add(t, c, *round_trip(be, ctx, item, x, self.candidates[c], self.shapes[name]))
+            encoded = x if self.keeps_residuals(c) else g
+            self.measures.add(t, c, *round_trip(be, ctx, item, encoded, self.candidates[c], self.shapes[name]))
 
     def _plan_measures(self):
         """This step's measurements: (tensor, candidate) pairs round robin, the chosen candidates first, while their
