@@ -133,7 +133,8 @@ def main():
     parser.add_argument("--mbit", default="0,1000,100,10", help="0: plain loopback")
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--steps", type=int, default=15, help="the most timed steps per method and cell")
-    parser.add_argument("--budget", type=float, default=15.0, help="seconds of timed steps per method (at least 2)")
+    parser.add_argument("--budget", type=float, default=15.0,
+                        help="seconds of timed steps per method (one step a round at least)")
     parser.add_argument("--settle", type=int, default=61, help="auto's untimed steps (its first three windows)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of timed steps (auto_worker.py)")
     parser.add_argument("--timeout", type=int, default=3600)

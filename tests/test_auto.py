@@ -106,11 +106,16 @@ def test_measured_steps_overrule_the_model_after_trials_of_the_best_uniform_assi
     assert step(mixed, {(2, 1): 0.1, (2, 2): 0.07}) == uniform
     assert step(mixed, {(2, 1): 0.1, (2, 2): 0.098}) == mixed  # within the margin: kept
     assert step(uniform, {(2, 1): 0.05, (2, 2): 0.1}) == mixed  # measured faster: back to it
-    # an assignment not measured is estimated by its prediction times the current one's measured / predicted
+    # an assignment not measured is estimated by its prediction times the largest measured / predicted
+    def predicted(plan):
+        return predicted_step(options, plan, *args[:3])
+
     dense = [0, 0]
-    scale = 0.2 / predicted_step(options, uniform, *args[:3])
-    assert predicted_step(options, dense, *args[:3]) * scale > 0.2  # dense stays out, however it is scaled
+    assert predicted(dense) * 0.2 / predicted(uniform) > 0.2  # dense stays out, however it is scaled
     assert step(uniform, {(2, 2): 0.2}) == mixed  # the untried mix, predicted faster, is tried
+    # ... unless a measured assignment showed the model twice as optimistic as the mix would need to win
+    pessimistic = 2 * predicted([1, 1]) * 0.2 / predicted(mixed)
+    assert step(uniform, {(2, 2): 0.2, (1, 1): pessimistic}) == uniform
 
 
 def test_a_measured_assignment_whose_guard_fails_is_not_taken_again():
@@ -138,6 +143,10 @@ def test_the_link_fit_recovers_latency_and_seconds_per_byte():
     assert link.latency["allgather"] == pytest.approx(1e-3) and link.slope["allreduce"] == pytest.approx(2e-9)
     assert link.latency["factors"] == pytest.approx(2e-3)
     assert Link.from_list(link.as_list()) == link
+    # a shaper's burst: the small sizes at line rate, the large at the shaped rate; the latency is not taken as 0
+    burst = {kind: [(b, 2e-3 + (0.0 if b < 2e4 else 1e-6 * (b - 2e4))) for b in (4e3, 1.6e4, 6.4e4, 2.56e5)]
+             for kind in ("allreduce", "allgather")}
+    assert Link.fit(burst).latency["allreduce"] == pytest.approx(2e-3)
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -37,9 +37,11 @@ Python and framework overhead per step, its collectives' negotiation), so each w
 assignment in force (the median interval between step ends, averaged over ranks). The next assignment is the one
 with the least estimate among the current one, the model's proposal and every assignment measured before that still
 qualifies: a measured assignment's estimate is its measured step (the mean over its windows timed in the last
-MEASURED_WINDOWS of auto_method), any other's its predicted step times the current one's measured / predicted (a
-window timed on a busy host does not exclude an assignment for good). It replaces the current one where
-its estimate is at least `margin` lower. In the TRIALS windows after the first, the TRIALS best uniform assignments
+MEASURED_WINDOWS of auto_method), any other's its predicted step times the largest measured / predicted among the
+measured ones (the model's error on an assignment not measured is unknown: the least favourable error seen keeps a
+prediction from displacing a measured step on the model's bias alone; a window timed on a busy host does not exclude
+an assignment for good, its measurement expires). It replaces the current one where its estimate is at least
+`margin` lower. In the TRIALS windows after the first, the TRIALS best uniform assignments
 (one candidate for every tensor it is allowed on, by prediction: the best static methods as the model sees them)
 each run for a window where they differ from the choice in force and were not measured, so that a mixed choice
 stands only where it measured faster than the best single methods.
@@ -61,7 +63,9 @@ class Link:
     @staticmethod
     def fit(samples):
         """From {kind: [(bytes per rank, seconds), ...]}: the line through the smallest and the largest size's
-        median times (slope >= 0, latency >= 0); "factors" is two allreduces."""
+        median times (slope >= 0); "factors" is two allreduces. Where that line passes below zero at no bytes (a
+        shaper's burst carries the small sizes at line rate, so time is convex in bytes), the latency is the
+        smallest size's median time: a collective's fixed cost is never taken as nothing."""
         link = Link()
         for kind, points in samples.items():
             by_size = {}
@@ -73,7 +77,8 @@ class Link:
             med = [statistics.median(by_size[s]) for s in sizes]
             slope = (med[-1] - med[0]) / (sizes[-1] - sizes[0]) if len(sizes) > 1 else med[0] / max(sizes[0], 1.0)
             slope = max(slope, 0.0)
-            link.latency[kind], link.slope[kind] = max(med[0] - slope * sizes[0], 0.0), slope
+            intercept = med[0] - slope * sizes[0]
+            link.latency[kind], link.slope[kind] = (intercept if intercept > 0 else med[0]), slope
         if "allreduce" in link.latency and "factors" not in link.latency:
             link.latency["factors"], link.slope["factors"] = 2 * link.latency["allreduce"], link.slope["allreduce"]
         return link
@@ -243,7 +248,8 @@ def decide_measured(options, link, compute, overlap, epsilon, current, sizes, na
     """The next assignment (module docstring): the model's (``decide``) until the current assignment has a measured
     step (`measured`: tuple -> seconds); then, while `explore`, the first of the `trials` best uniform assignments
     (by prediction) that differs from the current one (guarded) and was not measured; else ``measured_choice``
-    among the current one (guarded), the model's proposal and every measured assignment that qualifies."""
+    among the current one (guarded), the model's proposal and every measured assignment that qualifies, an
+    assignment not measured scaled by the largest measured / predicted."""
     proposal, _, _ = decide(options, link, compute, overlap, epsilon, current, sizes, names, margin)
     if tuple(current) not in measured:
         return proposal
@@ -260,5 +266,5 @@ def decide_measured(options, link, compute, overlap, epsilon, current, sizes, na
     for plan in [proposal] + [list(p) for p in measured]:
         if plan not in plans and guarded(options, plan, epsilon) == plan:
             plans.append(plan)
-    scale = measured[tuple(current)] / max(predicted(list(current)), 1e-12)
+    scale = max(seconds / max(predicted(list(plan)), 1e-12) for plan, seconds in measured.items())
     return measured_choice(plans, held, measured, predicted, scale, margin)
