@@ -21,6 +21,7 @@ residual of it, after which each is 0): the carry.
 """
 import contextlib
 import math
+import statistics
 import sys
 import time
 import types
@@ -447,8 +448,10 @@ class AutoMethod(Method):
         interval = now - self.ended_at if self.ended_at is not None else None
         self.ended_at = now
         if interval is not None:
-            self.budget = min(self.budget + self.spec.measure_share * interval, 10 * interval)
             self.measures.interval(interval)
+            # the window's median step, so that a pause between steps (an evaluation) grants no measuring
+            typical = statistics.median(self.measures.intervals or [interval])
+            self.budget = min(self.budget + self.spec.measure_share * min(interval, typical), 10 * typical)
         compute = self.ctx.stats.compute_seconds()
         if self.step_started is not None and compute is not None:
             overlap = max(0.0, (self.last_launch or self.step_started) - self.step_started - self.step_kernels)
