@@ -68,7 +68,7 @@ def heat_map(summaries, path):
                   float("nan")) for c in cols] for r in rows]
     fig, ax = plt.subplots(figsize=(1.6 * len(cols) + 2, 0.5 * len(rows) + 1.5))
     im = ax.imshow(grid, cmap="RdYlGn_r", vmin=0.8, vmax=1.3)
-    ax.set_xticks(range(len(cols)), [("loopback" if c == 0 else f"{c} Mbit/s") for c in cols])
+    ax.set_xticks(range(len(cols)), [("loopback" if c == 0 else f"{c} Mbit/s") for c in cols], rotation=25)
     ax.set_yticks(range(len(rows)), [f"{m}, {n} ranks" for m, n in rows])
     for i, row in enumerate(grid):
         for j, v in enumerate(row):
