@@ -9,8 +9,8 @@ import random
 import pytest
 
 from horovod_ext.compression.auto import Auto
-from horovod_ext.compression.auto_choice import (Link, Option, best_uniforms, decide, decide_measured, guarded,
-                                                 optimum, predicted_step)
+from horovod_ext.compression.auto_choice import (Link, Option, best_uniforms, confirmed, decide, decide_measured,
+                                                 guarded, optimum, predicted_step)
 from horovod_ext.compression.auto_measure import round_trip, sent_dense
 from hvdrun import horovodrun
 
@@ -116,6 +116,15 @@ def test_measured_steps_overrule_the_model_after_trials_of_the_best_uniform_assi
     # ... unless a measured assignment showed the model twice as optimistic as the mix would need to win
     pessimistic = 2 * predicted([1, 1]) * 0.2 / predicted(mixed)
     assert step(uniform, {(2, 2): 0.2, (1, 1): pessimistic}) == uniform
+
+
+def test_a_switch_on_timings_stands_only_when_chosen_at_two_window_ends_in_a_row():
+    held, other, third = [1, 1], [2, 2], [2, 1]
+    assert confirmed(held, held, None) == (held, None)
+    assert confirmed(other, held, None) == (held, other)  # one window's choice waits
+    assert confirmed(other, held, other) == (other, None)  # the same choice again: taken
+    assert confirmed(third, held, other) == (held, third)  # another choice starts again
+    assert confirmed(held, held, other) == (held, None)  # the current one chosen again: nothing waits
 
 
 def test_a_measured_assignment_whose_guard_fails_is_not_taken_again():

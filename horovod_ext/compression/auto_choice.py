@@ -44,7 +44,8 @@ an assignment for good, its measurement expires). It replaces the current one wh
 `margin` lower. In the TRIALS windows after the first, the TRIALS best uniform assignments
 (one candidate for every tensor it is allowed on, by prediction: the best static methods as the model sees them)
 each run for a window where they differ from the choice in force and were not measured, so that a mixed choice
-stands only where it measured faster than the best single methods.
+stands only where it measured faster than the best single methods. After the trials a switch is made only when the
+same assignment is chosen at two window ends in a row (``confirmed``); a tensor whose guard fails moves at once.
 """
 import math
 import statistics
@@ -268,3 +269,15 @@ def decide_measured(options, link, compute, overlap, epsilon, current, sizes, na
             plans.append(plan)
     scale = max(seconds / max(predicted(list(plan)), 1e-12) for plan, seconds in measured.items())
     return measured_choice(plans, held, measured, predicted, scale, margin)
+
+
+def confirmed(chosen, held, proposed):
+    """A switch taken on timings stands only when the same assignment is chosen at two window ends in a row, so
+    that one noisy window does not move the choice (a move off an error-feedback candidate sends its residual at
+    once: each needless move costs accuracy too). `held`: the current assignment (guarded); `proposed`: the
+    switch chosen at the last window's end, or None. Returns (the assignment in force next, the switch waiting)."""
+    if chosen == held:
+        return held, None
+    if chosen == proposed:
+        return chosen, None
+    return held, chosen

@@ -26,7 +26,7 @@ import sys
 import time
 import types
 
-from .auto_choice import KINDS, TRIALS, Link, Option, decide_measured, predicted_step
+from .auto_choice import KINDS, TRIALS, Link, Option, confirmed, decide_measured, guarded, predicted_step
 from .auto_measure import LINEAR, Measures, floats, probe_link, round_trip, sent_dense, short_name
 from .context import ERROR_PREFIXES
 from .plan import DenseSplit, Item, Method, Record, count_dense
@@ -146,6 +146,7 @@ class AutoMethod(Method):
         self.measured = []  # (tuple(assignment), its timed step seconds, the window) per timed window, at this N
         self.windows = 0  # windows ended at this N
         self.timed_windows = 0  # windows whose step was timed, at this N (the TRIALS after the first are trials)
+        self.proposed = None  # rank 0's switch chosen at the last window's end, waiting for a second (confirmed)
         self.changes = 0
         self.codec = AllCodecs(self)
 
@@ -523,8 +524,11 @@ class AutoMethod(Method):
         for plan, seconds, _ in self.measured:
             recent.setdefault(plan, []).append(seconds)
         recent = {plan: sum(times) / len(times) for plan, times in recent.items()}
-        chosen = decide_measured(self.options(), self.link, self.compute, self.overlap, self.spec.epsilon, current,
-                                 self.sizes, self.names, self.spec.margin, recent, self.timed_windows <= TRIALS)
+        options, explore = self.options(), self.timed_windows <= TRIALS
+        chosen = decide_measured(options, self.link, self.compute, self.overlap, self.spec.epsilon, current,
+                                 self.sizes, self.names, self.spec.margin, recent, explore)
+        if not explore and tuple(current) in recent:
+            chosen, self.proposed = confirmed(chosen, guarded(options, current, self.spec.epsilon), self.proposed)
         return [float(c) for c in chosen]
 
     def _apply(self, be, assignment):
@@ -597,7 +601,7 @@ class AutoMethod(Method):
                 "kernel": self.kernel, "nbytes": self.nbytes, "compute": self.compute, "overlap": self.overlap,
                 "window_step": self.window_step, "steps": self.steps, "carry": sorted(self.carry), "subs": subs,
                 "measured": [[list(plan), seconds, at] for plan, seconds, at in self.measured],
-                "windows": self.windows, "timed_windows": self.timed_windows}
+                "windows": self.windows, "timed_windows": self.timed_windows, "proposed": self.proposed}
 
     def load_shared_state(self, state):
         """A checkpoint's (or rank 0's) state: the choice continues where it was; with another number of ranks the
@@ -621,6 +625,7 @@ class AutoMethod(Method):
         self.measured = [(tuple(plan), seconds, at) for plan, seconds, at in measured]
         self.windows = int(state.get("windows", 0)) if same_ranks else 0
         self.timed_windows = int(state.get("timed_windows", 0)) if same_ranks else 0
+        self.proposed = state.get("proposed") if same_ranks else None
         if same_ranks:
             self.assignment = state["assignment"]
         else:
