@@ -44,8 +44,9 @@ an assignment for good, its measurement expires). It replaces the current one wh
 `margin` lower. In the TRIALS windows after the first, the TRIALS best uniform assignments
 (one candidate for every tensor it is allowed on, by prediction: the best static methods as the model sees them)
 each run for a window where they differ from the choice in force and were not measured, so that a mixed choice
-stands only where it measured faster than the best single methods. After the trials a switch is made only when the
-same assignment is chosen at two window ends in a row (``confirmed``); a tensor whose guard fails moves at once.
+stands only where it measured faster than the best single methods. After the return from the last trial a switch is
+made only when the same assignment is chosen at two window ends in a row (``confirmed``); a tensor whose guard fails
+moves at once.
 """
 import math
 import statistics

@@ -524,10 +524,10 @@ class AutoMethod(Method):
         for plan, seconds, _ in self.measured:
             recent.setdefault(plan, []).append(seconds)
         recent = {plan: sum(times) / len(times) for plan, times in recent.items()}
-        options, explore = self.options(), self.timed_windows <= TRIALS
+        options = self.options()
         chosen = decide_measured(options, self.link, self.compute, self.overlap, self.spec.epsilon, current,
-                                 self.sizes, self.names, self.spec.margin, recent, explore)
-        if not explore and tuple(current) in recent:
+                                 self.sizes, self.names, self.spec.margin, recent, self.timed_windows <= TRIALS)
+        if self.timed_windows > TRIALS + 1 and tuple(current) in recent:  # not the return from the last trial
             chosen, self.proposed = confirmed(chosen, guarded(options, current, self.spec.epsilon), self.proposed)
         return [float(c) for c in chosen]
 
