@@ -42,14 +42,15 @@ class FakeMethod:
         self.loaded = state
 
 
-def _begin_step(c):
-    """A step every rank takes moves step-level names on where the framework needs it (PyTorch's eager names);
-    stable names stay."""
+def _end_step(c):
+    """A step every rank took moves step-level names on where the framework needs it (PyTorch's eager names); a
+    dense one (a rank had joined) does not; stable names stay."""
     be = c.be
-    stable = be.stable_name("contract.begin")
-    be.begin_step(False)
-    be.begin_step(True)
-    return stable == be.stable_name("contract.begin")
+    stable, step = be.stable_name("contract.end"), be.step_name("contract.end")
+    be.end_step(True)
+    same_after_dense = be.step_name("contract.end") == step
+    be.end_step(False)
+    return [stable == be.stable_name("contract.end"), same_after_dense, be.step_name("contract.end") != step]
 
 
 def _ranks_training(c):
@@ -121,7 +122,7 @@ def _stable_name(c):
     be, x = c.be, c.t([float(c.rank + 1)])
     names, sums = [], []
     for _ in (3, 4):
-        be.begin_step(False)
+        be.end_step(False)
         names.append(be.stable_name("contract.stable"))
         sums.append(be.wait(be.allreduce(x, names[-1], "sum")))
     return [names[0] == names[1] != be.stable_name("contract.other")] + sums
@@ -292,7 +293,8 @@ def _expect_shared_read(rank, n, value, c):
 
 
 CASES = {
-    "begin_step": (_begin_step, lambda r, n, v, c: equal(v, True)),
+    # step-level names move in PyTorch's eager steps; TensorFlow's steps are built once, their names stay
+    "end_step": (_end_step, lambda r, n, v, c: equal(v, [True, True, not c.built_steps])),
     "ranks_training": (_ranks_training, lambda r, n, v, c: equal(v, None if c.graph else n)),
     "flat32": (_flat32, lambda r, n, v, c: close(v[0], [1, 2, 3, 4]) or equal(v[1], True)),
     "copy": (_copy, lambda r, n, v, c: close(v, [1, 2])),

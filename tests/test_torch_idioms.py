@@ -115,13 +115,25 @@ def test_resume_pattern_with_the_leader_optimizers(results, kind):
     assert a["sync"] == b["sync"]
 
 
-@pytest.mark.parametrize("name", ["adaptive_topk", "ternary_shared"])
-def test_join_every_epoch_does_not_hang(name):
+JOIN_TWICE = ["adaptive_topk", "ternary_shared", "powersgd", "auto", "auto_linear"]
+
+
+@pytest.fixture(scope="module")
+def joined_twice():
+    results, _ = horovodrun(2, "tests/workers/join_twice_worker.py", *JOIN_TWICE, timeout=240)
+    return results
+
+
+@pytest.mark.parametrize("name", JOIN_TWICE)
+def test_join_every_epoch_does_not_hang(joined_twice, name):
     """After a first hvd.join() the ranks have taken different numbers of steps; the next epoch's step-level
-    collectives (GraVAC's norms, the shared scales) must still pair up across ranks."""
-    results, _ = horovodrun(2, "tests/workers/join_twice_worker.py", name, timeout=180)
-    assert [r["steps"] for r in results] == [6, 10]
-    assert [r["join_dense_steps"] for r in results] == [0, 4]
+    collectives (GraVAC's norms, the shared scales, Compression.auto's window ends) must still pair up across
+    ranks, also where the join check is read only at finish() (PowerSGD; auto with linear candidates)."""
+    a, b = (r[name] for r in joined_twice)
+    assert [a["steps"], b["steps"]] == [6, 10]
+    assert [a["join_dense_steps"], b["join_dense_steps"]] == [0, 4]
+    assert a["step_name"] == b["step_name"]  # the steps every rank took: 6 on each
+    assert a["choice"] == b["choice"]
 
 
 @pytest.mark.parametrize("name", COMPRESSIONS)

@@ -151,11 +151,11 @@ class AutoMethod(Method):
         self.codec = AllCodecs(self)
 
     # ------------------------------------------------------------------------------------------- join checks
-    @property
-    def needs_join_check(self):
-        """Only while a chosen method needs it (a payload's allgather cannot run while a rank is joined; Horovod's
-        allreduce can): a choice of "none" and "fp16" alone steps as Horovod's own optimizer."""
-        return self.assignment is None or any(self._method_class(c).needs_join_check for c in set(self.assignment))
+    # Every step asks, whatever the choice: a window is counted in the steps every rank takes, so that its end (the
+    # agreement's collectives) comes at the same step on every rank; a step in which a rank has joined goes dense
+    # and is not counted (finish_dense). With "none" and "fp16" alone the check is read at finish() and overlaps
+    # backward (join_decided_at_finish).
+    needs_join_check = True
 
     @property
     def join_decided_at_finish(self):
@@ -283,11 +283,17 @@ class AutoMethod(Method):
         return self.subs[c].launch_dense(self.cbes[c], item)
 
     def finish_dense(self, be, items):
+        """A step in which a rank had joined: not one of the window's steps (its launches' measurements stay; the
+        interval to the next step is not timed)."""
+        self.step_started = self.last_launch = self.ended_at = None
         if self.assignment is None:
             return DenseSplit.finish(be, self.ctx, items)
         by_candidate = {}
         for item in items:
-            by_candidate.setdefault(self.assignment[self.index[item.name]], []).append(item)
+            if isinstance(item.work, AutoRecord):  # a carry (launch() in a step whose check is read at finish)
+                DenseSplit.finish(be, self.ctx, [item])
+            else:
+                by_candidate.setdefault(self.assignment[self.index[item.name]], []).append(item)
         for c in sorted(by_candidate):
             self.subs[c].finish_dense(self.cbes[c], by_candidate[c])
 

@@ -33,9 +33,10 @@ class Backend(abc.ABC):
 
     # ------------------------------------------------------------------------------------------------ a step
     @abc.abstractmethod
-    def begin_step(self, dense):
-        """A step begins (the step context, before its first launch); dense: it goes dense (a rank has joined),
-        which step-level collective names may need to know."""
+    def end_step(self, dense):
+        """A step ended (after its gradients are finished); dense: it went dense (a rank had joined), which
+        step-level collective names may need to know. A step whose join check is read at finish() learns only then
+        whether it was dense."""
 
     @abc.abstractmethod
     def ranks_training(self, name):

@@ -59,7 +59,6 @@ class StepContext:
         """A step begins (eagerly: runs; in a graph: is built): its counter and seed, whether it goes dense (a
         rank has joined). Forgets the last step's requirements and per-step counts."""
         self.step, self.seed, self.dense = step, seed, dense
-        self.be.begin_step(dense)
         self.errors, self.guards, self.runtime = [], [], []
         if self.built_steps:
             self.per_step = {}

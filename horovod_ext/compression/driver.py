@@ -42,7 +42,7 @@ class StepDriver:
         self.name = compression_name(compression)
 
     def begin(self, step, seed):
-        """A step begins (before its first launch): the join check, then the backend's step. Payload compressors
+        """A step begins (before its first launch): the join check, then the step context. Payload compressors
         cannot run while a rank is joined (join.py): one allreduce of 1 per step asks (eagerly). A method whose
         launch() is the same in a joined step (Method.join_decided_at_finish) reads the answer in finish(), so that
         the check overlaps backward instead of stopping it, except in Horovod's elastic mode (ELASTIC). The
@@ -88,10 +88,13 @@ class StepDriver:
             self.dense, self.check = self.joined(self.check), None
         SparseGather.finish(self.be, self.ctx, [item for item in items if item.kind == "sparse"])
         items = [item for item in items if item.kind != "sparse"]
-        if self.dense:
-            self.method.finish_dense(self.be, items)
-        else:
-            self.method.finish(self.be, items)
+        try:
+            if self.dense:
+                self.method.finish_dense(self.be, items)
+            else:
+                self.method.finish(self.be, items)
+        finally:
+            self.be.end_step(self.dense)  # after the deferred check: a dense step leaves step-level names as they are
         errors = self.ctx.errors
         if errors:
             self.method.on_error(self.be)

@@ -87,7 +87,7 @@ class TFBackend(Backend):
         self.method_state = HostStateVariable(module.method_state)
 
     @staticmethod
-    def begin_step(dense):
+    def end_step(dense):
         """Nothing: step-level collective names are the same at every step (a graph's ops are made once)."""
 
     def ranks_training(self, name):

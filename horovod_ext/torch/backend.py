@@ -123,7 +123,7 @@ class TorchBackend(Backend):
         self.generation = 0
         self.prefix = ""  # put before a tensor's name in its collectives' names: an optimizer's own (DiLoCo's)
 
-    def begin_step(self, dense):
+    def end_step(self, dense):
         """Only steps every rank takes advance the round in step-level collective names: a rank that has called
         hvd.join() takes no part in the dense steps of the others."""
         if not dense:
