@@ -12,6 +12,7 @@ from horovod_ext.compression.auto import Auto
 from horovod_ext.compression.auto_choice import (Link, Option, best_uniforms, confirmed, decide, decide_measured,
                                                  guarded, optimum, predicted_step)
 from horovod_ext.compression.auto_measure import round_trip, sent_dense
+from horovod_ext.compression.auto_method import RECENT_INTERVALS, grown_budget
 from hvdrun import horovodrun
 
 LINK = Link(latency={"allreduce": 1e-3, "allgather": 2e-3, "factors": 2e-3},
@@ -194,6 +195,21 @@ def test_a_payload_candidate_sends_a_tensor_below_its_own_min_size_dense_as_its_
     assert round_trip(None, None, bias, None, Ternary(), (100,)) == (1.0, 0.0, 400.0)
     assert sent_dense(Ternary(), 1023) and not sent_dense(Ternary(), 1024)
     assert not sent_dense(Ternary(min_size=0), 1) and not sent_dense(TopK(), 1) and not sent_dense("fp16", 1)
+
+
+def test_a_pause_between_steps_grants_no_more_measuring_than_a_step_wherever_it_falls():
+    """Steps of 20 ms with a 2 s pause (an evaluation) as the 2nd interval and as the 21st, the first of the second
+    window (window=20): measuring stays at its share of the steps' time. With the window's own intervals as the
+    typical step, the pause at the window's start granted 3% of the pause itself."""
+    share, recent, budget, granted = 0.03, __import__("collections").deque(maxlen=RECENT_INTERVALS), 0.0, 0.0
+    for step in range(40):
+        interval = 2.0 if step in (1, 20) else 0.02
+        recent.append(interval)
+        before, budget = budget, grown_budget(budget, share, interval, recent)
+        granted += budget - before
+    assert granted == pytest.approx(share * 0.02 * 40)
+    assert grown_budget(0.0, share, 0.02, [0.02] * 5) == pytest.approx(6e-4)
+    assert grown_budget(0.1999, share, 0.02, [0.02] * 5) == pytest.approx(0.2)  # at most 10 typical steps
 
 
 @pytest.fixture(scope="module")

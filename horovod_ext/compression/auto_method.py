@@ -19,6 +19,7 @@ A tensor that moves keeps its error-feedback residual: into the new candidate's 
 residuals (moved on the host, between steps); else its next gradient is sent dense as g + r (every candidate's
 residual of it, after which each is 0): the carry.
 """
+import collections
 import contextlib
 import math
 import statistics
@@ -109,6 +110,18 @@ class BranchContext:
         self._capture.runtime.extend(amounts.items())
 
 
+RECENT_INTERVALS = 20
+
+
+def grown_budget(budget, share, interval, recent):
+    """The measuring budget after a step of `interval` seconds: it grows by share x min(interval, typical), at most
+    to 10 typical steps (a pair costlier than one step's share is measured once enough has grown). Typical is the
+    median of the `recent` intervals (this one included), the least of them while fewer than 3: a pause between
+    steps (an evaluation, another model's steps) grants no more than a step's share, wherever it falls in a window."""
+    typical = statistics.median(recent) if len(recent) >= 3 else min(recent)
+    return min(budget + share * min(interval, typical), 10 * typical)
+
+
 class AutoRecord(Record):
     __slots__ = ()
 
@@ -139,6 +152,7 @@ class AutoMethod(Method):
         self.deferred = []  # the eager deciding step's items, launched once the decision is taken
         self.cursor = 0  # the round robin of measurements
         self.budget = 0.0  # measuring seconds still allowed
+        self.recent = collections.deque(maxlen=RECENT_INTERVALS)  # the last steps' intervals, across windows
         self.pending = {}  # this step's measurements: tensor -> candidates
         self.step_started = self.last_launch = self.ended_at = None  # host clock
         self.step_kernels = 0.0  # seconds measured in this step's launches
@@ -456,9 +470,8 @@ class AutoMethod(Method):
         self.ended_at = now
         if interval is not None:
             self.measures.interval(interval)
-            # the window's median step, so that a pause between steps (an evaluation) grants no measuring
-            typical = statistics.median(self.measures.intervals or [interval])
-            self.budget = min(self.budget + self.spec.measure_share * min(interval, typical), 10 * typical)
+            self.recent.append(interval)
+            self.budget = grown_budget(self.budget, self.spec.measure_share, interval, self.recent)
         compute = self.ctx.stats.compute_seconds()
         if self.step_started is not None and compute is not None:
             overlap = max(0.0, (self.last_launch or self.step_started) - self.step_started - self.step_kernels)
