@@ -36,6 +36,7 @@ from .wire import allreduce_wire_bytes
 
 MEASURED_WINDOWS = 10  # a window's timed step counts for this many windows (then the model's estimate again)
 MEASURE_SEED = 0x6175746F  # the measurements' random draws (ternary's), apart from any step's
+RECENT_INTERVALS = 20  # the step intervals the measuring budget's typical step is the median of
 COUNTED = ("payload_bytes", "wire_bytes", "dense_bytes", "dense_wire_bytes", "elements", "compressed_elements")
 
 
@@ -108,9 +109,6 @@ class BranchContext:
         if self._capture is None:
             return self._ctx.count_runtime(**amounts)
         self._capture.runtime.extend(amounts.items())
-
-
-RECENT_INTERVALS = 20
 
 
 def grown_budget(budget, share, interval, recent):
