@@ -88,7 +88,7 @@ def row_of(method, args, seconds, opt, parameters):
         stats = opt.compression_stats()
         row["ratio"] = stats["total"]["ratio"]
         if method == "auto":
-            row["choice"] = {n: e["method"].split("(")[0] + (f"({e['method'].split('ratio=')[1].split(',')[0]})"
+            row["choice"] = {n: e["method"].split("(")[0] + (f"({e['method'].split('ratio=')[1].split(',')[0].rstrip(')')})"
                                                               if "ratio=" in e["method"] else "")
                              for n, e in stats["choice"].items()}
             row["predicted_step_seconds"] = stats["predicted_step_seconds"]
