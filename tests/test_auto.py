@@ -12,7 +12,7 @@ from horovod_ext.compression.auto import Auto
 from horovod_ext.compression.auto_choice import (Link, Option, best_uniforms, confirmed, decide, decide_measured,
                                                  guarded, optimum, predicted_step)
 from horovod_ext.compression.auto_measure import round_trip, sent_dense
-from horovod_ext.compression.auto_method import RECENT_INTERVALS, grown_budget
+from horovod_ext.compression.auto_method import MEASURED_WINDOWS, RECENT_INTERVALS, grown_budget, kept_timings
 from hvdrun import horovodrun
 
 LINK = Link(latency={"allreduce": 1e-3, "allgather": 2e-3, "factors": 2e-3},
@@ -195,6 +195,15 @@ def test_a_payload_candidate_sends_a_tensor_below_its_own_min_size_dense_as_its_
     assert round_trip(None, None, bias, None, Ternary(), (100,)) == (1.0, 0.0, 400.0)
     assert sent_dense(Ternary(), 1023) and not sent_dense(Ternary(), 1024)
     assert not sent_dense(Ternary(min_size=0), 1) and not sent_dense(TopK(), 1) and not sent_dense("fp16", 1)
+
+
+def test_an_assignment_timed_long_ago_keeps_its_last_timing_and_newer_ones_age_out():
+    a, b = (0, 0), (1, 1)
+    measured = [(a, 1.0, 0), (b, 2.0, 1), (b, 2.2, 2)] + [(a, 1.1, w) for w in range(3, 3 + MEASURED_WINDOWS)]
+    kept = kept_timings(measured, 3 + MEASURED_WINDOWS)
+    assert (b, 2.2, 2) in kept and (b, 2.0, 1) not in kept  # b's last timing stays, its older one goes
+    assert (a, 1.0, 0) not in kept and (a, 1.1, 3) not in kept and len(kept) == MEASURED_WINDOWS  # a: windows 4-12, and b
+    assert kept_timings(measured[:3], 3) == measured[:3]
 
 
 def test_a_pause_between_steps_grants_no_more_measuring_than_a_step_wherever_it_falls():

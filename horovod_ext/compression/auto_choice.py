@@ -37,10 +37,10 @@ Python and framework overhead per step, its collectives' negotiation), so each w
 assignment in force (the median interval between step ends, averaged over ranks). The next assignment is the one
 with the least estimate among the current one, the model's proposal and every assignment measured before that still
 qualifies: a measured assignment's estimate is its measured step (the mean over its windows timed in the last
-MEASURED_WINDOWS of auto_method), any other's its predicted step times the largest measured / predicted among the
-measured ones (the model's error on an assignment not measured is unknown: the least favourable error seen keeps a
-prediction from displacing a measured step on the model's bias alone; a window timed on a busy host does not exclude
-an assignment for good, its measurement expires). It replaces the current one where its estimate is at least
+MEASURED_WINDOWS of auto_method, or its last timed window where it has none there: auto_method.kept_timings), any
+other's its predicted step times the largest measured / predicted among the measured ones (the model's error on an
+assignment not measured is unknown: the least favourable error seen keeps a prediction from displacing a measured
+step on the model's bias alone). It replaces the current one where its estimate is at least
 `margin` lower. In the TRIALS windows after the first, the TRIALS best uniform assignments
 (one candidate for every tensor it is allowed on, by prediction: the best static methods as the model sees them)
 each run for a window where they differ from the choice in force and were not measured, so that a mixed choice
