@@ -346,3 +346,36 @@ def test_auto_measures_each_candidate_on_what_it_would_encode_once_chosen():
     on_g_plus_r = round_trip(be, ctx, item, g + be.read(r), method.candidates[1], (4096, 32))[2]
     assert measured_bytes[0] == on_g and on_g_plus_r > 3 * on_g, (on_g, on_g_plus_r)
     assert measured_bytes[1] == round_trip(be, ctx, item, g + be.read(r), method.candidates[2], (4096, 32))[2]
+
+
+def test_auto_parks_a_residual_during_a_trial_and_carries_it_once_the_trials_are_over(monkeypatch):
+    """Top-k 1% for a window, a trial of "none", top-k again, then "none" after the trials: during the trial top-k's
+    residual waits untouched (no dense send of it) and is used again on the return; after the trials the move
+    sends it once (the carry), after which it is 0."""
+    from horovod_ext.compression import auto_method
+    plan = {0: 1, 4: 0, 8: 1, 12: 0}
+
+    def decide(self, current):
+        if self.steps == 12:
+            self.timed_windows = auto_method.TRIALS + 1  # the trials are over
+        return [float(plan.get(self.steps, current[0]))] * len(self.sizes)
+
+    monkeypatch.setattr(auto_method.AutoMethod, "_decide", decide)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 32)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model.named_parameters(),
+                                   compression=hvd.Compression.auto(candidates=[hvd.Compression.topk(ratio=0.01)],
+                                                                    window=4))
+    gen = torch.Generator().manual_seed(0)
+    seen = {}
+    for step in range(14):
+        opt.zero_grad()
+        model(torch.randn(8, 64, generator=gen)).square().mean().backward()
+        opt.step()
+        method = opt._hx_run.driver.method
+        seen[step] = (method.assignment[0], sorted(method.parked), sorted(method.carry),
+                      float(method.subs[1].codec.residuals["weight"].norm()))
+    assert seen[3][:3] == (0, ["bias", "weight"], [])  # the trial: parked
+    assert seen[3][3] == seen[7][3] > 0  # untouched through the trial
+    assert seen[8][0] == 1 and seen[8][3] != seen[7][3]  # back on top-k: in use again
+    assert seen[11][:3] == (0, [], ["bias", "weight"]) and seen[12][3] == 0.0  # after the trials: carried once
