@@ -117,9 +117,8 @@ def kept_timings(measured, windows):
     """The timed windows (assignment, seconds, window) that count: those of the last MEASURED_WINDOWS windows, and of
     an assignment with none among them its last one. An assignment's estimate is the mean of what counts of it
     (auto_choice.measured_choice): a timing ages out where newer ones of the same assignment exist, and an assignment
-    timed once stays known, so that it is not tried again on the model's estimate alone (each move off an
-    error-feedback candidate costs accuracy: on the digits MLP at 100 Mbit/s, a return to top-k 1% at step 280,
-    once its timing had expired, cost 5 points of accuracy in the last two epochs)."""
+    timed once stays known, so that it is not tried again on the model's estimate alone (on the digits MLP at
+    100 Mbit/s auto went back at step 280 to top-k 1%, timed slower in its trial, once that timing had expired)."""
     last = {}
     for entry in measured:
         last[entry[0]] = entry
