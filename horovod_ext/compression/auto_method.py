@@ -239,6 +239,24 @@ class AutoMethod(Method):
     def keeps_residuals(self, c):
         return getattr(self.subs[c].codec, "holds_residuals", False)
 
+    def residual_states(self, name, but=None):
+        """The residual states of tensor `name` held by error-feedback candidates (other than `but`); one at most is
+        not 0 (a moved residual goes into the new candidate's or waits parked in its old one)."""
+        return [self.subs[c].codec.residuals[name] for c in range(len(self.subs))
+                if c != but and self.keeps_residuals(c) and name in self.subs[c].codec.residuals]
+
+    @staticmethod
+    def plus_residuals(be, x, states):
+        """x + the residuals in `states`."""
+        for state in states:
+            x = be.sub(x, be.scale(be.read(state), -1.0))
+        return x
+
+    @property
+    def exploring(self):
+        """Whether the windows are still those of the first choice and its trials (auto_choice.TRIALS)."""
+        return self.timed_windows <= TRIALS
+
     # ------------------------------------------------------------------------------------- an eager step
     def launch(self, be, item):
         if be.building_graph():
@@ -276,12 +294,9 @@ class AutoMethod(Method):
         item.kind = "small"
         count_dense(ctx, item)
         flat = be.flat32(item.grad)
-        held = [(c, self.subs[c].codec.residuals[item.name]) for c in range(len(self.subs))
-                if self.keeps_residuals(c) and item.name in self.subs[c].codec.residuals]
-        for _, state in held:
-            flat = be.sub(flat, be.scale(be.read(state), -1.0))
-        flat = be.copy(flat)
-        for _, state in held:
+        held = self.residual_states(item.name)
+        flat = be.copy(self.plus_residuals(be, flat, held))
+        for state in held:
             be.reset(state)
         item.future = be.allreduce(flat, be.name("auto.carry", item), "sum" if be.divisor == 1.0 else "average")
         ctx.count(payload_bytes=4 * item.numel, wire_bytes=allreduce_wire_bytes(4 * item.numel, be.nranks))
@@ -447,10 +462,8 @@ class AutoMethod(Method):
         (the residual is carried once, then its payloads carry g alone: an entropy-coded ternary payload of a
         sparse g is far smaller than of g + a dense residual)."""
         name = self.names[t]
-        g = x = be.flat32(grad)
-        for c in range(len(self.subs)):
-            if self.keeps_residuals(c) and name in self.subs[c].codec.residuals:
-                x = be.sub(x, be.scale(be.read(self.subs[c].codec.residuals[name]), -1.0))
+        g = be.flat32(grad)
+        x = self.plus_residuals(be, g, self.residual_states(name))
         item = Item(t, name, grad, self.sizes[t], 4)
         # the codecs' own context: the draws' key (not the step's: a traced step's are graph tensors), no statistics
         ctx = types.SimpleNamespace(seed=MEASURE_SEED, step=self.steps, stats=types.SimpleNamespace(extra={}), be=be)
@@ -558,7 +571,7 @@ class AutoMethod(Method):
         recent = {plan: sum(times) / len(times) for plan, times in recent.items()}
         options = self.options()
         chosen = decide_measured(options, self.link, self.compute, self.overlap, self.spec.epsilon, current,
-                                 self.sizes, self.names, self.spec.margin, recent, self.timed_windows <= TRIALS)
+                                 self.sizes, self.names, self.spec.margin, recent, self.exploring)
         if self.timed_windows > TRIALS + 1 and tuple(current) in recent:  # not the return from the last trial
             chosen, self.proposed = confirmed(chosen, guarded(options, current, self.spec.epsilon), self.proposed)
         return [float(c) for c in chosen]
@@ -577,7 +590,7 @@ class AutoMethod(Method):
             self._report(old)
         else:
             self.predicted = predicted_step(self.options(), self.assignment, self.link, self.compute, self.overlap)
-        if self.parked and self.timed_windows > TRIALS:  # the trials are over: a tensor still off carries its r
+        if self.parked and not self.exploring:  # the trials are over: a tensor still off carries its r
             self.carry |= {n for n in self.parked if not self.keeps_residuals(self.assignment[self.index[n]])}
             self.parked = set()
 
@@ -588,20 +601,16 @@ class AutoMethod(Method):
         gradient's norm); after the trials it is carried."""
         if isinstance(self.candidates[after], PowerSGD):
             self.subs[after].warm = False  # its Q of this tensor is stale: every Q is drawn afresh at its next step
-        holders = [c for c in range(len(self.subs)) if c != after and self.keeps_residuals(c)
-                   and name in self.subs[c].codec.residuals]
+        states = self.residual_states(name, but=after)
         if self.keeps_residuals(after):
             self.parked.discard(name)
-            if holders:
-                states = [self.subs[c].codec.residuals[name] for c in holders]
-                moved = be.read(states[0])
-                for state in states[1:]:
-                    moved = be.sub(moved, be.scale(be.read(state), -1.0))
+            if states:
+                moved = self.plus_residuals(be, be.read(states[0]), states[1:])
                 self.subs[after].load_state(self.cbes[after], {name: moved})
                 for state in states:
                     be.reset(state)
-        elif holders and (self.keeps_residuals(before) or name in self.parked):
-            if self.timed_windows <= TRIALS:
+        elif states and (self.keeps_residuals(before) or name in self.parked):
+            if self.exploring:
                 self.parked.add(name)
             else:
                 self.parked.discard(name)
