@@ -159,6 +159,66 @@ def test_the_link_fit_recovers_latency_and_seconds_per_byte():
     assert Link.fit(burst).latency["allreduce"] == pytest.approx(2e-3)
 
 
+class ProbeLink:
+    """A backend whose probe collectives advance a fake clock by a link's seconds: latency plus the bytes per rank at
+    the link's rate, less those a token bucket (tc's tbf: `burst` bytes, refilled at the rate) carries at once."""
+
+    def __init__(self, latency, slope, burst=0.0):
+        self.latency, self.slope, self.burst = latency, slope, burst
+        self.tokens, self.clock, self.sizes = burst, 0.0, []
+
+    def seconds(self, nbytes):
+        carried = min(self.tokens, nbytes)
+        seconds = self.latency + self.slope * (nbytes - carried)
+        self.tokens = min(self.burst, self.tokens - carried + seconds / self.slope)
+        return seconds
+
+    def size(self, x):
+        return len(x)
+
+    def split(self, x, sizes):
+        return [x[:sizes[0]], x[sizes[0]:]]
+
+    def step_name(self, name):
+        return name
+
+    def allreduce(self, x, name, op=None):
+        if ".times." not in name:
+            self.clock += self.seconds(4.0 * len(x))
+            self.sizes.append(4 * len(x))
+        return x
+
+    allgather = allreduce
+
+    def wait(self, x):
+        return x
+
+    def stack(self, values, dtype):
+        return list(values)
+
+    def unstack(self, x, n):
+        return x[:n]
+
+
+@pytest.mark.parametrize("burst", [0.0, 2.56e5])
+def test_the_link_probe_stays_within_probe_seconds_and_fits_the_link(monkeypatch, burst):
+    """A 10 Mbit/s-like link (1 ms, 1.6 us a byte), with and without a shaper's 256 KB burst: the probe's
+    collectives take at most probe_seconds in all (it stops before a size predicted to pass it, predicted by the
+    time's growth where that grew faster than the bytes), and on a link fast enough it reaches the largest gradient.
+    Stopping once a size took probe_seconds / 8, it took 2.3 s at 10 Mbit/s (benchmarks/RESULTS.md)."""
+    from horovod_ext.compression import auto_measure
+    slow = ProbeLink(1e-3, 1.6e-6, burst)
+    monkeypatch.setattr(auto_measure.time, "perf_counter", lambda: slow.clock)
+    link = auto_measure.probe_link(slow, [0.0] * (1 << 20), 1.0, 0)
+    assert slow.clock <= 1.0 and max(slow.sizes) < 4 << 20
+    if not burst:
+        assert link.slope["allreduce"] == pytest.approx(1.6e-6) and link.latency["allgather"] == pytest.approx(1e-3)
+    fast = ProbeLink(1e-4, 1e-10)
+    monkeypatch.setattr(auto_measure.time, "perf_counter", lambda: fast.clock)
+    auto_measure.probe_link(fast, [0.0] * (1 << 20), 1.0, 0)
+    assert max(fast.sizes) == 4 << 20 and fast.clock < 0.01
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(candidates=[]), "at least one method"),
     (dict(candidates=["none", "bogus"]), "auto candidates must be names among"),

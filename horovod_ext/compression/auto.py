@@ -6,9 +6,9 @@ How a run goes (AutoMethod, over the backend contract, for PyTorch and TensorFlo
 
 - **The deciding step** (the first step, and the first after an elastic reset): every gradient waits until the
   step's last one is ready. Then a probe of this job's own collectives (an allreduce and an allgather of float32
-  slices of the largest gradient, 4 KB upwards, x4 a size, 3 times each, until a size takes ``probe_seconds / 8``
-  on the slowest rank or reaches the largest gradient; each size's time is the slowest rank's) fits the link's
-  latency and seconds per byte per collective kind (auto_choice.Link); each candidate is run on each gradient
+  slices of the largest gradient, 4 KB upwards, x4 a size, 3 times each, up to the largest gradient or until the
+  next size is predicted to take the probe past ``probe_seconds``; each size's time is the slowest rank's) fits
+  the link's latency and seconds per byte per collective kind (auto_choice.Link); each candidate is run on each gradient
   (encode, the N payloads' decode, what it sends) for its kernel seconds, payload bytes and gain; the ranks
   average what they measured (one allreduce), rank 0 takes the decision and every rank takes rank 0's (one
   allreduce in which the other ranks send zeros: exact). The step is then sent as decided. Nothing large is ever
@@ -104,7 +104,8 @@ class Auto(CompressorSpec):
         min_size: tensors with fewer elements choose between "none" and "fp16" only (>= 0). Default 0: every
             candidate may take every tensor (a payload candidate's own min_size still sends smaller ones dense).
         measure_share: the share of the step's time spent measuring candidates after the first step, in (0, 1).
-        probe_seconds: about how long the link's probe may take at the deciding step (> 0).
+        probe_seconds: the most seconds the link's probe may take at the deciding step (> 0): it stops before a
+            size predicted to take it past them.
     """
 
     name = "auto"

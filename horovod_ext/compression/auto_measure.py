@@ -3,7 +3,8 @@ traced step): the link's probe, each candidate's round trip on a gradient, and t
 
 - The probe (``probe_link``): an allreduce and an allgather of float32 slices of the largest gradient, 4 KB upwards,
   x4 a size, 3 times each; after each size every rank takes the slowest rank's times (one allreduce(Max)), so every
-  rank stops at the same size: once a size took probe_seconds / 8 on the slowest rank, or at the largest gradient.
+  rank stops at the same size: at the largest gradient, or before a size whose predicted seconds
+  (``next_size_seconds``) would take the probe's total on the slowest rank past probe_seconds.
   auto_choice.Link.fit turns the samples into latency and seconds per byte per collective kind.
 - A round trip (``round_trip``): candidate c on x = g + r: its payload, the N payloads' decode (the rank's own payload
   N times: the kernels' work at N ranks), what it sends of x, and the gain <x, C(x)> / (|x| |C(x)|) (auto_choice);
@@ -49,7 +50,7 @@ def probe_link(be, flat, probe_seconds, tag):
     """auto_choice.Link of this job's allreduce and allgather (see the module docstring); flat: a float32 gradient."""
     limit = int(be.size(flat))
     samples = {kind: [] for kind in ("allreduce", "allgather")}
-    n, index = 1024, 0
+    n, index, spent, last = 1024, 0, 0.0, None
     while True:
         n = min(n, limit)
         part = be.split(flat, [n, limit - n])[0] if n < limit else flat
@@ -65,9 +66,20 @@ def probe_link(be, flat, probe_seconds, tag):
         samples["allreduce"] += [(4.0 * n, s) for s in slowest[:3]]
         samples["allgather"] += [(4.0 * n, s) for s in slowest[3:]]
         index += 1
-        if n >= limit or max(slowest) >= probe_seconds / 8:
+        size_seconds = sum(slowest)
+        spent += size_seconds
+        grown = min(4 * n, limit)
+        if n >= limit or spent + next_size_seconds(size_seconds, last, grown / n) > probe_seconds:
             return Link.fit(samples)
-        n *= 4
+        n, last = grown, size_seconds
+
+
+def next_size_seconds(seconds, last, ratio):
+    """The next size's predicted seconds, `ratio` times the bytes of the size that took `seconds` (the one before it
+    took `last`, at a quarter of its bytes): `ratio` times as long, or where the time grew faster than the bytes (a
+    shaper's burst carries the first sizes at line rate) as fast as it grew (per x4 of the bytes)."""
+    growth = seconds / last if last and seconds > 4 * last else 4.0
+    return seconds * growth ** (math.log(ratio) / math.log(4.0))
 
 
 def round_trip(be, ctx, item, x, candidate, shape):
