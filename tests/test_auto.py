@@ -9,8 +9,9 @@ import random
 import pytest
 
 from horovod_ext.compression.auto import Auto
-from horovod_ext.compression.auto_choice import (Link, Option, best_uniforms, confirmed, decide, decide_measured,
-                                                 guarded, optimum, predicted_step)
+from horovod_ext.compression.auto_choice import (Link, Option, best_uniforms, beyond_noise, confirmed, decide,
+                                                 decide_measured, guarded, measured_choice, optimum, predicted_step,
+                                                 timing_noise)
 from horovod_ext.compression.auto_measure import round_trip, sent_dense
 from horovod_ext.compression.auto_method import MEASURED_WINDOWS, RECENT_INTERVALS, grown_budget, kept_timings
 from hvdrun import horovodrun
@@ -96,8 +97,9 @@ def test_measured_steps_overrule_the_model_after_trials_of_the_best_uniform_assi
     assert decide(options, *args, [0, 0], sizes, names, 0.05)[0] == mixed
     assert best_uniforms(options, *args, 2) == [uniform, [1, 1]]
 
-    def step(current, measured, explore=False):
-        return decide_measured(options, *args, current, sizes, names, 0.05, measured, explore)
+    def step(current, measured, explore=False):  # each assignment timed in one window
+        once = {plan: [seconds] for plan, seconds in measured.items()}
+        return decide_measured(options, *args, current, sizes, names, 0.05, once, explore)
 
     assert step([0, 0], {}, explore=True) == mixed  # nothing measured: the model's choice
     assert step(mixed, {(2, 1): 0.1}, explore=True) == uniform  # one window measured: the uniform trials
@@ -132,8 +134,26 @@ def test_a_measured_assignment_whose_guard_fails_is_not_taken_again():
     options, args, sizes, names = mixed_and_uniform()
     for row in options:
         row[2] = Option(row[2].kind, row[2].nbytes, row[2].kernel, 0.1, join_check=True)  # below epsilon 0.3
-    chosen = decide_measured(options, *args, [1, 1], sizes, names, 0.05, {(2, 1): 0.01, (1, 1): 0.5}, False)
+    chosen = decide_measured(options, *args, [1, 1], sizes, names, 0.05, {(2, 1): [0.01], (1, 1): [0.5]}, False)
     assert chosen == [1, 1]
+
+
+def test_a_move_between_timed_assignments_needs_their_steps_apart_beyond_the_windows_noise():
+    """Top-k 1% timed in five windows (ms, as on the digits MLP at 100 Mbit/s, 2 ranks), top-k 10% in one: 9.0 ms
+    is 6% below their mean, 9.6 ms, past the margin's 5%, but not two standard errors below it (a window's spread
+    is 22%), so the choice stays; one window at 5 ms is beyond the noise. Until some assignment is timed twice, the margin
+    alone decides. Before, auto moved between top-k 1%, top-k 10% and ternary four times in 300 steps there."""
+    held, other = [2, 2], [1, 1]
+    noisy = [8.2e-3, 9.6e-3, 8.5e-3, 8.4e-3, 13.3e-3]
+    assert timing_noise({tuple(held): noisy, tuple(other): [9e-3]}) == pytest.approx(0.22, abs=0.01)
+    assert timing_noise({tuple(held): [1e-2]}) is None and beyond_noise([9e-3], noisy, None)
+
+    def step(measured):
+        return measured_choice([held, other], held, measured, None, 1.0, 0.05)
+
+    assert step({tuple(held): noisy, tuple(other): [9e-3]}) == held
+    assert step({tuple(held): noisy, tuple(other): [5e-3]}) == other
+    assert step({tuple(held): [9.6e-3], tuple(other): [9e-3]}) == other  # no spread known: the margin
 
 
 def test_overlap_hides_communication_and_kernels_never_overlap():

@@ -40,8 +40,9 @@ qualifies: a measured assignment's estimate is its measured step (the mean over 
 MEASURED_WINDOWS of auto_method, or its last timed window where it has none there: auto_method.kept_timings), any
 other's its predicted step times the largest measured / predicted among the measured ones (the model's error on an
 assignment not measured is unknown: the least favourable error seen keeps a prediction from displacing a measured
-step on the model's bias alone). It replaces the current one where its estimate is at least
-`margin` lower. In the TRIALS windows after the first, the TRIALS best uniform assignments
+step on the model's bias alone). It replaces the current one where its estimate is at least `margin` lower and,
+where both were timed, lower by NOISE_Z standard errors of the difference of their means, the windows' spread
+pooled over the assignments timed twice or more (``beyond_noise``). In the TRIALS windows after the first, the TRIALS best uniform assignments
 (one candidate for every tensor it is allowed on, by prediction: the best static methods as the model sees them)
 each run for a window where they differ from the choice in force and were not measured, so that a mixed choice
 stands only where it measured faster than the best single methods. After the return from the last trial a switch is
@@ -54,6 +55,7 @@ from dataclasses import dataclass, field
 
 KINDS = ("allreduce", "allgather", "factors")
 TRIALS = 2  # the best uniform assignments (by prediction) each run for a window after the first one
+NOISE_Z = 2.0  # a move between two timed assignments needs their mean steps this many standard errors apart
 
 
 @dataclass
@@ -232,26 +234,57 @@ def best_uniforms(options, link, compute, overlap, epsilon, count):
     return [plans[i] for i in sorted(range(len(plans)), key=lambda i: (steps[i], i))[:count]]
 
 
+def timing_noise(measured):
+    """The timed windows' relative spread: their coefficient of variation pooled over the assignments timed in two
+    windows or more (`measured`: tuple -> seconds per timed window); None where none is."""
+    squares, degrees = 0.0, 0
+    for samples in measured.values():
+        if len(samples) >= 2:
+            mean = statistics.fmean(samples)
+            squares += sum((s / mean - 1.0) ** 2 for s in samples)
+            degrees += len(samples) - 1
+    return math.sqrt(squares / degrees) if degrees else None
+
+
+def beyond_noise(faster, slower, noise):
+    """Whether the timed windows `faster` average below `slower` by NOISE_Z standard errors of the difference of
+    the two means, a window's relative spread being `noise`:
+
+        mean(slower) - mean(faster) >= NOISE_Z * noise * sqrt(mean(faster)^2 / n_faster + mean(slower)^2 / n_slower)
+
+    True where either was not timed or no spread is known yet (the margin alone decides)."""
+    if not faster or not slower or noise is None:
+        return True
+    fast, slow = statistics.fmean(faster), statistics.fmean(slower)
+    return slow - fast >= NOISE_Z * noise * math.sqrt(fast * fast / len(faster) + slow * slow / len(slower))
+
+
 def measured_choice(plans, current, measured, predicted, scale, margin):
-    """The next assignment among `plans` (each qualifying; `current` among them): the one with the least estimate,
-    a measured assignment's (`measured`: tuple -> seconds) its measured step, any other's predicted(plan) * scale;
-    it replaces `current` only where its estimate is at least `margin` lower (ties: the earlier in `plans`)."""
+    """The next assignment among `plans` (each qualifying; `current` among them): the one with the least estimate
+    among those whose estimate is at least `margin` lower than `current`'s and, where both were timed, lower beyond
+    the timings' noise (``beyond_noise``); else `current`. A measured assignment's estimate (`measured`: tuple ->
+    seconds per timed window) is its mean timed step, any other's predicted(plan) * scale (ties: the earlier in
+    `plans`). On a shared host a window's median step moves 20-50% from window to window: two assignments within
+    that of each other are not told apart by a window or two, and each move costs (a residual moved or carried)."""
     def estimate(plan):
         key = tuple(plan)
-        return measured[key] if key in measured else predicted(plan) * scale
+        return statistics.fmean(measured[key]) if key in measured else predicted(plan) * scale
 
-    estimates = [estimate(p) for p in plans]
-    best = min(range(len(plans)), key=lambda i: (estimates[i], i))
-    return list(plans[best]) if estimates[best] <= estimate(current) * (1 - margin) else list(current)
+    held, noise = estimate(current), timing_noise(measured)
+    better = [i for i, plan in enumerate(plans) if estimate(plan) <= held * (1 - margin)
+              and beyond_noise(measured.get(tuple(plan)), measured.get(tuple(current)), noise)]
+    if not better:
+        return list(current)
+    return list(plans[min(better, key=lambda i: (estimate(plans[i]), i))])
 
 
 def decide_measured(options, link, compute, overlap, epsilon, current, sizes, names, margin, measured, explore,
                     trials=TRIALS):
     """The next assignment (module docstring): the model's (``decide``) until the current assignment has a measured
-    step (`measured`: tuple -> seconds); then, while `explore`, the first of the `trials` best uniform assignments
-    (by prediction) that differs from the current one (guarded) and was not measured; else ``measured_choice``
-    among the current one (guarded), the model's proposal and every measured assignment that qualifies, an
-    assignment not measured scaled by the largest measured / predicted."""
+    step (`measured`: tuple -> seconds per timed window); then, while `explore`, the first of the `trials` best
+    uniform assignments (by prediction) that differs from the current one (guarded) and was not measured; else
+    ``measured_choice`` among the current one (guarded), the model's proposal and every measured assignment that
+    qualifies, an assignment not measured scaled by the largest mean measured / predicted."""
     proposal, _, _ = decide(options, link, compute, overlap, epsilon, current, sizes, names, margin)
     if tuple(current) not in measured:
         return proposal
@@ -268,7 +301,7 @@ def decide_measured(options, link, compute, overlap, epsilon, current, sizes, na
     for plan in [proposal] + [list(p) for p in measured]:
         if plan not in plans and guarded(options, plan, epsilon) == plan:
             plans.append(plan)
-    scale = max(seconds / max(predicted(list(plan)), 1e-12) for plan, seconds in measured.items())
+    scale = max(statistics.fmean(seconds) / max(predicted(list(plan)), 1e-12) for plan, seconds in measured.items())
     return measured_choice(plans, held, measured, predicted, scale, margin)
 
 

@@ -565,10 +565,9 @@ class AutoMethod(Method):
         return out
 
     def _decide(self, current):
-        recent = {}  # the mean timed step of each assignment over its timed windows that count (kept_timings)
+        recent = {}  # each assignment's timed steps, one per timed window that counts (kept_timings)
         for plan, seconds, _ in self.measured:
             recent.setdefault(plan, []).append(seconds)
-        recent = {plan: sum(times) / len(times) for plan, times in recent.items()}
         options = self.options()
         chosen = decide_measured(options, self.link, self.compute, self.overlap, self.spec.epsilon, current,
                                  self.sizes, self.names, self.spec.margin, recent, self.exploring)
