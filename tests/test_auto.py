@@ -141,8 +141,8 @@ def test_a_measured_assignment_whose_guard_fails_is_not_taken_again():
 def test_a_move_between_timed_assignments_needs_their_steps_apart_beyond_the_windows_noise():
     """Top-k 1% timed in five windows (ms, as on the digits MLP at 100 Mbit/s, 2 ranks), top-k 10% in one: 9.0 ms
     is 6% below their mean, 9.6 ms, past the margin's 5%, but not two standard errors below it (a window's spread
-    is 22%), so the choice stays; one window at 5 ms is beyond the noise. Until some assignment is timed twice, the margin
-    alone decides. Before, auto moved between top-k 1%, top-k 10% and ternary four times in 300 steps there."""
+    is 22%), so the choice stays; one window at 5 ms is beyond the noise. Until some assignment is timed twice, the
+    margin alone decides. Before, auto moved between top-k 1%, top-k 10% and ternary four times in 300 steps there."""
     held, other = [2, 2], [1, 1]
     noisy = [8.2e-3, 9.6e-3, 8.5e-3, 8.4e-3, 13.3e-3]
     assert timing_noise({tuple(held): noisy, tuple(other): [9e-3]}) == pytest.approx(0.22, abs=0.01)

@@ -42,12 +42,12 @@ other's its predicted step times the largest measured / predicted among the meas
 assignment not measured is unknown: the least favourable error seen keeps a prediction from displacing a measured
 step on the model's bias alone). It replaces the current one where its estimate is at least `margin` lower and,
 where both were timed, lower by NOISE_Z standard errors of the difference of their means, the windows' spread
-pooled over the assignments timed twice or more (``beyond_noise``). In the TRIALS windows after the first, the TRIALS best uniform assignments
-(one candidate for every tensor it is allowed on, by prediction: the best static methods as the model sees them)
-each run for a window where they differ from the choice in force and were not measured, so that a mixed choice
-stands only where it measured faster than the best single methods. After the return from the last trial a switch is
-made only when the same assignment is chosen at two window ends in a row (``confirmed``); a tensor whose guard fails
-moves at once.
+pooled over the assignments timed twice or more (``beyond_noise``). In the TRIALS windows after the first, the
+TRIALS best uniform assignments (one candidate for every tensor it is allowed on, by prediction: the best static
+methods as the model sees them) each run for a window where they differ from the choice in force and were not
+measured, so that a mixed choice stands only where it measured faster than the best single methods. After the
+return from the last trial a switch is made only when the same assignment is chosen at two window ends in a row
+(``confirmed``); a tensor whose guard fails moves at once.
 """
 import math
 import statistics
