@@ -30,7 +30,6 @@ METHODS = {"dense": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compressio
            "topk-1000x": lambda: hvd.Compression.topk(ratio=0.001),
            "adaptive_topk": lambda: hvd.Compression.adaptive_topk,  # GraVAC at its defaults
            "auto": lambda: hvd.Compression.auto,  # per tensor, at its defaults
-           "auto-step_per_gain": lambda: hvd.Compression.auto(objective="step_per_gain"),
            "ternary": lambda: hvd.Compression.ternary,
            # the fixed packing perfmodel plans (benchmarks/perfmodel_validation.py)
            "ternary-base3": lambda: hvd.Compression.ternary(packing="base3"),

@@ -43,7 +43,6 @@ Payload compressors given as specs keep their settings; "auto" transports become
 a tensor's bytes on one collective; sparse_reduce and two-phase plan a step over a fixed set of tensors).
 adaptive_topk is refused: auto's guard already adapts top-k's ratio per tensor.
 """
-from .auto_choice import OBJECTIVES
 from .auto_measure import LINEAR, candidate_name
 from .auto_method import AutoMethod
 from .powersgd import PowerSGD
@@ -107,11 +106,6 @@ class Auto(CompressorSpec):
         measure_share: the share of the step's time spent measuring candidates after the first step, in (0, 1).
         probe_seconds: the most seconds the link's probe may take at the deciding step (> 0): it stops before a
             size predicted to take it past them.
-        objective: what the choice minimizes, "step" (default: the predicted step time, timed steps overruling it)
-            or "step_per_gain" (that step divided by the share of g + r the choice sends: its candidates' gains
-            weighted by the tensors' elements). "step" gives the fastest steps; "step_per_gain" trades some step time
-            for denser candidates where the faster one keeps little of the gradient, which on the models measured
-            reached the target accuracy sooner (benchmarks/RESULTS.md, "Compression.auto, time to the target").
     """
 
     name = "auto"
@@ -122,7 +116,7 @@ class Auto(CompressorSpec):
               "would allreduce them"
 
     def __init__(self, candidates=None, epsilon=0.25, window=20, margin=0.05, min_size=0, measure_share=0.03,
-                 probe_seconds=1.0, objective="step"):
+                 probe_seconds=1.0):
         if candidates is None:
             candidates = default_candidates()
         if isinstance(candidates, (str, CompressorSpec)) or not hasattr(candidates, "__iter__"):
@@ -142,14 +136,12 @@ class Auto(CompressorSpec):
         margin = check_real("auto margin", margin, low=0.0, low_open=False)
         if margin >= 1.0:
             raise ValueError(f"auto margin must be in [0, 1), got {margin!r}")
-        if objective not in OBJECTIVES:
-            raise ValueError(f"auto objective must be one of {list(OBJECTIVES)}, got {objective!r}")
         share = check_real("auto measure_share", measure_share, low=0.0)
         if share >= 1.0:
             raise ValueError(f"auto measure_share must be in (0, 1), got {measure_share!r}")
         super().__init__(candidates=tuple(kept), epsilon=epsilon, window=check_int("auto window", window, low=1),
                          margin=margin, min_size=check_int("auto min_size", min_size, low=0), measure_share=share,
-                         probe_seconds=check_real("auto probe_seconds", probe_seconds, low=0.0), objective=objective)
+                         probe_seconds=check_real("auto probe_seconds", probe_seconds, low=0.0))
 
     def for_device(self, device):
         """Each payload candidate's packing="auto" made concrete for `device`."""

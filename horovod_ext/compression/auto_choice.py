@@ -110,15 +110,6 @@ class Option:
     gain: float
     always: bool = False  # qualifies whatever its gain ("none")
     join_check: bool = False  # its method asks whether a rank has joined before each step (a payload's)
-    weight: float = 1.0  # the tensor's elements: its share of the assignment's kept gain (objective "step_per_gain")
-
-
-OBJECTIVES = ("step", "step_per_gain")
-
-
-def kept(option):
-    """The share of g + r the option sends: its gain, 1 for dense ("none")."""
-    return 1.0 if option.always else option.gain
 
 
 def qualifies(option, epsilon):
@@ -131,10 +122,9 @@ class Prediction:
     collectives of one dtype and kind; two methods negotiate and fuse apart), and a method that asks whether a rank
     has joined (payload compressors) adds that allreduce's latency before the step, where nothing hides it."""
 
-    def __init__(self, options, assignment, link, compute, overlap, objective="step"):
+    def __init__(self, options, assignment, link, compute, overlap):
         self.options, self.link, self.compute, self.overlap = options, link, compute, overlap
-        self.per_gain = objective == "step_per_gain"
-        self.kernel, self.transfer, self.users, self.checks, self.kept, self.weight = 0.0, 0.0, {}, 0, 0.0, 0.0
+        self.kernel, self.transfer, self.users, self.checks = 0.0, 0.0, {}, 0
         for t, c in enumerate(assignment):
             self._add(options[t][c], c, 1)
 
@@ -144,28 +134,18 @@ class Prediction:
         key = (c, o.kind)
         self.users[key] = self.users.get(key, 0) + sign
         self.checks += sign * o.join_check
-        if self.per_gain:
-            self.kept += sign * o.weight * kept(o)
-            self.weight += sign * o.weight
 
     def step(self):
         comm = self.transfer + sum(self.link.latency[kind] for (_, kind), n in self.users.items() if n > 0)
         check = self.link.latency["allreduce"] if self.checks > 0 else 0.0
         return self.compute + self.kernel + check + max(0.0, comm - self.overlap)
 
-    def cost(self):
-        """What the solver minimizes: step(A), or with the objective "step_per_gain" step(A) / kept(A), kept(A) the
-        tensors' gains weighted by their elements (a step's seconds per unit of g + r it sends)."""
-        if not self.per_gain:
-            return self.step()
-        return self.step() / max(self.kept / self.weight, 1e-12) if self.weight > 0 else self.step()
-
     def moved(self, t, old, new):
-        """cost(A) with tensor t moved from candidate old to new (A itself unchanged)."""
+        """step(A) with tensor t moved from candidate old to new (A itself unchanged)."""
         if old == new:
-            return self.cost()
+            return self.step()
         self.move(t, old, new)
-        out = self.cost()
+        out = self.step()
         self.move(t, new, old)
         return out
 
@@ -176,18 +156,6 @@ class Prediction:
 
 def predicted_step(options, assignment, link, compute, overlap):
     return Prediction(options, assignment, link, compute, overlap).step()
-
-
-def predicted_cost(options, assignment, link, compute, overlap, objective="step"):
-    return Prediction(options, assignment, link, compute, overlap, objective).cost()
-
-
-def kept_share(options, assignment, objective="step"):
-    """kept(A) for the objective "step_per_gain" (Prediction.cost), else 1: what a timed step is divided by."""
-    if objective != "step_per_gain":
-        return 1.0
-    weight = sum(options[t][c].weight for t, c in enumerate(assignment))
-    return max(sum(options[t][c].weight * kept(options[t][c]) for t, c in enumerate(assignment)) / weight, 1e-12)
 
 
 def guarded(options, assignment, epsilon):
@@ -203,16 +171,16 @@ def guarded(options, assignment, epsilon):
     return out
 
 
-def optimum(options, link, compute, overlap, epsilon, start, order, passes=8, objective="step"):
-    """Coordinate descent from `start` over the qualifying candidates, tensors in `order`, on Prediction.cost; see
-    the module docstring. Returns the assignment."""
+def optimum(options, link, compute, overlap, epsilon, start, order, passes=8):
+    """Coordinate descent from `start` over the qualifying candidates, tensors in `order`; see the module
+    docstring. Returns the assignment."""
     assignment = guarded(options, start, epsilon)
-    model = Prediction(options, assignment, link, compute, overlap, objective)
+    model = Prediction(options, assignment, link, compute, overlap)
     for _ in range(passes):
         changed = False
         for t in order:
             old = assignment[t]
-            best, best_step = old, model.cost()
+            best, best_step = old, model.step()
             for c, option in enumerate(options[t]):
                 if c == old or not qualifies(option, epsilon):
                     continue
@@ -228,19 +196,19 @@ def optimum(options, link, compute, overlap, epsilon, start, order, passes=8, ob
     return assignment
 
 
-def decide(options, link, compute, overlap, epsilon, current, sizes, names, margin, objective="step"):
-    """The next assignment: the optimum where its predicted cost (the step, or the step per gain) is at least
-    `margin` lower than the current assignment's (each guard-failing tensor moved denser), else that guarded current
-    one. Returns (assignment, predicted cost of it, predicted cost of the current one)."""
+def decide(options, link, compute, overlap, epsilon, current, sizes, names, margin):
+    """The next assignment: the optimum where it is predicted at least `margin` faster than the current assignment
+    (each guard-failing tensor moved denser), else that guarded current one. Returns (assignment, predicted step of
+    it, predicted step of the current one)."""
     order = sorted(range(len(options)), key=lambda t: (-sizes[t], names[t]))
     held = guarded(options, current, epsilon)
-    held_step = predicted_cost(options, held, link, compute, overlap, objective)
+    held_step = predicted_step(options, held, link, compute, overlap)
     best, best_step = held, held_step
     ncandidates = max(len(row) for row in options)
     # from the current choice, and from each candidate on every tensor (the latency terms make local optima)
     for start in [held] + [[c if c < len(row) else 0 for row in options] for c in range(ncandidates)]:
-        found = optimum(options, link, compute, overlap, epsilon, start, order, objective=objective)
-        step = predicted_cost(options, found, link, compute, overlap, objective)
+        found = optimum(options, link, compute, overlap, epsilon, start, order)
+        step = predicted_step(options, found, link, compute, overlap)
         if step < best_step * (1 - 1e-9):
             best, best_step = found, step
     if best_step <= held_step * (1 - margin):
@@ -259,10 +227,10 @@ def uniform_assignments(options, epsilon):
     return out
 
 
-def best_uniforms(options, link, compute, overlap, epsilon, count, objective="step"):
-    """The `count` uniform assignments with the least predicted costs, least first (ties: the earlier candidate)."""
+def best_uniforms(options, link, compute, overlap, epsilon, count):
+    """The `count` uniform assignments with the least predicted steps, least first (ties: the earlier candidate)."""
     plans = uniform_assignments(options, epsilon)
-    steps = [predicted_cost(options, p, link, compute, overlap, objective) for p in plans]
+    steps = [predicted_step(options, p, link, compute, overlap) for p in plans]
     return [plans[i] for i in sorted(range(len(plans)), key=lambda i: (steps[i], i))[:count]]
 
 
@@ -291,38 +259,33 @@ def beyond_noise(faster, slower, noise):
     return slow - fast >= NOISE_Z * noise * math.sqrt(fast * fast / len(faster) + slow * slow / len(slower))
 
 
-def measured_choice(plans, current, measured, predicted, scale, margin, share=lambda plan: 1.0):
+def measured_choice(plans, current, measured, predicted, scale, margin):
     """The next assignment among `plans` (each qualifying; `current` among them): the one with the least estimate
     among those whose estimate is at least `margin` lower than `current`'s and, where both were timed, lower beyond
     the timings' noise (``beyond_noise``); else `current`. A measured assignment's estimate (`measured`: tuple ->
-    seconds per timed window) is its mean timed step, any other's predicted(plan) * scale, each divided by
-    share(plan) (kept_share: 1 for the objective "step") (ties: the earlier in `plans`). On a shared host a window's
-    median step moves 20-50% from window to window: two assignments within that of each other are not told apart by
-    a window or two, and each move costs (a residual moved or carried)."""
-    def timed(plan):
-        key = tuple(plan)
-        return [s / share(plan) for s in measured[key]] if key in measured else None
-
+    seconds per timed window) is its mean timed step, any other's predicted(plan) * scale (ties: the earlier in
+    `plans`). On a shared host a window's median step moves 20-50% from window to window: two assignments within
+    that of each other are not told apart by a window or two, and each move costs (a residual moved or carried)."""
     def estimate(plan):
-        return statistics.fmean(timed(plan)) if tuple(plan) in measured else predicted(plan) * scale / share(plan)
+        key = tuple(plan)
+        return statistics.fmean(measured[key]) if key in measured else predicted(plan) * scale
 
     held, noise = estimate(current), timing_noise(measured)
     better = [i for i, plan in enumerate(plans) if estimate(plan) <= held * (1 - margin)
-              and beyond_noise(timed(plan), timed(current), noise)]
+              and beyond_noise(measured.get(tuple(plan)), measured.get(tuple(current)), noise)]
     if not better:
         return list(current)
     return list(plans[min(better, key=lambda i: (estimate(plans[i]), i))])
 
 
 def decide_measured(options, link, compute, overlap, epsilon, current, sizes, names, margin, measured, explore,
-                    trials=TRIALS, objective="step"):
+                    trials=TRIALS):
     """The next assignment (module docstring): the model's (``decide``) until the current assignment has a measured
     step (`measured`: tuple -> seconds per timed window); then, while `explore`, the first of the `trials` best
     uniform assignments (by prediction) that differs from the current one (guarded) and was not measured; else
     ``measured_choice`` among the current one (guarded), the model's proposal and every measured assignment that
-    qualifies, an assignment not measured scaled by the largest mean measured / predicted step; with the objective
-    "step_per_gain" every step is divided by the assignment's kept share of g + r (kept_share)."""
-    proposal, _, _ = decide(options, link, compute, overlap, epsilon, current, sizes, names, margin, objective)
+    qualifies, an assignment not measured scaled by the largest mean measured / predicted."""
+    proposal, _, _ = decide(options, link, compute, overlap, epsilon, current, sizes, names, margin)
     if tuple(current) not in measured:
         return proposal
 
@@ -331,7 +294,7 @@ def decide_measured(options, link, compute, overlap, epsilon, current, sizes, na
 
     held = guarded(options, current, epsilon)
     if explore:
-        for uniform in best_uniforms(options, link, compute, overlap, epsilon, trials, objective):
+        for uniform in best_uniforms(options, link, compute, overlap, epsilon, trials):
             if uniform != held and tuple(uniform) not in measured:
                 return uniform
     plans = [held]
@@ -339,8 +302,7 @@ def decide_measured(options, link, compute, overlap, epsilon, current, sizes, na
         if plan not in plans and guarded(options, plan, epsilon) == plan:
             plans.append(plan)
     scale = max(statistics.fmean(seconds) / max(predicted(list(plan)), 1e-12) for plan, seconds in measured.items())
-    return measured_choice(plans, held, measured, predicted, scale, margin,
-                           lambda plan: kept_share(options, plan, objective))
+    return measured_choice(plans, held, measured, predicted, scale, margin)
 
 
 def confirmed(chosen, held, proposed):

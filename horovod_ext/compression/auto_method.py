@@ -560,8 +560,7 @@ class AutoMethod(Method):
                 kernel = self.kernel[t][c] if math.isfinite(self.kernel[t][c]) else 0.0
                 usable = self.allowed(t, c) and math.isfinite(nbytes)
                 row.append(Option(kind, nbytes if usable else 0.0, kernel, self.gains[t][c] if usable else None,
-                                  always=self.candidates[c] == "none", join_check=self.candidates[c] not in LINEAR,
-                                  weight=float(self.sizes[t])))
+                                  always=self.candidates[c] == "none", join_check=self.candidates[c] not in LINEAR))
             out.append(row)
         return out
 
@@ -571,8 +570,7 @@ class AutoMethod(Method):
             recent.setdefault(plan, []).append(seconds)
         options = self.options()
         chosen = decide_measured(options, self.link, self.compute, self.overlap, self.spec.epsilon, current,
-                                 self.sizes, self.names, self.spec.margin, recent, self.exploring,
-                                 objective=self.spec.objective)
+                                 self.sizes, self.names, self.spec.margin, recent, self.exploring)
         if self.timed_windows > TRIALS + 1 and tuple(current) in recent:  # not the return from the last trial
             chosen, self.proposed = confirmed(chosen, guarded(options, current, self.spec.epsilon), self.proposed)
         return [float(c) for c in chosen]
