@@ -29,7 +29,8 @@ import sys
 import time
 import types
 
-from .auto_choice import KINDS, TRIALS, Link, Option, confirmed, decide_measured, guarded, predicted_step
+from .auto_choice import (KINDS, TRIALS, Link, Option, confirmed, decide_measured, guard_gain, guarded,
+                          predicted_step)
 from .auto_measure import LINEAR, Measures, floats, probe_link, round_trip, sent_dense, short_name
 from .context import ERROR_PREFIXES
 from .plan import DenseSplit, Item, Method, Record, count_dense
@@ -154,6 +155,7 @@ class AutoMethod(Method):
         self.assignment = None  # candidate index per tensor (None: not decided yet)
         self.link = self.link_ranks = None  # auto_choice.Link, and the N it was fitted at
         self.gains = self.kernel = self.nbytes = None  # [t][c]: the agreed mean gain, kernel seconds, bytes
+        self.held = None  # [t][c]: [gain, window] of the last window the candidate was in force on the tensor
         self.compute = self.overlap = 0.0
         self.window_step = 0  # steps taken in the current window
         self.steps = 0  # steps this method has taken
@@ -530,6 +532,7 @@ class AutoMethod(Method):
         ntensors, ncand = len(self.sizes), len(self.candidates)
         if self.gains is None:
             self.gains = [[None] * ncand for _ in range(ntensors)]
+            self.held = [[None] * ncand for _ in range(ntensors)]
             self.kernel = [[math.nan] * ncand for _ in range(ntensors)]
             self.nbytes = [[math.nan] * ncand for _ in range(ntensors)]
         for t in range(ntensors):
@@ -537,6 +540,8 @@ class AutoMethod(Method):
                 gain_sum, count, seconds, nbytes = averaged[(t * ncand + c) * 4:(t * ncand + c + 1) * 4]
                 if count > 0:
                     self.gains[t][c] = gain_sum / count
+                    if current is not None and current[t] == c:
+                        self.held[t][c] = [self.gains[t][c], self.windows]
                     self.kernel[t][c] = seconds / count
                     self.nbytes[t][c] = nbytes / count
         compute, overlap, measured, interval, timed = averaged[-5:]
@@ -547,6 +552,12 @@ class AutoMethod(Method):
             self.measured = kept_timings(self.measured, self.windows)
             self.timed_windows += 1
         self.windows += 1
+
+    def gain(self, t, c):
+        """The candidate's gain on the tensor as the guard reads it (auto_choice.guard_gain)."""
+        held = self.held[t][c] if self.held is not None else None
+        in_force = self.assignment is not None and self.assignment[t] == c
+        return guard_gain(self.gains[t][c], held and held[0], in_force, self.windows - held[1] if held else 0)
 
     def options(self):
         """auto_choice.Option per tensor and candidate from the agreed measurements (not allowed: no gain)."""
@@ -559,7 +570,7 @@ class AutoMethod(Method):
                     nbytes = self.nbytes[t][c]
                 kernel = self.kernel[t][c] if math.isfinite(self.kernel[t][c]) else 0.0
                 usable = self.allowed(t, c) and math.isfinite(nbytes)
-                row.append(Option(kind, nbytes if usable else 0.0, kernel, self.gains[t][c] if usable else None,
+                row.append(Option(kind, nbytes if usable else 0.0, kernel, self.gain(t, c) if usable else None,
                                   always=self.candidates[c] == "none", join_check=self.candidates[c] not in LINEAR))
             out.append(row)
         return out
@@ -655,9 +666,9 @@ class AutoMethod(Method):
         return {"assignment": self.assignment, "names": self.names, "nranks": self.be.nranks,
                 "shapes": [list(self.shapes[name]) for name in self.names] if self.names else None,
                 "link": self.link.as_list() if self.link is not None else None, "gains": self.gains,
-                "kernel": self.kernel, "nbytes": self.nbytes, "compute": self.compute, "overlap": self.overlap,
-                "window_step": self.window_step, "steps": self.steps, "carry": sorted(self.carry),
-                "parked": sorted(self.parked), "subs": subs,
+                "held": self.held, "kernel": self.kernel, "nbytes": self.nbytes, "compute": self.compute,
+                "overlap": self.overlap, "window_step": self.window_step, "steps": self.steps,
+                "carry": sorted(self.carry), "parked": sorted(self.parked), "subs": subs,
                 "measured": [[list(plan), seconds, at] for plan, seconds, at in self.measured],
                 "windows": self.windows, "timed_windows": self.timed_windows, "proposed": self.proposed}
 
@@ -670,13 +681,16 @@ class AutoMethod(Method):
         self.index = {name: t for t, name in enumerate(self.names)}
         self.shapes = {name: tuple(shape) for name, shape in zip(self.names, state["shapes"])}
         self.gains = state["gains"]
+        same_ranks = state["nranks"] == self.be.nranks and state["link"] is not None
+        held = state.get("held") or [[None] * len(self.candidates) for _ in self.names]
+        # windows count again from 0 at another N: a held gain then holds for HELD_WINDOWS windows from there
+        self.held = [[None if h is None else [h[0], h[1] if same_ranks else 0] for h in row] for row in held]
         self.kernel = [[math.nan if v is None else v for v in row] for row in state["kernel"]]
         self.nbytes = [[math.nan if v is None else v for v in row] for row in state["nbytes"]]
         self.compute, self.overlap, self.steps = state["compute"], state["overlap"], int(state["steps"])
         self.measures = Measures(len(self.sizes), len(self.candidates))
         self.carry = set(state.get("carry", []))
         self.parked = set(state.get("parked", []))
-        same_ranks = state["nranks"] == self.be.nranks and state["link"] is not None
         self.link = Link.from_list(state["link"]) if same_ranks else None
         self.link_ranks = self.be.nranks if same_ranks else None
         self.window_step = int(state["window_step"]) if same_ranks else 0
