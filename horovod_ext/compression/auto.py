@@ -96,9 +96,9 @@ class Auto(CompressorSpec):
             10% and 1%, PowerSGD rank 4.
         epsilon: the least gain, the cosine between g + r and what a candidate sends of it, averaged over a window,
             in (0, 1]. Default 0.4: with error feedback, in force, top-k 1% keeps 0.30-0.42 on the digits MLP and
-            CNN (falling as training goes on), where it needed about 1.5x the steps of top-k 10% (0.75-0.95) or
-            ternary (0.70-0.77) to reach dense's accuracy; the other candidates kept 0.46 or more on every tensor of
-            the digits models, the nplm and the 10.5M MLP (benchmarks/RESULTS.md, "Compression.auto").
+            CNN (falling as training goes on), where it needed about 1.5x the steps of top-k 10% (0.73-0.99) or
+            ternary (0.69-0.77) to reach dense's accuracy; in force on the nplm and the 10.5M MLP every candidate
+            but top-k 1% kept 0.46 or more on every tensor (benchmarks/RESULTS.md, "Compression.auto").
         window: steps between decisions (>= 1); the first decision is taken at the first step.
         margin: how much faster (a fraction of the step) a new choice must be predicted to replace the current one,
             in [0, 1).

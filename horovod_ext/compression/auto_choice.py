@@ -121,7 +121,7 @@ def guard_gain(gain, held, in_force, windows_since):
 
     Off force an error-feedback candidate is measured on g plus the residual of the candidate in force (none at all
     once a carried residual was sent), not on its own residual, which builds up again once it is back in force: the
-    off-force gain overstates it (top-k 1% on the digits MLP: 0.52-0.55 off force, 0.30-0.45 in force). Without the
+    off-force gain overstates it (top-k 1% on the digits MLP: 0.52-0.55 off force, 0.30-0.42 in force). Without the
     bound a tensor the guard moved off a candidate moves back onto it at the next window end, and off again."""
     if gain is None or held is None or in_force or windows_since > HELD_WINDOWS:
         return gain
