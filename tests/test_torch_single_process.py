@@ -379,3 +379,34 @@ def test_auto_parks_a_residual_during_a_trial_and_carries_it_once_the_trials_are
     assert seen[3][3] == seen[7][3] > 0  # untouched through the trial
     assert seen[8][0] == 1 and seen[8][3] != seen[7][3]  # back on top-k: in use again
     assert seen[11][:3] == (0, [], ["bias", "weight"]) and seen[12][3] == 0.0  # after the trials: carried once
+
+
+def test_auto_measures_powersgd_from_a_warm_q_near_the_best_rank_r_approximation():
+    """The gain auto reads for PowerSGD is of its step from a warm Q (WARM_ITERATIONS untimed power iterations): on a
+    matrix whose spectrum falls slowly it lies near the best rank-4 approximation's cosine and above a cold Q's."""
+    from horovod_ext.compression.auto_measure import powersgd_round_trip
+    from horovod_ext.compression.plan import Item
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 8)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(layer.parameters(), lr=0.1), layer.named_parameters(),
+                                   compression=hvd.Compression.auto)
+    layer(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    be, spec = opt._hx_run.driver.method.be, hvd.Compression.powersgd(rank=4, start_iter=0)
+    u, _ = torch.linalg.qr(torch.randn(512, 256))
+    v, _ = torch.linalg.qr(torch.randn(256, 256))
+    m = u @ torch.diag(1.0 / torch.arange(1, 257, dtype=torch.float32).sqrt()) @ v.T
+    x = m.reshape(-1).contiguous()
+    item = Item(0, "w", m, x.numel(), 4)
+
+    def cosine(a):
+        return float((x * a).sum() / (x.norm() * a.norm()))
+    s = torch.linalg.svdvals(m)
+    best = float(s[:4].square().sum().sqrt() / s.square().sum().sqrt())  # the best rank-4 approximation's cosine
+    warm, nbytes, warming = powersgd_round_trip(be, item, x, spec, (512, 256))
+    q = m[:4].T.contiguous()
+    p, _ = torch.linalg.qr(m @ torch.linalg.qr(q)[0])
+    cold = p @ (m.T @ p).T
+    assert nbytes == (512 + 256) * 4 * 4 and warming >= 0.0
+    assert cosine(cold.reshape(-1)) < cosine(warm) <= best + 1e-6
+    assert cosine(warm) > best - 0.5 * (best - cosine(cold.reshape(-1)))
