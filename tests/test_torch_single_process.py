@@ -1,5 +1,6 @@
 """horovod_ext.torch in one process (Horovod of size 1): dtypes, gradient accumulation, checkpoints, stats and
 misuse errors. Multi-rank behaviour is in test_torch_multiprocess.py."""
+import json
 import types
 import warnings
 
@@ -9,6 +10,7 @@ import torch
 
 import horovod.torch as horovod_torch
 import horovod_ext.torch as hvd
+from horovod_ext.compression.auto_choice import HELD_WINDOWS
 from horovod_ext.compression.auto_method import MEASURE_SEED
 from horovod_ext.compression.wire import tensor_key
 from hvdext_reference import terngrad as ref
@@ -410,3 +412,35 @@ def test_auto_measures_powersgd_from_a_warm_q_near_the_best_rank_r_approximation
     assert nbytes == (512 + 256) * 4 * 4 and warming >= 0.0
     assert cosine(cold.reshape(-1)) < cosine(warm) <= best + 1e-6
     assert cosine(warm) > best - 0.5 * (best - cosine(cold.reshape(-1)))
+
+
+def test_auto_holds_an_error_feedback_candidates_gain_in_force_and_bounds_it_off_force_across_a_resize():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(256, 64)
+    candidates = ["none", hvd.Compression.ternary, hvd.Compression.topk(ratio=0.01)]  # ternary keeps no residual
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(layer.parameters(), lr=0.1), layer.named_parameters(),
+                                   compression=hvd.Compression.auto(candidates=candidates, window=1000))
+    layer(torch.randn(8, 256)).square().sum().backward()
+    opt.step()
+    method = opt._hx_run.driver.method
+    assert all(h is None for row in method.held for h in row)  # the deciding step ran nothing in force
+    n, k = len(method.sizes), len(method.candidates)
+
+    def window_end(gain_of):  # the agreed window: a gain per candidate, one sample each, no timed step
+        averaged = [v for _ in range(n) for c in range(k) for v in (gain_of(c), 1.0, 1e-4, 100.0)]
+        method._take_measures(averaged + [0.0] * 5, method.assignment)
+
+    method.assignment = [2] * n
+    window_end(lambda c: 0.3 if c == 2 else 1.0)  # top-k 1% in force keeps 0.3
+    method.assignment = [1] * n
+    window_end(lambda c: {0: 1.0, 1: 0.7, 2: 0.55}[c])  # ternary in force; top-k 1% reads 0.55 off force
+    assert method.gain(0, 2) == 0.3 and method.gain(0, 1) == 0.7
+    state = json.loads(json.dumps(method.shared_state()))
+    state["nranks"] += 1  # an elastic reset to another number of ranks: the held gain keeps its age
+    method.load_shared_state(state)
+    assert method.windows == 0 and method.gain(0, 2) == 0.3
+    method.windows = HELD_WINDOWS
+    assert method.gain(0, 2) == 0.55  # measured afresh once the bound has aged out
+    method.assignment = [2] * n
+    window_end(lambda c: {0: 1.0, 1: 0.9, 2: 0.35}[c])
+    assert method.gain(0, 1) == 0.9  # no residual, so nothing overstates it off force: not bounded by its 0.7

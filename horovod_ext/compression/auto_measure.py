@@ -110,7 +110,7 @@ def round_trip(be, ctx, item, x, candidate, shape):
 def powersgd_round_trip(be, item, x, candidate, shape):
     """P Q^T of PowerSGD's step on M (x as n x m) from a warm Q, its factors' bytes, and the seconds spent warming Q
     (not the step's: in force, each step runs one power iteration from the last step's Q, Vogels et al. 2019). Q is
-    warmed by WARM_ITERATIONS untimed iterations from the first r rows of M: a cold Q's one iteration understates
+    warmed by WARM_ITERATIONS untimed iterations from x's first cols * r elements: a cold Q's one iteration understates
     what a warm Q sends (the 10.5M MLP's first layer, on g: gain 0.41 from a cold Q, 0.48 after two more
     iterations). x itself where the tensor goes dense (matrix_layout)."""
     layout = matrix_layout(shape, candidate.rank, candidate.min_compression_rate)

@@ -31,7 +31,8 @@ import types
 
 from .auto_choice import (KINDS, TRIALS, Link, Option, confirmed, decide_measured, guard_gain, guarded,
                           predicted_step)
-from .auto_measure import LINEAR, Measures, floats, probe_link, round_trip, sent_dense, short_name
+from .auto_measure import (LINEAR, WARM_ITERATIONS, Measures, floats, probe_link, round_trip, sent_dense,
+                           short_name)
 from .context import ERROR_PREFIXES
 from .plan import DenseSplit, Item, Method, Record, count_dense
 from .powersgd import PowerSGD, matrix_layout
@@ -484,6 +485,8 @@ class AutoMethod(Method):
         for _ in range(len(pairs)):
             t, c = pairs[self.cursor % len(pairs)]
             cost = self.kernel[t][c] if math.isfinite(self.kernel[t][c]) else 0.0
+            if isinstance(self.candidates[c], PowerSGD):  # its untimed warming iterations cost about a step each
+                cost *= 1 + WARM_ITERATIONS
             if spent + cost > self.budget:
                 break
             spent += cost
@@ -540,7 +543,7 @@ class AutoMethod(Method):
                 gain_sum, count, seconds, nbytes = averaged[(t * ncand + c) * 4:(t * ncand + c + 1) * 4]
                 if count > 0:
                     self.gains[t][c] = gain_sum / count
-                    if current is not None and current[t] == c:
+                    if self.assignment is not None and current[t] == c:  # a window (or step) ran it in force
                         self.held[t][c] = [self.gains[t][c], self.windows]
                     self.kernel[t][c] = seconds / count
                     self.nbytes[t][c] = nbytes / count
@@ -554,8 +557,11 @@ class AutoMethod(Method):
         self.windows += 1
 
     def gain(self, t, c):
-        """The candidate's gain on the tensor as the guard reads it (auto_choice.guard_gain)."""
+        """The candidate's gain on the tensor as the guard reads it (auto_choice.guard_gain): bounded off force by its
+        gain in force where it keeps residuals (a candidate without reads g alone, in force or not)."""
         held = self.held[t][c] if self.held is not None else None
+        if self.subs is not None and not self.keeps_residuals(c):
+            held = None
         in_force = self.assignment is not None and self.assignment[t] == c
         return guard_gain(self.gains[t][c], held and held[0], in_force, self.windows - held[1] if held else 0)
 
@@ -683,8 +689,9 @@ class AutoMethod(Method):
         self.gains = state["gains"]
         same_ranks = state["nranks"] == self.be.nranks and state["link"] is not None
         held = state.get("held") or [[None] * len(self.candidates) for _ in self.names]
-        # windows count again from 0 at another N: a held gain then holds for HELD_WINDOWS windows from there
-        self.held = [[None if h is None else [h[0], h[1] if same_ranks else 0] for h in row] for row in held]
+        # windows count again from 0 at another N: each held gain keeps its age (a window before 0)
+        at = 0 if same_ranks else int(state.get("windows", 0))
+        self.held = [[None if h is None else [h[0], h[1] - at] for h in row] for row in held]
         self.kernel = [[math.nan if v is None else v for v in row] for row in state["kernel"]]
         self.nbytes = [[math.nan if v is None else v for v in row] for row in state["nbytes"]]
         self.compute, self.overlap, self.steps = state["compute"], state["overlap"], int(state["steps"])
