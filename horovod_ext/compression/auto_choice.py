@@ -24,8 +24,8 @@ sends of it,
 
 which is GraVAC's |C(x)| / |x| wherever C is a projection (top-k keeps coordinates, PowerSGD's P P^T M), and for an
 unbiased quantizer (TernGrad) the cosine of its draw. A candidate qualifies for a tensor while its gain, averaged
-over the window, is at least epsilon; "none" (dense float32) always qualifies. Off force an error-feedback candidate's gain
-is at most what it kept when last in force, for HELD_WINDOWS windows (``guard_gain``).
+over the window, is at least epsilon; "none" (dense float32) always qualifies. Off force an error-feedback
+candidate's gain is at most what it kept when last in force, for HELD_WINDOWS windows (``guard_gain``).
 
 The solver: coordinate descent from the current assignment, largest tensor first (ties by name), each tensor taking
 the qualifying candidate that lowers step(A) most (ties: the earlier candidate, the denser by the order given),

@@ -118,17 +118,20 @@ def powersgd_round_trip(be, item, x, candidate, shape):
         return x, 4.0 * item.numel, 0.0
     rows, cols, r = layout
     m = be.reshape(x, (1, rows, cols))
+
+    def power_iteration(q):  # P = orth(M orth(Q)), Q' = M^T P
+        p = be.orthogonalize(be.matmul(m, be.orthogonalize(q, candidate.orthogonalization)),
+                             candidate.orthogonalization)
+        return p, be.matmul(m, p, transpose_a=True)
+
     warming = time.perf_counter()
     q = be.reshape(be.split(x, [cols * r, item.numel - cols * r])[0] if item.numel > cols * r else x, (1, cols, r))
     for _ in range(WARM_ITERATIONS):
-        q = be.matmul(m, be.orthogonalize(be.matmul(m, be.orthogonalize(q, candidate.orthogonalization)),
-                                          candidate.orthogonalization), transpose_a=True)
+        q = power_iteration(q)[1]
     flat_q = be.reshape(q, (-1,))
     floats(be, be.inner_products(flat_q, flat_q), 3)  # waits for the device: the warming is not the step's
     warming = time.perf_counter() - warming
-    q = be.orthogonalize(q, candidate.orthogonalization)
-    p = be.orthogonalize(be.matmul(m, q), candidate.orthogonalization)
-    q = be.matmul(m, p, transpose_a=True)
+    p, q = power_iteration(q)
     approx = be.reshape(be.matmul(p, q, transpose_b=True), (-1,))
     return approx, float((rows + cols) * r * (2 if candidate.value_dtype == "fp16" else 4)), warming
 
