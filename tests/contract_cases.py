@@ -165,10 +165,29 @@ def _after(c):
 
 
 def _scope(c):
+    """Ops inside the scope compute as they would outside it (in a graph, named after it; the op after it is not),
+    and an exception raised inside it reaches the caller."""
     be = c.be
     with be.scope("decode.dense/kernel"):
-        op = be.copy(c.t([1.0]))
-    return op.name if c.graph else None
+        inside = be.copy(c.t([1.0, 2.0]))
+    outside = be.copy(c.t([3.0]))
+    raised = "nothing raised"
+    try:
+        with be.scope("decode.other"):
+            raise ValueError("rank 1 sent a corrupted payload")
+    except ValueError as exc:
+        raised = str(exc)
+    return [inside, outside, raised, [inside.name, outside.name] if c.graph else []]
+
+
+def _expect_scope(rank, n, value, c):
+    inside, outside, raised, names = value
+    differs = close(inside, [1, 2]) or close(outside, [3]) or equal(raised, "rank 1 sent a corrupted payload")
+    if differs or not c.graph:
+        return differs or equal(names, [])
+    if "decode.dense_kernel" not in names[0] or "decode" in names[1]:
+        return f"ops {names!r}: the first is not named after the scope, or the second is"
+    return None
 
 
 def _shared_state_written(c):
@@ -250,9 +269,48 @@ def _densify(c):
 
 
 def _output_buffer(c):
-    item = c.item("g", [1.0, 2.0])
-    buffer = c.be.output_buffer(item)
-    return None if buffer is None else buffer
+    """A float32 gradient's buffer, written in place (minus ones), and whether a float64 gradient has none."""
+    be = c.be
+    item = c.item("g", [[1.0, 2.0], [3.0, 4.0]])
+    buffer = be.output_buffer(item)
+    wide = c.item("h", [1.0, 2.0])
+    wide.grad = c.t([1.0, 2.0], "float64")
+    none_for_float64 = be.output_buffer(wide) is None
+    if buffer is None:
+        return [None, none_for_float64]
+    be.sub(buffer, c.t([1.0, 1.0, 1.0, 1.0]), True)
+    return [[buffer, item.grad], none_for_float64]
+
+
+def _expect_output_buffer(rank, n, value, c):
+    """TensorFlow's tensors cannot be written in place (its steps are the built ones): no buffer. PyTorch's float32
+    gradient gives its own storage, flat: a write into the buffer is the gradient's; a float64 one gives none."""
+    if c.built_steps:
+        return equal(value, [None, True])
+    if value[0] is None:
+        return "no buffer for a contiguous float32 gradient"
+    buffer, grad = value[0]
+    return close(buffer, [0, 1, 2, 3]) or close(grad, [[0, 1], [2, 3]]) or equal(value[1], True)
+
+
+def _linear_compressor(c):
+    """Each of Horovod's compressors on x: what it sends, whether that is float16, and what it gives back."""
+    x = c.t([1.0 / 3.0, 70000.0, -2.0])
+    out = []
+    for name in ("none", "fp16"):
+        compressor = c.be.linear_compressor(name)
+        sent, state = compressor.compress(x)
+        back = compressor.decompress(sent, state)
+        out.append([sent, "float16" in str(sent.dtype), back, "float32" in str(back.dtype)])
+    return out
+
+
+def _expect_linear(rank, n, value, c):
+    x, half = [1.0 / 3.0, 70000.0, -2.0], [np.float16(1.0 / 3.0), np.inf, -2.0]
+    (none_sent, none_half, none_back, none_f32), (fp16_sent, fp16_half, fp16_back, fp16_f32) = value
+    return (close(none_sent, np.float32(x)) or equal([none_half, none_f32], [False, True])
+            or close(none_back, np.float32(x)) or close(fp16_sent, half)
+            or equal([fp16_half, fp16_f32], [True, True]) or close(fp16_back, half))
 
 
 def _write(c):
@@ -306,8 +364,7 @@ CASES = {
                lambda r, n, v, c: close(v[0], [1, 2, 3]) or close(v[1], [4])),
     "inner_products": (lambda c: c.be.inner_products(c.t([1.0, 2.0]), c.t([3.0, -1.0])),
                        lambda r, n, v, c: close(v, [1, 5, 10])),
-    "linear_compressor": (lambda c: [hasattr(c.be.linear_compressor(x), "compress") for x in ("none", "fp16")],
-                          lambda r, n, v, c: equal(list(v), [True, True])),
+    "linear_compressor": (_linear_compressor, _expect_linear),
     "eager": (lambda c: c.be.eager(lambda x: c.be.scale(x, 2.0), [c.t([1.0, -3.0])], ("float32",))[0],
               lambda r, n, v, c: close(v, [2, -6])),
     "sum": (lambda c: c.be.sum([c.t(1.0, "float64"), c.t(2.5, "float64")]), lambda r, n, v, c: close(v, 3.5)),
@@ -349,8 +406,7 @@ CASES = {
     "assertion": (_assertion, lambda r, n, v, c: None if "NaN or Inf in the gradient of 'w' (rank " in str(v)
                   and "1" in str(v) else f"the assertion said {v!r}"),
     "after": (_after, lambda r, n, v, c: close(v, [3])),
-    "scope": (_scope, lambda r, n, v, c: (None if "decode.dense_kernel" in v else f"op {v!r} is not named after "
-                                          "the scope") if c.graph else equal(v, None)),
+    "scope": (_scope, _expect_scope),
     "shared_state_written": (_shared_state_written, lambda r, n, v, c: close(v, 1)),
     "shared_state_read": (_shared_state_read, _expect_shared_read),
     "residual": (_per_rank_state, lambda r, n, v, c: close(v[0], [0, 0, 0]) or close(v[1], [1, 2, 3])
@@ -361,7 +417,7 @@ CASES = {
     "export": (_per_rank_state, lambda r, n, v, c: None if c.graph else close(v[3], [1, 2, 3])),
     "imported_residual": (_imported, lambda r, n, v, c: close(v[0], [4, 5])),
     "imported": (_imported, lambda r, n, v, c: close(v[1], [4, 5])),
-    "output_buffer": (_output_buffer, lambda r, n, v, c: None if v is None else close(v, [1, 2])),
+    "output_buffer": (_output_buffer, _expect_output_buffer),
     "write": (_write, lambda r, n, v, c: close(v, [[5, 6], [7, 8]])),
 }
 

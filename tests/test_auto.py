@@ -12,8 +12,9 @@ from horovod_ext.compression.auto import Auto
 from horovod_ext.compression.auto_choice import (HELD_WINDOWS, Link, Option, best_uniforms, beyond_noise, confirmed,
                                                  decide, decide_measured, guard_gain, guarded, measured_choice,
                                                  optimum, predicted_step, timing_noise)
-from horovod_ext.compression.auto_measure import round_trip, sent_dense
-from horovod_ext.compression.auto_method import MEASURED_WINDOWS, RECENT_INTERVALS, grown_budget, kept_timings
+from horovod_ext.compression.auto_measure import WARM_ITERATIONS, round_trip, sent_dense
+from horovod_ext.compression.auto_method import (MEASURED_WINDOWS, RECENT_INTERVALS, AutoMethod, grown_budget,
+                                               kept_timings)
 from hvdrun import horovodrun
 
 LINK = Link(latency={"allreduce": 1e-3, "allgather": 2e-3, "factors": 2e-3},
@@ -318,6 +319,48 @@ def test_a_pause_between_steps_grants_no_more_measuring_than_a_step_wherever_it_
     assert grown_budget(0.0, share, 0.02, [0.02] * 5) == pytest.approx(6e-4)
     assert grown_budget(0.1999, share, 0.02, [0.02] * 5) == pytest.approx(0.2)  # at most 10 typical steps
 
+
+
+def planned(kernel, budget, cursor=0):
+    """A step's measurements planned by AutoMethod._plan_measures over 2 tensors of 10,000 elements and the
+    candidates none, top-k 1% and PowerSGD (rank 4), tensor 0 on top-k and tensor 1 on PowerSGD: (tensor ->
+    candidates measured, the budget left, the round robin's cursor)."""
+    nan = float("nan")
+    method = AutoMethod.__new__(AutoMethod)
+    method.spec = Auto(candidates=["topk", "powersgd"])
+    method.candidates = list(method.spec.candidates)
+    method.sizes = [10000, 10000]
+    method.assignment = [1, 2]
+    method.kernel = [[nan] + row for row in kernel]
+    method.cursor, method.budget = cursor, budget
+    method._plan_measures()
+    return method.pending, method.budget, method.cursor
+
+
+def test_a_powersgd_measurement_is_charged_its_warming_iterations_at_a_step_each():
+    """The measuring budget pays a PowerSGD measurement (1 + WARM_ITERATIONS) times its kernel seconds (its untimed
+    warming iterations cost about a measured step each) and a top-k one its kernel seconds: the pairs in order are
+    (0, top-k), (1, PowerSGD), (0, PowerSGD), (1, top-k)."""
+    from horovod_ext.compression.powersgd import PowerSGD
+    from horovod_ext.compression.topk import TopK
+    assert WARM_ITERATIONS == 2
+    assert isinstance(Auto(candidates=["topk", "powersgd"]).candidates[1], TopK)
+    assert isinstance(Auto(candidates=["topk", "powersgd"]).candidates[2], PowerSGD)
+    kernel = [[0.010, 0.020], [0.030, 0.004]]  # [tensor][top-k, PowerSGD] kernel seconds
+    # 0.010 + 3 x 0.004 = 0.022 spent; (0, PowerSGD) would cost 3 x 0.020 = 0.060 more: past 0.05
+    pending, budget, cursor = planned(kernel, 0.05)
+    assert pending == {0: [1], 1: [2]} and cursor == 2
+    assert budget == pytest.approx(0.05 - (0.010 + 3 * 0.004), abs=1e-15)
+    # from the cursor on: (0, PowerSGD) at 0.060, then (1, top-k) at 0.030
+    pending, budget, cursor = planned(kernel, 0.0901, cursor=2)
+    assert pending == {0: [2], 1: [1]} and cursor == 4
+    assert budget == pytest.approx(0.0901 - (3 * 0.020 + 0.030), abs=1e-15)
+    # a PowerSGD measurement of 0.020 s fits a budget of 0.059 s only uncharged: nothing is measured
+    pending, budget, cursor = planned(kernel, 0.059, cursor=2)
+    assert pending == {} and budget == 0.059 and cursor == 2
+    # an unmeasured pair (no kernel seconds yet) costs nothing, PowerSGD's too
+    pending, budget, _ = planned([[float("nan"), float("nan")], [0.030, float("nan")]], 0.0)
+    assert pending == {0: [1, 2], 1: [2]} and budget == 0.0
 
 @pytest.fixture(scope="module")
 def ranks():

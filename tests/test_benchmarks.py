@@ -1,11 +1,25 @@
 """The benchmark suite's quick mode runs in the test suite, so that it cannot rot: every benchmark writes its JSON,
-markdown table and PNG plots (link, tta and gravac need a network namespace: where one cannot be made, they must say why)."""
+markdown table and PNG plots (link, tta and gravac need a network namespace: where one cannot be made, they must say
+why), with the machine it ran on. The reports' arithmetic on fixed inputs: the first time, step or bytes at which a
+curve reaches a target (or not), and the ratios the tables print (bytes and step times against dense, time to the
+target against dense and top-k 10x, ours against the hook)."""
 import json
 import os
 import subprocess
 import sys
+import types
+
+import pytest
 
 from hvdrun import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import common  # noqa: E402
+import diloco  # noqa: E402
+import gravac  # noqa: E402
+import link  # noqa: E402
+import powersgd  # noqa: E402
+import tta  # noqa: E402
 
 EXPECTED = {"kernels": ["kernels_speedup.png"], "tf_kernels": ["tf_kernels_speedup.png"],
             "gpu_kernels": ["gpu_kernels.png"], "wire": ["wire_bytes.png"], "coding": ["coding_bits.png"],
@@ -33,7 +47,7 @@ def test_quick_benchmarks_write_json_tables_and_plots(tmp_path):
             continue
         assert ": ok in" in line, line
         data = json.loads((tmp_path / f"{name}.json").read_text())
-        assert data["machine"]["cpus"] >= 1
+        assert data["machine"] == common.machine()
         assert (tmp_path / f"{name}.md").read_text().count("|") > 10
         for plot in plots:
             assert (tmp_path / plot).stat().st_size > 5000, plot
@@ -42,3 +56,131 @@ def test_quick_benchmarks_write_json_tables_and_plots(tmp_path):
     if tta:
         methods = {r["method"] for r in tta["results"]}
         assert {"dense", "ternary", "adaptive_topk", "lsgd", "hvdext-powersgd", "powersgd"} <= methods
+
+
+def table_rows(md, first_header):
+    """The rows of the markdown table in `md` whose first header is `first_header`, as {header: cell}."""
+    lines = md.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    headers = [h.strip() for h in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(headers, (c.strip() for c in line.strip("|").split("|")))))
+    return rows
+
+
+def captured_report(module, monkeypatch):
+    """The module's report made to write no files and draw no plots: the markdown it would write is kept ("md")."""
+    written = {}
+    monkeypatch.setattr(module, "write_outputs", lambda name, payload, md: written.setdefault("md", md) and name)
+    monkeypatch.setattr(module, "plots", lambda *args: None)
+    return written
+
+
+def curve(*points, key="accuracy"):
+    return [{"seconds": s, key: v} for s, v in points]
+
+
+def test_the_first_point_reaching_a_target_and_none_where_the_curve_never_does():
+    losses = [{"loss": loss, "seconds": 10.0 * step, "bytes": 100 * step, "step": step}
+              for step, loss in enumerate([3.0, 2.0, 1.5, 1.0], 1)]
+    assert diloco.first_reaching(losses, 2.0, "seconds") == 20.0  # at the target counts
+    assert diloco.first_reaching(losses, 1.6, "bytes") == 300 and diloco.first_reaching(losses, 1.6, "step") == 3
+    assert diloco.first_reaching(losses, 0.9, "seconds") is None
+    assert diloco.first_reaching([], 1.0, "seconds") is None
+    up = [{"accuracy": 0.5, "seconds": 1.0, "bytes": 10}, {"accuracy": 0.9, "seconds": 2.0, "bytes": 20},
+          {"accuracy": 0.8, "seconds": 3.0, "bytes": 30}]
+    assert diloco.first_at_least(up, 0.7, "bytes") == 20 and diloco.first_at_least(up, 0.95, "bytes") is None
+    assert tta.time_to(up, 0.9) == 2.0 and tta.time_to(up, 0.9 + 1e-10) == 2.0 and tta.time_to(up, 0.91) is None
+    assert tta.time_to(curve((1.0, 0.6), (2.0, 0.8), key="center_accuracy"), 0.7, "center_accuracy") == 2.0
+    assert tta.time_to(up, 0.6, "center_accuracy") is None  # no such key: never reached
+    assert gravac.time_to(up, 0.8) == 2.0 and gravac.time_to(up, 0.95) is None
+
+
+def test_tta_report_step_and_bytes_against_dense_and_compute_and_seconds_to_the_targets(monkeypatch):
+    """Dense ends at 92%: ternary first reaches it at 10 s, compute at 8 s; only compute reaches 95%."""
+    written = captured_report(tta, monkeypatch)
+
+    def run(method, step, payload, points):
+        return {"ranks": 2, "method": method, "step_seconds": step, "payload_bytes": payload, "dense_bytes": 4e6,
+                "wire_bytes": payload, "parameters": 1e6, "curve": curve(*points)}
+    results = [run("dense", 0.2, 4e6, [(10.0, 0.80), (20.0, 0.90), (30.0, 0.92)]),
+               run("ternary", 0.05, 0.25e6, [(5.0, 0.85), (10.0, 0.921), (15.0, 0.93)]),
+               run("compute", 0.04, 0, [(4.0, 0.90), (8.0, 0.95)])]
+    assert tta.report(results, types.SimpleNamespace(epochs=3, mbit=100, target=0.95)) == 0
+    rows = {r["method"]: r for r in table_rows(written["md"], "ranks")}
+    want = {"dense": ("1.0x", "1.0x", "30.0", "not reached", "5.00x"),
+            "ternary": ("4.0x", "16.0x", "10.0", "not reached", "1.25x"),
+            "compute": ("5.0x", "-", "8.0", "8.0", "1.00x")}
+    for method, (step, nbytes, to_dense, to_fixed, vs_compute) in want.items():
+        row = rows[method]
+        assert (row["step vs dense"], row["bytes vs dense"], row["s to dense acc"], row["s to 95%"],
+                row["step vs compute"]) == (step, nbytes, to_dense, to_fixed, vs_compute), row
+
+
+def test_diloco_report_bytes_against_dense_and_bytes_and_seconds_to_dense_loss_plus_two_percent(monkeypatch):
+    """Dense ends at loss 1.5 (target 1.53), reached after 3 MB; DiLoCo reaches it at 12 s after 20 KB; top-k
+    never does."""
+    written = captured_report(diloco, monkeypatch)
+
+    def run(method, payload, points):
+        return {"method": method, "inner_steps": 50 if "diloco" in method else None, "payload_bytes": payload,
+                "dense_bytes": 3e6, "parameters": 2e6, "ranks": 2, "train_seconds": 6.0, "steps": 300,
+                "curve": [{"loss": loss, "seconds": s, "bytes": b, "step": 100 * (i + 1)}
+                          for i, (loss, s, b) in enumerate(points)]}
+    results = [run("dense", 3e6, [(3.0, 10.0, 1e6), (2.0, 20.0, 2e6), (1.5, 30.0, 3e6)]),
+               run("diloco-ternary", 3e4, [(2.5, 5.0, 1e4), (1.52, 12.0, 2e4), (1.4, 20.0, 3e4)]),
+               run("topk", 6e4, [(2.0, 6.0, 2e4), (1.8, 12.0, 4e4), (1.6, 18.0, 6e4)])]
+    args = types.SimpleNamespace(mbit=100, steps=300, diloco_steps=900, batch=16, eval_every=100)
+    assert diloco.report(results, args) == 0
+    assert "(1.530)" in written["md"]
+    rows = {r["method"]: r for r in table_rows(written["md"], "method")}
+    want = {"dense": ("1x", "3.000", "1x", "30.0"), "diloco-ternary": ("100x", "0.020", "150x", "12.0"),
+            "topk": ("50x", "not reached", "-", "not reached")}
+    for method, (fewer, mb_to, fewer_to, s_to) in want.items():
+        row = rows[method]
+        assert (row["fewer bytes than dense"], row["MB to target"], row["fewer bytes to target"],
+                row["s to target"], row["ms per step"]) == (fewer, mb_to, fewer_to, s_to, "20.0"), row
+
+
+def test_link_table_puts_each_configuration_against_its_own_dense_row():
+    def row(rate, ranks, compression, step, comm):
+        return {"link_mbit": rate, "ranks": ranks, "compression": compression, "parameters": 2.6e6,
+                "payload_bytes": 1e6, "wire_bytes": 1e6, "step_seconds": step, "comm_seconds": comm}
+    rows = [row(100, 2, "none", 1.0, 0.8), row(100, 2, "ternary", 0.25, 0.1), row(100, 4, "none", 2.0, 1.6),
+            row(100, 4, "ternary", 1.0, 0.4), row(1000, 2, "none", 0.6, 0.3), row(1000, 2, "ternary", 0.4, 0.1)]
+    got = [(r["Mbit/s"], r["ranks"], r["compression"], r["comm vs dense"], r["step vs dense"])
+           for r in table_rows(link.table(rows), "Mbit/s")]
+    assert got == [("100", "2", "none", "1.0x", "1.0x"), ("100", "2", "ternary", "8.0x", "4.0x"),
+                   ("100", "4", "none", "1.0x", "1.0x"), ("100", "4", "ternary", "4.0x", "2.0x"),
+                   ("1000", "2", "none", "1.0x", "1.0x"), ("1000", "2", "ternary", "3.0x", "1.5x")]
+
+
+def test_powersgd_table_gives_ours_over_the_hooks_step_per_configuration():
+    def row(name, rank, ranks, step):
+        return {"link_mbit": 100, "ranks": ranks, "matrix_rank": rank, "compression": name, "step_seconds": step,
+                "payload_bytes": 1e3 * step, "wire_bytes": 1e3 * step}
+    rows = [row("hvdext-powersgd", 4, 2, 0.3), row("powersgd", 4, 2, 0.4), row("hvdext-powersgd-r1", 1, 2, 0.5),
+            row("powersgd-r1", 1, 2, 0.25)]
+    got = [(r["rank"], r["ours step s"], r["hook step s"], r["ours / hook"])
+           for r in table_rows(powersgd.table(rows), "Mbit/s")]
+    assert got == [("1", "0.500", "0.250", "2.00"), ("4", "0.300", "0.400", "0.75")]
+
+
+def test_gravac_rows_give_time_to_the_targets_against_dense_and_topk_10x():
+    """Dense ends at 96%: adaptive top-k reaches it at 10 s (dense 30 s, top-k 10x 16 s) and 95.5% at 5 s (dense
+    30 s, top-k 10x 8 s)."""
+    def run(method, points, cfs=None):
+        return {"model": "cnn", "ranks": 2, "method": method, "curve": curve(*points), "step_seconds": 0.02,
+                "payload_bytes": 1e3, "cf_log": cfs, "theta_ideal": None}
+    results = [run("dense", [(10.0, 0.90), (20.0, 0.95), (30.0, 0.96)]),
+               run("topk-10x", [(8.0, 0.955), (16.0, 0.96)]),
+               run("adaptive_topk", [(5.0, 0.956), (10.0, 0.961)], cfs=[1, 10, 100, 1]),
+               run("topk-1000x", [(10.0, 0.5), (20.0, 0.6)])]
+    rows = {r[2]: r for r in gravac.rows_of(results)}
+    assert rows["adaptive_topk"][4:10] == ["10.0", "3.00x", "1.60x", "5.0", "6.00x", "1.60x"]
+    assert rows["dense"][4:10] == ["30.0", "1.00x", "0.53x", "30.0", "1.00x", "0.27x"]
+    assert rows["topk-1000x"][4:10] == ["not reached", "-", "-"] * 2
+    assert rows["adaptive_topk"][12:14] == ["28.0 / 100", "50%"]

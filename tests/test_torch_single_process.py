@@ -1,6 +1,7 @@
 """horovod_ext.torch in one process (Horovod of size 1): dtypes, gradient accumulation, checkpoints, stats and
 misuse errors. Multi-rank behaviour is in test_torch_multiprocess.py."""
 import json
+import time
 import types
 import warnings
 
@@ -385,8 +386,10 @@ def test_auto_parks_a_residual_during_a_trial_and_carries_it_once_the_trials_are
 
 def test_auto_measures_powersgd_from_a_warm_q_near_the_best_rank_r_approximation():
     """The gain auto reads for PowerSGD is of its step from a warm Q (WARM_ITERATIONS untimed power iterations): on a
-    matrix whose spectrum falls slowly it lies near the best rank-4 approximation's cosine and above a cold Q's."""
-    from horovod_ext.compression.auto_measure import powersgd_round_trip
+    matrix whose spectrum falls slowly it lies near the best rank-4 approximation's cosine and above a cold Q's. The
+    step is one power iteration after WARM_ITERATIONS from x's first 256 x 4 elements; the seconds spent warming are
+    some of the call's; a tensor that goes dense is sent as it is, with no warming."""
+    from horovod_ext.compression.auto_measure import WARM_ITERATIONS, powersgd_round_trip
     from horovod_ext.compression.plan import Item
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 8)
@@ -405,11 +408,21 @@ def test_auto_measures_powersgd_from_a_warm_q_near_the_best_rank_r_approximation
         return float((x * a).sum() / (x.norm() * a.norm()))
     s = torch.linalg.svdvals(m)
     best = float(s[:4].square().sum().sqrt() / s.square().sum().sqrt())  # the best rank-4 approximation's cosine
+    called = time.perf_counter()
     warm, nbytes, warming = powersgd_round_trip(be, item, x, spec, (512, 256))
+    called = time.perf_counter() - called
     q = m[:4].T.contiguous()
     p, _ = torch.linalg.qr(m @ torch.linalg.qr(q)[0])
     cold = p @ (m.T @ p).T
-    assert nbytes == (512 + 256) * 4 * 4 and warming >= 0.0
+    assert nbytes == (512 + 256) * 4 * 4 and 0.0 < warming <= called
+    q = x[:256 * 4].reshape(1, 256, 4)
+    for _ in range(WARM_ITERATIONS + 1):
+        p = be.orthogonalize(m.unsqueeze(0) @ be.orthogonalize(q, spec.orthogonalization), spec.orthogonalization)
+        q = m.T.unsqueeze(0) @ p
+    assert torch.allclose(warm, (p @ q.transpose(1, 2)).reshape(-1), rtol=1e-4, atol=1e-6)
+    vector = torch.randn(1000)
+    dense, dense_bytes, no_warming = powersgd_round_trip(be, Item(1, "b", vector, 1000, 4), vector, spec, (1000,))
+    assert dense is vector and dense_bytes == 4000.0 and no_warming == 0.0
     assert cosine(cold.reshape(-1)) < cosine(warm) <= best + 1e-6
     assert cosine(warm) > best - 0.5 * (best - cosine(cold.reshape(-1)))
 
