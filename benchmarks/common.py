@@ -36,6 +36,16 @@ def write_outputs(name, payload, table_md):
     return os.path.join(OUT_DIR, f"{name}.md")
 
 
+def fewer(reference, got):
+    """reference / got as "<n>x" (how many times fewer bytes `got` is), "-" where either is missing or zero."""
+    return f"{reference / got:.0f}x" if reference and got else "-"
+
+
+def not_reached(seconds, steps=None):
+    """What a table says where a run never reached the target: within its whole budget, N s (and S steps)."""
+    return f"not reached within {seconds:.1f} s" + (f" ({steps} steps)" if steps is not None else "")
+
+
 def markdown_table(headers, rows):
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

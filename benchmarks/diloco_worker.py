@@ -1,6 +1,7 @@
 """The low-communication benchmark's runs (benchmarks/diloco.py), under horovodrun: each method trains the
 transformer language model of lm.py with AdamW from the same start, each rank on its own batches, and rank 0
-records the test loss against training seconds and bytes sent.
+records the test loss against training seconds and its bytes on the wire (wire.py's ring formulas; the payload
+beside them).
 
 Methods: "dense" (data-parallel AdamW: horovod_ext's DistributedOptimizer, Compression.none), "ternary" and
 "topk" (the same with ternary, and top-k 1% with error feedback), "powersgd-hook" (PyTorch DDP with its PowerSGD
@@ -26,6 +27,7 @@ import horovod_ext.torch as hvd  # noqa: E402
 import lm  # noqa: E402
 from baselines import ddp_wrap  # noqa: E402
 from diloco_methods import COMPRESSIONS, diloco_optimizer, diloco_settings, is_diloco  # noqa: E402
+from horovod_ext.compression.wire import allreduce_wire_bytes  # noqa: E402
 
 BASE_METHODS = ["dense", "ternary", "topk", "powersgd-hook", "lsgd", "local", "diloco", "diloco-ternary",
                 "diloco-topk"]
@@ -35,19 +37,30 @@ def check_method(method):
     return is_diloco(method) or method in BASE_METHODS
 
 
+BYTES = ("payload_bytes", "wire_bytes", "dense_bytes", "dense_wire_bytes")
+
+
+def ddp_step_bytes(payload, wire, dense, nranks):
+    """A DDP method's bytes per step (BYTES): its hook's payload and wire bytes; the dense reference, Horovod's ring
+    allreduce of the float32 gradients, 2 (N-1)/N * dense on the wire."""
+    return dict(zip(BYTES, (payload, wire, dense, allreduce_wire_bytes(dense, nranks))))
+
+
 def optimizer_for(method, model, inner_steps):
-    """(optimizer, its schedule, the model to call, DDP's bytes per step or None)."""
+    """(optimizer, its schedule, the model to call, the bytes per step (BYTES) of a method without
+    compression_stats(), or None)."""
     inner, schedule = lm.inner_optimizer(model)
     named = model.named_parameters()
     if is_diloco(method):
         return diloco_optimizer(method, inner, named, inner_steps), schedule, model, None
     if method == "powersgd-hook":
-        ddp, payload, _ = ddp_wrap(model, "powersgd", hvd.rank(), hvd.size())
-        return inner, schedule, ddp, (payload, 4 * sum(p.numel() for p in model.parameters()))
+        ddp, payload, wire = ddp_wrap(model, "powersgd", hvd.rank(), hvd.size())
+        dense = 4 * sum(p.numel() for p in model.parameters())
+        return inner, schedule, ddp, ddp_step_bytes(payload, wire, dense, hvd.size())
     if method == "lsgd":
         return hvd.LeaderOptimizer(inner, named, groups=None), schedule, model, None
     if method == "local":
-        return inner, schedule, model, (0, 0)
+        return inner, schedule, model, dict.fromkeys(BYTES, 0)
     compression = COMPRESSIONS["none" if method == "dense" else method]()
     return hvd.DistributedOptimizer(inner, named, compression=compression), schedule, model, None
 
@@ -60,11 +73,12 @@ def train(args, method):
     step = 0
 
     def sent_bytes():
-        """(payload, dense) bytes this rank handed to collectives so far."""
+        """This rank's bytes so far (BYTES): every collective's payload and wire bytes (compression_stats()'s
+        total), and the dense reference's."""
         if ddp_bytes is not None:
-            return ddp_bytes[0] * step, ddp_bytes[1] * step
+            return {k: v * step for k, v in ddp_bytes.items()}
         total = opt.compression_stats()["total"]
-        return total["payload_bytes"], total["dense_bytes"]
+        return {k: total[k] for k in BYTES}
 
     x_test, y_test = x_test[:args.eval_sequences], y_test[:args.eval_sequences]
     gen = torch.Generator().manual_seed(1000 * args.seed + hvd.rank())
@@ -75,8 +89,9 @@ def train(args, method):
         swapped = opt.evaluation_parameters() if hasattr(opt, "evaluation_parameters") else contextlib.nullcontext()
         with swapped:
             loss, accuracy = lm.evaluate(model, x_test, y_test)
-        sent = sent_bytes()[0]
-        curve.append({"step": step, "seconds": seconds, "bytes": sent, "loss": loss, "accuracy": accuracy})
+        sent = sent_bytes()
+        curve.append({"step": step, "seconds": seconds, "bytes": sent["wire_bytes"],
+                      "payload_bytes": sent["payload_bytes"], "loss": loss, "accuracy": accuracy})
 
     evaluate(0)
     for step in range(1, args.steps + 1):
@@ -92,12 +107,11 @@ def train(args, method):
         seconds += time.perf_counter() - start
         if step % args.eval_every == 0 or step == args.steps:
             evaluate(step)
-    payload, dense = sent_bytes()
     stats = opt.compression_stats() if hasattr(opt, "compression_stats") else {}
     return {"method": method, "train_seconds": seconds,
             "peak_exchange_bytes": stats.get("peak_exchange_payload_bytes"), "ranks": hvd.size(), "parameters": sum(p.numel() for p in model.parameters()),
             "inner_steps": diloco_settings(method, args.inner_steps)["inner_steps"] if is_diloco(method) else None,
-            "curve": curve, "payload_bytes": payload, "dense_bytes": dense, "steps": args.steps}
+            "curve": curve, **sent_bytes(), "steps": args.steps}
 
 
 def parse_args():

@@ -66,7 +66,7 @@ def rows_of(results):
                     f"{dense_time / reached:.2f}x" if reached else "-",
                     f"{top10_time / reached:.2f}x" if reached and top10_time else "-"]
         cfs = r.get("cf_log") or []
-        rows.append(row + [f"{r['step_seconds'] * 1e3:.0f}", f"{r['payload_bytes'] / 1e3:.1f}",
+        rows.append(row + [f"{r['step_seconds'] * 1e3:.0f}", f"{r['wire_bytes'] / 1e3:.1f}",
                            f"{sum(cfs) / len(cfs):.1f} / {max(cfs):.0f}" if cfs else "-",
                            f"{100 * sum(c == 1 for c in cfs) / len(cfs):.0f}%" if cfs else "-",
                            r.get("theta_ideal") if cfs and r.get("theta_ideal") is not None else "-"])
@@ -102,7 +102,7 @@ def time_to_accuracy(args):
           f"time to that target over the method's.\n\n"
           + markdown_table(["model", "ranks", "method", "final acc", "s to target", "vs dense", "vs top-k 10x",
                             f"s to target -{100 * TOLERANCE:g}", "vs dense", "vs top-k 10x", "mean step ms",
-                            "KB sent/step", "GraVAC CF mean / max", "dense steps", "settled CF"],
+                            "wire KB/step", "GraVAC CF mean / max", "dense steps", "settled CF"],
                            rows_of(results))
           + "\n\n![CF](gravac_cf.png)")
     path = write_outputs("gravac", {"machine": machine(), "args": vars(args), "results": results}, md)
@@ -131,12 +131,12 @@ def step_cost(args):
             rows.append([f"{mbit} Mbit/s" if mbit else "unshaped", static.replace("topk-", "CF ").rstrip("x"),
                          f"{a['block_step_seconds'] * 1e3:.1f}", f"{b['block_step_seconds'] * 1e3:.1f}",
                          f"{ratio:.3f}", f"{sum(cfs) / len(cfs):.1f}",
-                         f"{a['payload_bytes'] / 1e3:.1f}", f"{b['payload_bytes'] / 1e3:.1f}"])
+                         f"{a['wire_bytes'] / 1e3:.1f}", f"{b['wire_bytes'] / 1e3:.1f}"])
     md = (f"nplm (1.1M parameters), 2 ranks, {args.cost_steps} steps per run, {args.repeats} pairs per row run "
           f"back to back; step = the median over blocks of 4 steps of the block's mean; the ratio is the median "
           f"of the pairs' ratios.\n\n"
           + markdown_table(["link", "CF", "static ms", "GraVAC ms", "GraVAC / static", "GraVAC mean CF",
-                            "static KB/step", "GraVAC KB/step"], rows))
+                            "static wire KB/step", "GraVAC wire KB/step"], rows))
     path = write_outputs("gravac_step_cost", {"machine": machine(), "args": vars(args), "runs": raw}, md)
     return md, path
 

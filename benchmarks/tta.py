@@ -1,6 +1,8 @@
 """Time to accuracy on a shaped link: every method trains the same digits MLP for the same epochs at 2 and 4 ranks
-on loopback shaped to --mbit (a namespace created here and always removed). Reports step time, bytes per step and
-the training time until each method first reaches dense's final test accuracy and a fixed --target, as a table, a
+on loopback shaped to --mbit (a namespace created here and always removed), so every method has the same budget of
+steps. Reports step time, bytes per step on the wire (rank 0's, every collective of the method by wire.py's ring
+formulas; the payload beside them) against dense's, and the training time until each method first reaches dense's
+final test accuracy and a fixed --target (or "not reached within N s", N its whole training time), as a table, a
 plot of accuracy against training time and a plot of GraVAC's CF over training. Methods are compressors with
 data-parallel SGD (Compression.powersgd is "hvdext-powersgd"), PyTorch DDP's PowerSGD hook ("powersgd"), and the
 parameter-space optimizers lsgd, multi_lsgd (4 ranks run as two "nodes" of 2, so that its groups are two process
@@ -13,7 +15,7 @@ import json
 import os
 import sys
 
-from common import OUT_DIR, horovodrun_json, machine, markdown_table, progress, write_outputs
+from common import OUT_DIR, fewer, horovodrun_json, machine, markdown_table, not_reached, progress, write_outputs
 from shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -110,13 +112,14 @@ def report(results, args):
         reached = time_to(r["curve"], target)
         cfs = r.get("cf_log") or []
         fixed = time_to(r["curve"], args.target)
+        missed = not_reached(r["curve"][-1]["seconds"], r["curve"][-1].get("step"))
         rows.append([r["ranks"], r["method"], f"{r['step_seconds'] * 1e3:.0f}",
-                     f"{dense['step_seconds'] / r['step_seconds']:.1f}x", f"{r['payload_bytes'] / 1e3:.1f}",
-                     f"{r['dense_bytes'] / r['payload_bytes']:.1f}x" if r["payload_bytes"] else "-",
+                     f"{dense['step_seconds'] / r['step_seconds']:.1f}x", f"{r['wire_bytes'] / 1e3:.1f}",
+                     f"{r['dense_wire_bytes'] / r['wire_bytes']:.1f}x" if r["wire_bytes"] else "-",
+                     f"{r['payload_bytes'] / 1e3:.1f}",
                      f"{100 * r['curve'][-1]['accuracy']:.2f}%",
-                     f"{reached:.1f}" if reached is not None else "not reached",
-                     f"{fixed:.1f}" if fixed is not None else "not reached",
-                     f"{r['wire_bytes'] / 1e3:.1f}",
+                     f"{reached:.1f}" if reached is not None else missed,
+                     f"{fixed:.1f}" if fixed is not None else missed,
                      f"{sum(cfs) / len(cfs):.1f}" if cfs else "-"])
         if compute:
             alone = compute.get(r["ranks"])
@@ -125,11 +128,16 @@ def report(results, args):
             rows[-1] += [f"{r['step_seconds'] / alone['step_seconds']:.2f}x" if alone else "-",
                          f"{100 * center:.2f}%" if center is not None else "-",
                          "-" if center is None else f"{center_time:.1f}" if center_time is not None else "not reached"]
-    md = (f"Digits MLP ({results[0]['parameters'] / 1e6:.2f}M parameters), {args.epochs} epochs, batch 32 per rank, "
-          f"loopback shaped to {args.mbit} Mbit/s. 'to dense acc' = training seconds until the method first reaches "
-          f"dense's final test accuracy (checked after each epoch).\n\n"
-          + markdown_table(["ranks", "method", "mean step ms", "step vs dense", "KB sent/step", "bytes vs dense",
-                            "final acc", "s to dense acc", f"s to {100 * args.target:.0f}%", "KB on wire/step",
+    finals = {x["ranks"]: x["curve"][-1]["accuracy"] for x in results if x["method"] == "dense"}
+    md = (f"Digits MLP ({results[0]['parameters'] / 1e6:.2f}M parameters), {args.epochs} epochs (every method the "
+          f"same steps), batch 32 per rank, loopback shaped to {args.mbit} Mbit/s. 's to dense acc' = training "
+          f"seconds until the method first reaches dense's final test accuracy at its number of ranks ("
+          + ", ".join(f"{100 * a:.2f}% at {n} ranks" for n, a in sorted(finals.items()))
+          + ", checked after each epoch). Wire bytes: rank 0's per step, every collective of the method by "
+            "horovod_ext/compression/wire.py's ring formulas; 'wire vs dense': data-parallel SGD's dense allreduce's "
+            "wire bytes over them; payload: the bytes handed to Horovod.\n\n"
+          + markdown_table(["ranks", "method", "mean step ms", "step vs dense", "wire KB/step", "wire vs dense",
+                            "payload KB/step", "final acc", "s to dense acc", f"s to {100 * args.target:.0f}%",
                             "mean CF (GraVAC)"]
                           + (["step vs compute", "final acc (center)", f"s to {100 * args.target:.0f}% (center)"]
                              if compute else []),

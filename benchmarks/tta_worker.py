@@ -1,7 +1,8 @@
 """Runs under horovodrun: trains one of benchmarks/gravac_models.py's models (the digits MLP by default, of width
 --hidden) with each listed method in turn (one launch for several runs; each run starts from the same model and data
-order) and records, per run, test accuracy against training time after every epoch, the step time and bytes per step
-(--json: a list, one entry per method). Methods: horovod_ext compressors (data-parallel SGD),
+order) and records, per run, test accuracy against training time and rank 0's bytes on the wire (wire.py's ring
+formulas, every collective of the method: compression_stats()'s total) after every epoch, the step time and the
+wire and payload bytes per step (--json: a list, one entry per method). Methods: horovod_ext compressors (data-parallel SGD),
 horovod_ext's parameter-space optimizers (LSGD, multi-leader LSGD, EASGD, DiLoCo: each worker samples from the
 whole training set, and the leader's parameters, the center or DiLoCo's outer parameters are evaluated), or PyTorch DDP dense, with its fp16 hook
 or its PowerSGD hook (rank 4; see baselines.py)."""
@@ -23,6 +24,7 @@ from gravac_models import MODELS, build  # noqa: E402
 import horovod_ext.torch as hvd  # noqa: E402
 from baselines import DDP_METHODS, ddp_wrap  # noqa: E402
 from diloco_methods import diloco_optimizer, is_diloco  # noqa: E402
+from horovod_ext.compression.wire import allreduce_wire_bytes  # noqa: E402
 
 METHODS = {"dense": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compression.fp16,
            "topk-10x": lambda: hvd.Compression.topk(ratio=0.1), "topk-20x": lambda: hvd.Compression.topk(ratio=0.05),
@@ -91,11 +93,12 @@ def train(args, method):
             accuracy = accuracy_of(model, x_test, y_test)
             test_loss = loss_fn(model(x_test), y_test).item()  # the language models' log-perplexity
         if method in DDP_METHODS or method == COMPUTE:
-            sent = (payload if method in DDP_METHODS else 0) * step
+            sent = {"payload_bytes": payload * step, "wire_bytes": wire * step} if method in DDP_METHODS else \
+                {"payload_bytes": 0, "wire_bytes": 0}
         else:
-            sent = optimizer.compression_stats()["total"]["payload_bytes"]
-        curve.append({"epoch": epoch, "step": step, "seconds": train_seconds, "accuracy": accuracy, "bytes": sent,
-                      "loss": test_loss})
+            sent = optimizer.compression_stats()["total"]
+        curve.append({"epoch": epoch, "step": step, "seconds": train_seconds, "accuracy": accuracy,
+                      "bytes": sent["wire_bytes"], "payload_bytes": sent["payload_bytes"], "loss": test_loss})
         if method in LEADERS:  # the paper's figures evaluate the center variable (the workers' average)
             with torch.no_grad(), optimizer.evaluation_parameters(which="center"):
                 curve[-1]["center_accuracy"] = accuracy_of(model, x_test, y_test)
@@ -157,7 +160,8 @@ def train(args, method):
                       throughput={str(k): v for k, v in stats.get("throughput", {}).items()},
                       theta_ideal=stats.get("theta_ideal"), comm_seconds=total["comm_seconds"] / steps,
                       compression_seconds=(total["compress_seconds"] + total["decompress_seconds"]) / steps)
-    result["dense_bytes"] = 4 * result["parameters"]
+    result["dense_bytes"] = 4 * result["parameters"]  # data-parallel SGD's float32 allreduce, per step
+    result["dense_wire_bytes"] = allreduce_wire_bytes(result["dense_bytes"], hvd.size())
     return result
 
 

@@ -25,7 +25,8 @@ setting, the multi-leader LSGD's layout: groups within a node, the outer exchang
 
 The exchange is a step of the compression plan over the pseudo-gradients (a StepDriver of the run, with the
 round as its step counter): no second codec path. What a round sends is counted by the plan's context like a
-gradient step's; the dense reference of the inner steps between rounds is data-parallel SGD's allreduce.
+gradient step's; the dense reference of the inner steps between rounds is data-parallel SGD's allreduce; every other
+collective (the start's broadcast, the election, the in-group averages and broadcasts) by diloco_accounting.py.
 """
 import math
 import numbers
@@ -197,11 +198,6 @@ def leader_transport(method, joined=False):
     if codec is not None and getattr(method.spec, "payload", False):
         return "codec", codec
     return "linear", method.spec
-
-
-def election_bytes(size):
-    """The bytes of the election's table: (loss sum, count, 1) in float64 per rank."""
-    return 24 * size
 
 
 def election_row(loss, size, rank):

@@ -36,9 +36,9 @@ from horovod_ext.compression.horovod_args import outside_process_set
 from horovod_ext.compression.specs import describe_compression
 from horovod_ext.compression.wire import allreduce_wire_bytes
 from horovod_ext.consensus.agreement import build_on_every_rank
+from horovod_ext.consensus import diloco_accounting as accounting
 from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averaged_pseudo_gradient, elected,
-                                          election_bytes, fragments_of, leader_transport, merged, outer_update,
-                                          worker_process_sets)
+                                          fragments_of, leader_transport, merged, outer_update, worker_process_sets)
 from .aggregator import GradientAggregator, variable_names
 from .backend import barrier_over_every_rank, numpy_allgather
 from .elastic_state import assign_all, broadcast_variables, numpy_values
@@ -139,12 +139,13 @@ class DiLoCoState(tf.Module):
             self.update_norm = tf.Variable(np.nan, dtype=tf.float64, trainable=False, name="update_norm")
             # outer="leader": this rank's training losses since the last election, the elected worker's leader
             # rank, whether the next election may meet ranks without a loss (after an elastic reset), the bytes
-            # this rank broadcast as the elected worker
+            # this rank sent as the elected worker and their wire bytes
             self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="loss_sum")
             self.loss_count = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="loss_count")
             self.elected = tf.Variable(-1, dtype=tf.int64, trainable=False, name="elected")
             self.lenient = tf.Variable(False, trainable=False, name="lenient")
             self.leader_bytes = tf.Variable(0, dtype=tf.int64, trainable=False, name="leader_bytes")
+            self.leader_wire_bytes = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="leader_wire_bytes")
         self.outer, self.momentum, self.pending = [], [], []
         # across workers, over the leaders' process set (a rank that does not lead its worker never sends); one
         # per fragment
@@ -321,9 +322,11 @@ class DiLoCoState(tf.Module):
                     value = codec.decompress(_as(chunk, compressed.dtype), ctx)
                 out.append(tf.reshape(tf.cast(value, tf.float32), d.shape))
             sent = tf.size(buffer, out_type=tf.int64)
+        sent = tf.where(sending, sent, tf.zeros_like(sent))
+        wire = tf.cast(sent, tf.float64) * accounting.transfer_wire_per_byte(kind, len(s.leaders))
         with tf.control_dependencies(out):
-            counted = [aggregator.step.assign_add(1),
-                       self.leader_bytes.assign_add(tf.where(sending, sent, tf.zeros_like(sent)))]
+            counted = [aggregator.step.assign_add(1), self.leader_bytes.assign_add(sent),
+                       self.leader_wire_bytes.assign_add(wire)]
         with tf.control_dependencies(counted):
             return [tf.identity(o) for o in out]
 
@@ -358,10 +361,12 @@ class DiLoCoState(tf.Module):
 
     # -------------------------------------------------------------------------------------------- observability
     def compression_stats(self):
-        """The rounds' bytes (the exchange's, on a worker's leader) plus, for every inner step the exchange did not
-        count, data-parallel SGD's dense allreduce of the gradients over all ranks (horovod_ext.consensus.
-        accounting's reference), as in PyTorch; with groups, ``inner``: the average inside this rank's worker
-        (every step's gradients, and the leader's broadcast of each round's average)."""
+        """As PyTorch's: the bytes this rank put on the wire (``total``: the start's broadcast, the rounds' bytes,
+        the exchange's on a worker's leader, with groups the averages inside this rank's worker;
+        consensus.diloco_accounting.report) against data-parallel SGD's dense allreduce of the gradients over all
+        ranks at every step (horovod_ext.consensus.accounting's reference); the parts apart (``exchange``,
+        ``start``, with groups ``inner``: every step's gradients and the leader's broadcast of each round's
+        average)."""
         exchanges = [exchange.compression_stats() for exchange in self.exchanges]
         sent = [e.pop("steps") for e in exchanges]  # per fragment: the exchanges this rank sent
         stats, s = exchanges[0], self.settings
@@ -380,10 +385,11 @@ class DiLoCoState(tf.Module):
         total = {k: sum(e["total"][k] for e in exchanges) + inner * dense.get(k, 0)
                  - sum(n * d.get(k, 0) for n, d in zip(sent, dense_f)) for k in _DENSE_FIELDS}
         seconds = {k: 0.0 for k in ("compress_seconds", "decompress_seconds", "comm_seconds")}
-        if s.outer == "leader":  # the bytes this rank broadcast when elected, and the elections' allgathers
+        if s.outer == "leader":  # the bytes this rank sent when elected, and the elections' allreduces
             rounds_started = int(self.rounds.numpy()) + (int(self.pending_fragment.numpy()) >= 0 and s.overlap > 0)
-            elections = election_bytes(hvd.size()) * rounds_started
-            total["payload_bytes"] += int(self.leader_bytes.numpy()) + elections
+            election = accounting.election_counts(hvd.size())
+            total["payload_bytes"] += int(self.leader_bytes.numpy()) + rounds_started * election["payload_bytes"]
+            total["wire_bytes"] += float(self.leader_wire_bytes.numpy()) + rounds_started * election["wire_bytes"]
         stats["total"] = CompressionStats._summary({**total, **seconds})  # noqa: SLF001
         last = s.schedule.starts(inner) if s.is_leader else None
         last_step = {k: dense.get(k, 0) for k in _DENSE_FIELDS}
@@ -399,15 +405,16 @@ class DiLoCoState(tf.Module):
                      overlap=s.overlap, merge_alpha=s.merge_alpha, peak_exchange_payload_bytes=peak,
                      in_flight=None if pending < 0 or s.overlap == 0 else pending, outer=s.outer,
                      elected=None if int(self.elected.numpy()) < 0 else int(self.elected.numpy()))
+        start = accounting.start_counts(dense["dense_bytes"], hvd.size(), hvd.rank()) \
+            if bool(self.started.numpy()) else accounting.counts(0, 0)
+        group = share = None
         if self.averaging_in_group:
             group = self.inner_average.compression_stats()
-            # the float32 averages the leader broadcast to its group, a fragment at each exchange
-            shared = sum(n * 4 * d["elements"] for n, d in zip(sent, dense_f)) if s.is_leader else 0
             group["total"] = CompressionStats._summary(  # noqa: SLF001
-                {**{k: group["total"][k] for k in _DENSE_FIELDS}, **seconds,
-                 "payload_bytes": group["total"]["payload_bytes"] + shared})
-            stats["inner"] = group
-        return stats
+                {**{k: group["total"][k] for k in _DENSE_FIELDS}, **seconds})
+            share = accounting.share_counts(s, [4 * d["elements"] for d in dense_f],
+                                            accounting.exchanges_started(s.schedule, inner))
+        return accounting.report(stats, hvd.size(), start, group, share)
 
     @contextlib.contextmanager
     def evaluation_parameters(self):
@@ -427,7 +434,7 @@ class DiLoCoState(tf.Module):
     # -------------------------------------------------------------------------------------- elastic training
     def _values(self):
         return [self.inner, self.started, self.fragment_started, self.rounds, self.pending_fragment,
-                self.update_norm, self.elected, self.leader_bytes, *self.outer, *self.momentum, *self.pending]
+                self.update_norm, self.elected, self.leader_bytes, self.leader_wire_bytes, *self.outer, *self.momentum, *self.pending]
 
     def _aggregators(self):
         return [a for a in (*self.exchanges, self.inner_average) if a is not None]

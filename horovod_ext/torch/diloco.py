@@ -30,11 +30,10 @@ from horovod_ext.compression.specs import compression_name, describe_compression
 
 from horovod_ext.consensus.accounting import account_dense_reference
 from horovod_ext.consensus.agreement import build_on_every_rank
-from horovod_ext.compression.wire import allreduce_wire_bytes
+from horovod_ext.consensus import diloco_accounting as accounting
 from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averaged_pseudo_gradient, elected,
-                                          election_bytes, election_row, exchange, finish_exchange, fragments_of,
-                                          launch_exchange, leader_transport, merged, outer_update,
-                                          worker_process_sets)
+                                          election_row, exchange, finish_exchange, fragments_of, launch_exchange,
+                                          leader_transport, merged, outer_update, worker_process_sets)
 from horovod_ext.compression.resume import split_checkpoint
 from .backend import TorchBackend, barrier_over_every_rank, numpy_allgather, timed_into
 from .optimizer import _LIVE_OPTIMIZERS
@@ -294,8 +293,7 @@ class _DiLoCo(StateInCheckpoint):
         s = self._hx_settings
         table = torch.tensor(election_row(self._hx_loss, hvd.size(), hvd.rank()), dtype=torch.float64)
         table = hvd.allreduce(table, op=hvd.Sum, name=f"horovod_ext.diloco.{self._hx_id}.losses.{s.generation}")
-        nbytes = election_bytes(hvd.size())
-        self._hx_stats.add(payload_bytes=nbytes, wire_bytes=allreduce_wire_bytes(nbytes, hvd.size()))
+        self._hx_stats.add(**accounting.election_counts(hvd.size()))
         best, joined = elected(table.tolist(), s.workers, self._hx_what, lenient=self._hx_lenient)
         self._hx_loss, self._hx_lenient = [0.0, 0], False
         return best, joined
@@ -318,8 +316,7 @@ class _DiLoCo(StateInCheckpoint):
             flat = torch.cat([d.reshape(-1) for d in deltas])
             flat = flat if sending else torch.zeros_like(flat)
             if sending:
-                self._hx_stats.add(payload_bytes=flat.numel() * 4,
-                                   wire_bytes=allreduce_wire_bytes(flat.numel() * 4, len(s.leaders)))
+                self._hx_count_transfer(kind, flat.numel() * 4)
             return _LeaderTransfer(items, hvd.allreduce_async(flat, op=hvd.Sum, name=name, process_set=process_set))
         payloads = []
         for item, d in zip(items, deltas):
@@ -330,8 +327,13 @@ class _DiLoCo(StateInCheckpoint):
                 payloads.append(compressed)
         buffer = _packed(payloads) if sending else torch.empty(0, dtype=torch.uint8, device=deltas[0].device)
         if sending:
-            self._hx_stats.add(payload_bytes=buffer.numel(), wire_bytes=buffer.numel() * (len(s.leaders) - 1))
+            self._hx_count_transfer(kind, buffer.numel())
         return _LeaderTransfer(items, hvd.allgather_async(buffer, process_set=process_set, name=name), kind)
+
+    def _hx_count_transfer(self, kind, nbytes):
+        """The elected leader's transfer of `nbytes` (consensus.diloco_accounting.transfer_wire_per_byte)."""
+        wire = nbytes * accounting.transfer_wire_per_byte(kind, len(self._hx_settings.leaders))
+        self._hx_stats.add(payload_bytes=nbytes, wire_bytes=wire)
 
     def _hx_leader_finish(self, run, transfer):
         """The best worker's pseudo-gradient, decoded on every leader."""
@@ -369,9 +371,7 @@ class _DiLoCo(StateInCheckpoint):
             for i, value in zip(indices, values):
                 hvd.broadcast_(value, root_rank=leader, process_set=self._hx_group_set,
                                name=f"horovod_ext.diloco.{self._hx_id}.share.{s.generation}.{i}")
-            if hvd.rank() == leader:
-                self._hx_inner_stats.add(payload_bytes=sum(v.numel() * v.element_size() for v in values))
-            return values
+            return values  # counted by compression_stats (consensus.diloco_accounting.share_counts)
 
         delta = averaged_pseudo_gradient(s, record["deltas"], across_leaders, in_group)
         sent = self._hx_stats.total["payload_bytes"] + self._hx_stats.current["payload_bytes"] - \
@@ -390,11 +390,12 @@ class _DiLoCo(StateInCheckpoint):
 
     # ------------------------------------------------------------------------------------------- observability
     def compression_stats(self):
-        """Bytes this rank handed to the outer exchange (the rounds' pseudo-gradients, across workers) against
-        data-parallel SGD's allreduce of the gradients over all ranks at every step; the outer rounds and the last
-        outer update's norm; with groups, ``inner``: the bytes of the average inside this rank's worker (every
-        step's gradients, the leader's broadcast of the round's average), ``workers`` and whether this rank is its
-        worker's ``leader``."""
+        """Bytes this rank put on the wire (``total``: the start's broadcast, the rounds' exchanges across workers,
+        with groups the averages inside this rank's worker; consensus.diloco_accounting.report) against
+        data-parallel SGD's allreduce of the gradients over all ranks at every step; the parts apart (``exchange``,
+        ``start``, with groups ``inner``: every step's gradients and the leader's broadcast of each round's average
+        inside the worker); the outer rounds and the last outer update's norm; ``workers`` and whether this rank is
+        its worker's ``leader``."""
         stats = self._hx_stats.as_dict()
         for run in self._hx_runs:
             stats.update(run.observations())
@@ -406,9 +407,15 @@ class _DiLoCo(StateInCheckpoint):
                      merge_alpha=s.merge_alpha, peak_exchange_payload_bytes=self._hx_peak_bytes,
                      in_flight=None if self._hx_pending is None else self._hx_pending["fragment"], outer=s.outer,
                      elected=self._hx_elected)
+        start = accounting.start_counts(sum(p.numel() * p.element_size() for p in self._hx_params), hvd.size(),
+                                        hvd.rank()) if self._hx_outer is not None else accounting.counts(0, 0)
+        inner = share = None
         if self._hx_inner_backend is not None:
-            stats["inner"] = self._hx_inner_stats.as_dict()
-        return stats
+            inner = self._hx_inner_stats.as_dict()
+            share = accounting.share_counts(s, [4 * sum(self._hx_params[i].numel() for i in f)
+                                                for f in self._hx_fragments],
+                                            accounting.exchanges_started(s.schedule, self._hx_inner))
+        return accounting.report(stats, hvd.size(), start, inner, share)
 
     @contextlib.contextmanager
     def evaluation_parameters(self):

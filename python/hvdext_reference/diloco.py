@@ -184,3 +184,87 @@ def train_streaming(theta0, inner_update, workers, steps, inner_steps, fragments
             for x in locals_:
                 x[idx] = merge(x[idx], theta[idx], merge_alpha)
     return theta, b, locals_, history
+
+
+def tensor_key(name):
+    """The tensor's 32-bit key in the ternary draws' counter (seed, step, tensor, rank): crc32 of its name."""
+    import zlib
+    return zlib.crc32(name.encode("utf-8")) & 0xFFFFFFFF
+
+
+def ternary_payload(x, seed, step, name, rank, clip=2.5):
+    """(scale, codes) of Compression.ternary's payload of one tensor x (float32, flat) as rank `rank` encodes it at
+    exchange `step` (python/hvdext_reference/terngrad.py): t = float32(clip * sigma(x)), s = min(max|x|, t), code
+    k non-zero with probability min(|x_k|, t) / s under the counter-based uniform of key (seed, step,
+    crc32(name), rank). What it stands for, s * v with v in {-1, 0, 1}, is exact in float32."""
+    from . import terngrad
+    x = np.asarray(x, dtype=F32).reshape(-1)
+    threshold, scale = terngrad.local_scale(x, clip)
+    return scale, terngrad.ternarize_codes(x, threshold, scale, seed, step, tensor_key(name), rank)
+
+
+def ternary_sent(x, seed, step, name, rank, clip=2.5):
+    """sent = s * v of ternary_payload (float32), and the payload's bytes ("entropy" packing, the host's)."""
+    from . import terngrad
+    scale, codes = ternary_payload(x, seed, step, name, rank, clip)
+    sent = F32(scale) * terngrad.codes_to_values(codes).astype(F32)
+    return sent, int(terngrad.entropy_payload(codes, scale).size)
+
+
+def ternary_mean(deltas, residuals, names, seed, step, clip=2.5, min_size=1024, ranks=None):
+    """(Delta per tensor, new residuals) of Compression.ternary(error_feedback=True) averaging the workers'
+    pseudo-gradients tensor by tensor; deltas[m][j], residuals[m][j]: worker m's (rank ranks[m], default m) tensor j,
+    named names[j]. A tensor of at least min_size elements: x_m = Delta_m + e_m, worker m's payload of x_m at
+    `step` (ternary_payload), e_m = x_m - s_m v_m, and Delta = the decode of the M payloads in worker order
+    (terngrad.average_values: float32(sum_m v_m) * s / M when every scale is the same, else
+    (((s_0 v_0) + s_1 v_1) + ...) / M). A smaller tensor is sent as it is (Delta_m, its residual stays 0) and
+    averaged as mean_of_sent does."""
+    from . import terngrad
+    ranks = list(range(len(deltas))) if ranks is None else list(ranks)
+    out, kept = [], [[None] * len(names) for _ in deltas]
+    for j, name in enumerate(names):
+        xs = [np.asarray(d[j], dtype=F32).reshape(-1) + np.asarray(r[j], dtype=F32).reshape(-1)
+              for d, r in zip(deltas, residuals)]
+        if xs[0].size < min_size:
+            out.append(mean_of_sent([np.asarray(d[j], dtype=F32).reshape(-1) for d in deltas]))
+            for m in range(len(deltas)):
+                kept[m][j] = np.zeros_like(xs[m])
+            continue
+        parts = []
+        for m, x in enumerate(xs):
+            scale, codes = ternary_payload(x, seed, step, name, ranks[m], clip)
+            values = terngrad.codes_to_values(codes)
+            parts.append((scale, values))
+            kept[m][j] = x - F32(scale) * values.astype(F32)
+        out.append(terngrad.average_values(parts, xs[0].size, len(xs)))
+    return out, kept
+
+
+def topk_mean(deltas, residuals, ratio, value_dtype="fp16"):
+    """(Delta per tensor, new residuals) of Compression.topk(ratio, error_feedback=True) averaging the workers'
+    pseudo-gradients tensor by tensor (deltas[m][j], residuals[m][j] as in ternary_mean): worker m sends the
+    k = max(1, ceil(n / (1 / ratio))) entries of largest |x_m| of x_m = Delta_m + e_m, in value_dtype
+    (topk.ef_step; e_m keeps the rest and the values' rounding), and Delta = (the M payloads scatter-added in worker
+    order) / M."""
+    from . import topk
+    out, kept = [], [[None] * len(deltas[0]) for _ in deltas]
+    for j in range(len(deltas[0])):
+        n = np.asarray(deltas[0][j]).size
+        k = max(1, min(n, int(np.ceil(n / (1.0 / ratio)))))
+        total = np.zeros(n, dtype=F32)
+        for m, (d, r) in enumerate(zip(deltas, residuals)):
+            idx, values, kept[m][j] = topk.ef_step(np.asarray(d[j], F32).reshape(-1),
+                                                   np.asarray(r[j], F32).reshape(-1), k, value_dtype)
+            np.add.at(total, idx, values.astype(F32))
+        out.append(total / F32(len(deltas)))
+    return out, kept
+
+
+def joined_mean(xs, size):
+    """The average while some workers have called hvd.join(): the dense values x of the workers still training
+    (with error feedback x = Delta_m + e_m, after which e_m = 0), summed in worker order with the joined workers'
+    zeros and divided by the job's `size` workers (Horovod's join)."""
+    total = np.zeros_like(np.asarray(xs[0], dtype=F32))
+    for x in xs:
+        total = total + np.asarray(x, dtype=F32)
+    return total / F32(size)

@@ -130,7 +130,7 @@ def run(name, mode, tmp):
            "dense_bytes": stats["total"]["dense_bytes"], "rounds": stats["outer_rounds"],
            "norm": stats["outer_update_norm"], "keys": sorted(stats),
            "inner_steps_taken": stats["inner_steps_taken"], "workers": stats["workers"], "leader": stats["leader"],
-           "inner": stats.get("inner", {}).get("total")}
+           "inner": stats.get("inner", {}).get("total"), "names": [v.path for v in m.trainable_variables]}
     return out, m, opt, saved
 
 
@@ -171,17 +171,21 @@ def evaluation(m, opt):
 
 def uneven_then_join(name):
     """Eagerly, rank r trains ROUNDS - r rounds, then every rank calls hvd.join(): the rounds of the ranks still
-    training average with the joined ranks' zeros (Horovod's join), and every rank returns."""
+    training average with the joined ranks' zeros (Horovod's join), and every rank returns. Recorded: the
+    parameters at the start, after each round's inner steps (before the exchange) and after each round."""
+    RECORDED.clear()
+    record.steps = 0
     m = model(0)
     opt = optimizer(name)
     step = stepper(m, opt, graph=False)
-    outer = []
+    start, outer = params(m), []
     for k in range(1, (ROUNDS - RANK) * H + 1):
         step()
         if k % H == 0:
             outer.append(params(m))
     last = join()  # horovod.tensorflow's (Horovod's Keras API has none)
-    return {"outer": outer, "last_joined": int(last), "rounds": opt.compression_stats()["outer_rounds"]}
+    return {"outer": outer, "last_joined": int(last), "rounds": opt.compression_stats()["outer_rounds"],
+            "start": start, "local": list(RECORDED)}
 
 
 def bad_arguments():
@@ -246,14 +250,18 @@ def stream_optimizer(name):
                                groups=groups() if case.get("groups") else None, outer=case.get("outer", "average"))
 
 
-def stream_steps(m, opt, step, first, last):
-    post, outer, losses = [], [], []
+def stream_steps(m, opt, step, first, last, leader=False):
+    """Steps first..last; per step the parameters after it, the outer parameters, the loss, and (leader) the last
+    elected rank."""
+    post, outer, losses, elected = [], [], [], []
     for _ in range(first, last + 1):
         losses.append(float(step()))
         post.append(flat_of(m.trainable_variables))
+        if leader:
+            elected.append(opt.compression_stats()["elected"])
         with opt.evaluation_parameters():
             outer.append(flat_of(m.trainable_variables))
-    return post, outer, losses
+    return post, outer, losses, elected
 
 
 def streaming(name, mode, tmp):
@@ -265,17 +273,19 @@ def streaming(name, mode, tmp):
     step = stepper(m, opt, mode == "graph")
     opt.build(m.trainable_variables)
     start = flat_of(m.trainable_variables)
-    post, outer, losses = stream_steps(m, opt, step, 1, STREAM_SAVE)
+    leader = STREAMING[name].get("outer") == "leader"
+    post, outer, losses, elected = stream_steps(m, opt, step, 1, STREAM_SAVE, leader)
     in_flight = opt.compression_stats()["in_flight"]
     path = checkpoint(m, opt).write(os.path.join(tmp, f"{name}-stream-rank{RANK}")) \
         if mode == "graph" and name in RESUMED else None
-    more = stream_steps(m, opt, step, STREAM_SAVE + 1, STREAM_STEPS)
+    more = stream_steps(m, opt, step, STREAM_SAVE + 1, STREAM_STEPS, leader)
     stats = opt.compression_stats()
     names = [v.path for v in m.trainable_variables]
     offsets = {n: (int(sum(np.prod(v.shape) for v in m.trainable_variables[:i])), int(np.prod(v.shape)))
                for i, (n, v) in enumerate(zip(names, m.trainable_variables))}
-    out = {"start": start, "pre": list(PRE), "post": post + more[0], "outer": outer + more[1],
-           "losses": losses + more[2], "elected": stats["elected"], "payload_bytes": stats["total"]["payload_bytes"],
+    out = {"rank": RANK, "start": start, "pre": list(PRE), "post": post + more[0], "outer": outer + more[1],
+           "losses": losses + more[2], "elected": stats["elected"], "elected_at": elected + more[3],
+           "payload_bytes": stats["total"]["payload_bytes"],
            "in_flight_at_save": in_flight, "fragments": stats["fragments"], "rounds": stats["outer_rounds"],
            "workers": stats["workers"], "peak": stats["peak_exchange_payload_bytes"],
            "ranges": [[offsets[n] for n in names_f] for names_f in stats["fragments"]]}
@@ -285,7 +295,7 @@ def streaming(name, mode, tmp):
         again_opt = stream_optimizer(name)
         again_opt.build(again.trainable_variables)
         checkpoint(again, again_opt).read(path)  # residuals are made at the first step: restored then
-        post, outer, _ = stream_steps(again, again_opt, stepper(again, again_opt, True), STREAM_SAVE + 1,
+        post, outer, _, _ = stream_steps(again, again_opt, stepper(again, again_opt, True), STREAM_SAVE + 1,
                                       STREAM_STEPS)
         out["resumed"] = {"pre": list(PRE), "post": post, "outer": outer}
     return out

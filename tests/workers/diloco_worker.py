@@ -100,14 +100,22 @@ def resumed(name, saved):
 
 def uneven_then_join(name):
     """Uneven data (rank r has r rounds fewer), then hvd.join() on every rank: the rounds of the ranks still
-    training average with the joined ranks' zeros (Horovod's join), and every rank returns from join."""
+    training average with the joined ranks' zeros (Horovod's join), and every rank returns from join. Recorded: the
+    parameters at the start, after each round's inner steps (before the exchange) and after each round."""
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4)
     opt = hvd.DiLoCoOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters(),
                               inner_steps=H, **arguments(name))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    start, local, outer, taken = [p.detach().clone().tolist() for p in model.parameters()], [], [], [0]
+
+    def record(optimizer, args, kwargs):
+        taken[0] += 1
+        if taken[0] % H == 0:
+            local.append([p.detach().clone().tolist() for p in model.parameters()])
+
+    opt.register_step_post_hook(record)
     x, y = data(hvd.rank())
-    outer = []
     for step in range(1, (ROUNDS - hvd.rank()) * H + 1):
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
@@ -115,7 +123,8 @@ def uneven_then_join(name):
         if step % H == 0:
             outer.append([p.detach().clone().tolist() for p in model.parameters()])
     last = hvd.join()
-    return {"outer": outer, "last_joined": int(last), "rounds": opt.compression_stats()["outer_rounds"]}
+    return {"outer": outer, "last_joined": int(last), "rounds": opt.compression_stats()["outer_rounds"],
+            "start": start, "local": local}
 
 
 def a_slower_worker_ends_last():
@@ -157,9 +166,9 @@ def stream_optimizer(name, model):
 
 def stream_steps(model, opt, first, last, x, y):
     """Steps first..last; per step the parameters after the inner step (before the exchange: the step post-hook),
-    after opt.step(), and the outer parameters."""
+    after opt.step(), the outer parameters, the loss and the last elected rank (outer="leader")."""
     flat_now = lambda: torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()  # noqa: E731
-    pre, post, outer, losses = [], [], [], []
+    pre, post, outer, losses, elected = [], [], [], [], []
     handle = opt.register_step_post_hook(lambda *_: pre.append(flat_now()))
     for _ in range(first, last + 1):
         opt.zero_grad()
@@ -169,10 +178,11 @@ def stream_steps(model, opt, first, last, x, y):
         losses.append(float(loss))
         opt.step()
         post.append(flat_now())
+        elected.append(opt.compression_stats()["elected"])
         with opt.evaluation_parameters():
             outer.append(flat_now())
     handle.remove()
-    return pre, post, outer, losses
+    return pre, post, outer, losses, elected
 
 
 def stream_start(name):
@@ -188,7 +198,7 @@ def streaming(name):
     loaded into a new model and optimizer that take the remaining steps."""
     x, y, model, opt = stream_start(name)
     start = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
-    pre, post, outer, losses = stream_steps(model, opt, 1, STREAM_SAVE, x, y)
+    pre, post, outer, losses, elected = stream_steps(model, opt, 1, STREAM_SAVE, x, y)
     saved = ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict())
     in_flight = opt.compression_stats()["in_flight"]
     more = stream_steps(model, opt, STREAM_SAVE + 1, STREAM_STEPS, x, y)
@@ -203,8 +213,9 @@ def streaming(name):
     for n, p in model.named_parameters():
         offsets[n] = (sum(o[1] for o in offsets.values()), p.numel())
     ranges = [[offsets[n] for n in names] for names in stats["fragments"]]
-    return {"ranges": ranges, "start": start, "pre": pre + more[0], "post": post + more[1], "outer": outer + more[2],
-            "losses": losses + more[3], "elected": stats["elected"],
+    return {"rank": hvd.rank(), "ranges": ranges, "start": start, "pre": pre + more[0], "post": post + more[1],
+            "outer": outer + more[2],
+            "losses": losses + more[3], "elected": stats["elected"], "elected_at": elected + more[4],
             "in_flight_at_save": in_flight, "resumed": {"pre": resumed[0], "post": resumed[1], "outer": resumed[2]},
             "fragments": stats["fragments"], "rounds": stats["outer_rounds"], "workers": stats["workers"],
             "peak": stats["peak_exchange_payload_bytes"], "payload_bytes": stats["total"]["payload_bytes"]}
@@ -212,13 +223,16 @@ def streaming(name):
 
 def streaming_then_join(name):
     """Uneven data under streaming with overlap (rank r takes 2 r steps fewer, so that exchanges are in flight
-    when ranks stop), then hvd.join() on every rank."""
+    when ranks stop), then hvd.join() on every rank; recorded as streaming() records, and the outer parameters
+    after join."""
     x, y, model, opt = stream_start(name)
-    stream_steps(model, opt, 1, STREAM_STEPS - 2 * hvd.rank(), x, y)
+    start = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+    pre, post, _, losses, elected = stream_steps(model, opt, 1, STREAM_STEPS - 2 * hvd.rank(), x, y)
     last = hvd.join()
     with opt.evaluation_parameters():
         outer = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
-    return {"last_joined": int(last), "outer": outer, "rounds": opt.compression_stats()["outer_rounds"]}
+    return {"last_joined": int(last), "outer": outer, "rounds": opt.compression_stats()["outer_rounds"],
+            "start": start, "pre": pre, "post": post, "losses": losses, "elected_at": elected}
 
 
 def main():
@@ -233,7 +247,8 @@ def main():
                              "payload_bytes": stats["total"]["payload_bytes"],
                              "dense_bytes": stats["total"]["dense_bytes"], "rounds": stats["outer_rounds"],
                              "norm": stats["outer_update_norm"], "workers": stats["workers"],
-                             "leader": stats["leader"], "inner": stats.get("inner", {}).get("total")}
+                             "leader": stats["leader"], "inner": stats.get("inner", {}).get("total"),
+                             "names": [n for n, _ in model.named_parameters()]}
     for name in ("none", "ternary-ef"):
         out["join"][name] = uneven_then_join(name)
     out["streaming"] = {name: streaming(name) for name in STREAMING}
