@@ -22,7 +22,8 @@ memory and steps/s at steps 1,000 and 10,000) and elastic_soak (3 ranks, a worke
 run; skipped where this machine's host name is not a local address) and diloco (the transformer LM's test loss
 against seconds and bytes on 100 Mbit/s: data-parallel AdamW dense, ternary and top-k against DiLoCo with dense,
 ternary and top-k pseudo-gradients) and auto (Compression.auto's step over the best static method's, 3 models x 4
-links x 2 and 4 ranks; --quick: the CNN on loopback). Each writes JSON, a markdown table and PNG plots to
+links x 2 and 4 ranks; --quick: the CNN on loopback) and rounds (what each compressor asks of Horovod per step:
+collectives, dependent rounds, waits; rounds_worker.py). Each writes JSON, a markdown table and PNG plots to
 benchmarks/out/ (or $HVDEXT_BENCH_OUT); this script adds summary.md with every table. link and tta create a network
 namespace (root), as do powersgd, gravac, perfmodel, diloco, coding's and sparse_reduce's link parts; where that is not allowed they say why and are skipped, not failed; so does gpu_kernels without
 a GPU.
@@ -38,7 +39,7 @@ sys.path.insert(0, HERE)
 from common import OUT_DIR, progress  # noqa: E402
 
 BENCHMARKS = ["kernels", "tf_kernels", "gpu_kernels", "wire", "coding", "sparse_reduce", "link", "powersgd", "tta",
-              "gravac", "perfmodel", "soak", "elastic_soak", "diloco", "auto"]
+              "gravac", "perfmodel", "soak", "elastic_soak", "diloco", "auto", "rounds"]
 
 
 def main(argv=None):

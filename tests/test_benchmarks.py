@@ -19,6 +19,8 @@ import diloco  # noqa: E402
 import gravac  # noqa: E402
 import link  # noqa: E402
 import powersgd  # noqa: E402
+import rounds  # noqa: E402
+from rounds_counter import StepCounter  # noqa: E402
 import tta  # noqa: E402
 
 EXPECTED = {"kernels": ["kernels_speedup.png"], "tf_kernels": ["tf_kernels_speedup.png"],
@@ -28,7 +30,7 @@ EXPECTED = {"kernels": ["kernels_speedup.png"], "tf_kernels": ["tf_kernels_speed
             "gravac": ["gravac_cf.png", "gravac_cnn_2_accuracy.png"],
             "perfmodel": ["perfmodel_resnet50.png"], "soak": ["soak_rss_growth.png"],
             "elastic_soak": ["elastic_soak_seconds_lost.png"], "diloco": ["diloco_loss.png"],
-            "auto": ["auto_heat_map.png"]}
+            "auto": ["auto_heat_map.png"], "rounds": []}
 
 
 def test_quick_benchmarks_write_json_tables_and_plots(tmp_path):
@@ -189,3 +191,27 @@ def test_gravac_rows_give_time_to_the_targets_against_dense_and_topk_10x():
     assert rows["dense"][4:10] == ["30.0", "1.00x", "0.53x", "30.0", "1.00x", "0.27x"]
     assert rows["topk-1000x"][4:10] == ["not reached", "-", "-"] * 2
     assert rows["adaptive_topk"][12:14] == ["28.0 / 100", "50%"]
+
+
+def test_step_counter_counts_a_collective_enqueued_after_a_wait_as_a_further_round():
+    """A join check waited for before the payloads (ternary's step): 1 + 3 collectives, 2 rounds; a step that
+    enqueues everything before its first wait (dense): 1 round, however many collectives."""
+    counter = StepCounter()
+    check = counter.enqueued()
+    counter.waited(check, blocked=True)
+    payloads = [counter.enqueued() for _ in range(3)]
+    for depth in payloads:
+        counter.waited(depth, blocked=False)
+    assert (counter.collectives, counter.rounds, counter.waits, counter.blocked) == (4, 2, 4, 1)
+    counter.reset()
+    for depth in [counter.enqueued() for _ in range(6)]:
+        counter.waited(depth, blocked=True)
+    assert (counter.collectives, counter.rounds, counter.waits, counter.blocked) == (6, 1, 6, 6)
+
+
+def test_rounds_table_prints_the_per_step_means():
+    row = {"model": "digits", "tensors": 6, "compression": "ternary", "collectives_per_step": 7.0,
+           "rounds_per_step": 2.0, "waits_per_step": 7.0, "blocked_per_step": 2.94, "step_seconds": 0.00594}
+    got = table_rows(rounds.table([row]), "model")[0]
+    assert (got["collectives/step"], got["dependent rounds/step"], got["blocked waits/step"], got["median step ms"]) \
+        == ("7.0", "2.0", "2.9", "5.9")

@@ -45,6 +45,18 @@ def data(rank):
     return x, y
 
 
+
+def record_local_parameters(opt, model, into):
+    """After every H-th inner step (the end of a round's inner steps), append the worker's parameters to `into`."""
+    taken = [0]
+
+    def record(optimizer, args, kwargs):
+        taken[0] += 1
+        if taken[0] % H == 0:
+            into.append([p.detach().clone().tolist() for p in model.parameters()])
+
+    opt.register_step_post_hook(record)
+
 def run(name, rounds=ROUNDS, resume_at=None):
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4)
@@ -53,14 +65,7 @@ def run(name, rounds=ROUNDS, resume_at=None):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     x, y = data(hvd.rank())
     local, outer, saved = [], [[p.detach().clone().tolist() for p in model.parameters()]], None
-    taken = [0]
-
-    def record(optimizer, args, kwargs):
-        taken[0] += 1
-        if taken[0] % H == 0:
-            local.append([p.detach().clone().tolist() for p in model.parameters()])
-
-    opt.register_step_post_hook(record)
+    record_local_parameters(opt, model, local)
     for step in range(1, rounds * H + 1):
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
@@ -107,14 +112,8 @@ def uneven_then_join(name):
     opt = hvd.DiLoCoOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters(),
                               inner_steps=H, **arguments(name))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    start, local, outer, taken = [p.detach().clone().tolist() for p in model.parameters()], [], [], [0]
-
-    def record(optimizer, args, kwargs):
-        taken[0] += 1
-        if taken[0] % H == 0:
-            local.append([p.detach().clone().tolist() for p in model.parameters()])
-
-    opt.register_step_post_hook(record)
+    start, local, outer = [p.detach().clone().tolist() for p in model.parameters()], [], []
+    record_local_parameters(opt, model, local)
     x, y = data(hvd.rank())
     for step in range(1, (ROUNDS - hvd.rank()) * H + 1):
         opt.zero_grad()

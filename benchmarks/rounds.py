@@ -1,0 +1,47 @@
+"""What each compressor asks of Horovod per step: collectives, dependent rounds and waits (rounds_worker.py counts
+them where Horovod is called), on the main job's digits MLP (6 tensors) and on 80 Linear(128, 128) layers (160
+tensors), at 2 ranks on loopback. Collectives and rounds do not depend on timing, so a change that adds a round to
+the step shows here as a number, not as a slower run on a noisy machine. Writes JSON and a table.
+
+    python benchmarks/rounds.py [--ranks 2] [--steps 20]
+"""
+import argparse
+import os
+
+from common import horovodrun_json, machine, markdown_table, write_outputs
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def table(rows):
+    """One row per model and compressor: per-step means of the counts (rounds_worker.py's module docstring)."""
+    return markdown_table(
+        ["model", "tensors", "compression", "collectives/step", "dependent rounds/step", "waits/step",
+         "blocked waits/step", "median step ms"],
+        [[r["model"], r["tensors"], r["compression"], f"{r['collectives_per_step']:.1f}",
+          f"{r['rounds_per_step']:.1f}", f"{r['waits_per_step']:.1f}", f"{r['blocked_per_step']:.1f}",
+          f"{r['step_seconds'] * 1e3:.1f}"]
+         for r in rows])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--models", default="digits,deep80")
+    parser.add_argument("--compression", default="none,fp16,ternary,ternary-shared,topk,adaptive_topk,powersgd")
+    parser.add_argument("--timeout", type=int, default=600)
+    parser.add_argument("--quick", action="store_true", help="the digits MLP, dense and ternary, 5 steps")
+    args = parser.parse_args()
+    if args.quick:
+        args.models, args.compression, args.steps = "digits", "none,ternary", 5
+    result = horovodrun_json([], args.ranks, os.path.join(HERE, "rounds_worker.py"),
+                             ["--models", args.models, "--compression", args.compression, "--steps", args.steps],
+                             args.timeout)
+    md = table(result["rows"])
+    print(md)
+    write_outputs("rounds", {"machine": machine(), "ranks": args.ranks, **result}, md)
+
+
+if __name__ == "__main__":
+    main()
