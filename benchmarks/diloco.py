@@ -38,7 +38,7 @@ import json
 import os
 import sys
 
-from common import OUT_DIR, fewer, horovodrun_json, machine, markdown_table, not_reached, write_outputs
+from common import OUT_DIR, fewer, horovodrun_json, machine, markdown_table, not_reached, shown, write_outputs
 from shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -69,9 +69,10 @@ def plots(results, path_prefix, mbit):
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for r in results:
-        axes[0].plot([p["seconds"] for p in r["curve"]], [p["loss"] for p in r["curve"]], marker="o", label=r["method"])
+        axes[0].plot([p["seconds"] for p in r["curve"]], [p["loss"] for p in r["curve"]], marker="o",
+                     label=shown(r["method"]))
         axes[1].plot([max(p["bytes"], 1) for p in r["curve"]], [p["loss"] for p in r["curve"]], marker="o",
-                     label=r["method"])
+                     label=shown(r["method"]))
     axes[0].set(title=f"test loss against training seconds, {mbit} Mbit/s", xlabel="seconds", ylabel="test loss")
     axes[1].set(title="test loss against bytes on the wire (rank 0)", xlabel="wire bytes", ylabel="test loss",
                 xscale="log")
@@ -105,7 +106,7 @@ def report(results, args):
         payload = first_reaching(r["curve"], target, "payload_bytes") if "payload_bytes" in r["curve"][0] else None
         missed = not_reached(*budget_of(r))
         peak = r.get("peak_exchange_bytes")
-        rows.append([r["method"], r["inner_steps"] or "-", f"{final:.3f}", f"{2.718281828 ** final:.1f}",
+        rows.append([shown(r["method"]), r["inner_steps"] or "-", f"{final:.3f}", f"{2.718281828 ** final:.1f}",
                      f"{r['wire_bytes'] / 1e6:.2f}", fewer(r["dense_wire_bytes"], r["wire_bytes"]),
                      f"{r['payload_bytes'] / 1e6:.2f}",
                      f"{wire / 1e6:.3f}" if wire is not None else missed, fewer(dense_wire, wire),

@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 
-from common import OUT_DIR, bar_plot, fewer, horovodrun_json, machine, markdown_table, progress, write_outputs
+from common import OUT_DIR, bar_plot, fewer, horovodrun_json, machine, markdown_table, progress, shown, write_outputs
 from shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -28,7 +28,7 @@ def table(rows):
     for r in rows:
         dense = next(x for x in rows if x["compression"] == "none" and x["ranks"] == r["ranks"]
                      and x["link_mbit"] == r["link_mbit"])
-        out.append([r["link_mbit"], r["ranks"], r["compression"], f"{r['parameters'] / 1e6:.1f}M",
+        out.append([r["link_mbit"], r["ranks"], shown(r["compression"]), f"{r['parameters'] / 1e6:.1f}M",
                     f"{r['wire_bytes'] / 1e6:.2f}", fewer(dense["wire_bytes"], r["wire_bytes"]),
                     f"{r['payload_bytes'] / 1e6:.2f}", f"{r['step_seconds']:.3f}",
                     f"{r['comm_seconds']:.3f}", f"{dense['comm_seconds'] / max(r['comm_seconds'], 1e-9):.1f}x",
@@ -68,7 +68,7 @@ def main():
           "link and ranks; payload MB = the bytes rank 0 handed to Horovod.\n\n" + table(rows))
     groups = {}
     for r in rows:
-        groups.setdefault(f"{r['link_mbit']} Mbit/s, {r['ranks']} ranks", {})[r["compression"]] = r["step_seconds"]
+        groups.setdefault(f"{r['link_mbit']} Mbit/s, {r['ranks']} ranks", {})[shown(r["compression"])] = r["step_seconds"]
     bar_plot(os.path.join(OUT_DIR, "link_step_seconds.png"), "step time on a shaped link (lower is better)", groups,
              "seconds per step", log=True)
     md += "\n\n![step time](link_step_seconds.png)"

@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-from common import OUT_DIR, fewer, horovodrun_json, machine, markdown_table, not_reached, progress, write_outputs
+from common import OUT_DIR, fewer, horovodrun_json, machine, markdown_table, not_reached, progress, shown, write_outputs
 from shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,7 +46,7 @@ def plots(results, path_prefix):
     for ax, ranks in zip(axes[0], ranks_list):
         for r in (x for x in results if x["ranks"] == ranks):
             ax.plot([p["seconds"] for p in r["curve"]], [p["accuracy"] for p in r["curve"]], marker="o",
-                    label=r["method"])
+                    label=shown(r["method"]))
         ax.set(title=f"{ranks} ranks", xlabel="training seconds", ylabel="test accuracy", xscale="log")
         ax.legend()
     fig.tight_layout()
@@ -110,15 +110,17 @@ def report(results, args):
         dense = next(x for x in results if x["ranks"] == r["ranks"] and x["method"] == "dense")
         target = dense["curve"][-1]["accuracy"]
         reached = time_to(r["curve"], target)
+        dense_reached = time_to(dense["curve"], target)
         cfs = r.get("cf_log") or []
         fixed = time_to(r["curve"], args.target)
         missed = not_reached(r["curve"][-1]["seconds"], r["curve"][-1].get("step"))
-        rows.append([r["ranks"], r["method"], f"{r['step_seconds'] * 1e3:.0f}",
+        rows.append([r["ranks"], shown(r["method"]), f"{r['step_seconds'] * 1e3:.0f}",
                      f"{dense['step_seconds'] / r['step_seconds']:.1f}x", f"{r['wire_bytes'] / 1e3:.1f}",
                      f"{r['dense_wire_bytes'] / r['wire_bytes']:.1f}x" if r["wire_bytes"] else "-",
                      f"{r['payload_bytes'] / 1e3:.1f}",
                      f"{100 * r['curve'][-1]['accuracy']:.2f}%",
                      f"{reached:.1f}" if reached is not None else missed,
+                     f"{dense_reached / reached:.1f}x" if reached and dense_reached is not None else "-",
                      f"{fixed:.1f}" if fixed is not None else missed,
                      f"{sum(cfs) / len(cfs):.1f}" if cfs else "-"])
         if compute:
@@ -133,11 +135,11 @@ def report(results, args):
           f"same steps), batch 32 per rank, loopback shaped to {args.mbit} Mbit/s. 's to dense acc' = training "
           f"seconds until the method first reaches dense's final test accuracy at its number of ranks ("
           + ", ".join(f"{100 * a:.2f}% at {n} ranks" for n, a in sorted(finals.items()))
-          + ", checked after each epoch). Wire bytes: rank 0's per step, every collective of the method by "
+          + ", checked after each epoch); 'sooner than dense': dense's seconds to it over the method's. Wire bytes: rank 0's per step, every collective of the method by "
             "horovod_ext/compression/wire.py's ring formulas; 'wire vs dense': data-parallel SGD's dense allreduce's "
             "wire bytes over them; payload: the bytes handed to Horovod.\n\n"
           + markdown_table(["ranks", "method", "mean step ms", "step vs dense", "wire KB/step", "wire vs dense",
-                            "payload KB/step", "final acc", "s to dense acc", f"s to {100 * args.target:.0f}%",
+                            "payload KB/step", "final acc", "s to dense acc", "sooner than dense", f"s to {100 * args.target:.0f}%",
                             "mean CF (GraVAC)"]
                           + (["step vs compute", "final acc (center)", f"s to {100 * args.target:.0f}% (center)"]
                              if compute else []),
