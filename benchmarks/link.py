@@ -34,7 +34,8 @@ def table(rows):
                     f"{r['comm_seconds']:.3f}", f"{dense['comm_seconds'] / max(r['comm_seconds'], 1e-9):.1f}x",
                     f"{dense['step_seconds'] / r['step_seconds']:.1f}x"])
     return markdown_table(["Mbit/s", "ranks", "compression", "params", "wire MB/step (per rank)",
-                           "x fewer wire bytes than dense", "payload MB/step", "step s", "comm s", "comm vs dense", "step vs dense"], out)
+                           "x fewer wire bytes than dense", "payload MB/step", "step s", "comm s", "comm vs dense",
+                           "step vs dense"], out)
 
 
 def main():
@@ -64,11 +65,12 @@ def main():
     md = ("Step time and communication on loopback shaped by tbf in a network namespace (all ranks share the link). "
           "comm s = seconds blocked waiting for the step's collectives after backward (median of the steps). "
           "wire MB = rank 0's bytes on the wire per step, every collective of the step by the ring formulas of "
-          "horovod_ext/compression/wire.py; 'x fewer' against the dense row's (Compression.none) wire bytes at the same "
-          "link and ranks; payload MB = the bytes rank 0 handed to Horovod.\n\n" + table(rows))
+          "horovod_ext/compression/wire.py; 'x fewer' against the dense row's (Compression.none) wire bytes at the "
+          "same link and ranks; payload MB = the bytes rank 0 handed to Horovod.\n\n" + table(rows))
     groups = {}
     for r in rows:
-        groups.setdefault(f"{r['link_mbit']} Mbit/s, {r['ranks']} ranks", {})[shown(r["compression"])] = r["step_seconds"]
+        group = groups.setdefault(f"{r['link_mbit']} Mbit/s, {r['ranks']} ranks", {})
+        group[shown(r["compression"])] = r["step_seconds"]
     bar_plot(os.path.join(OUT_DIR, "link_step_seconds.png"), "step time on a shaped link (lower is better)", groups,
              "seconds per step", log=True)
     md += "\n\n![step time](link_step_seconds.png)"

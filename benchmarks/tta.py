@@ -135,11 +135,13 @@ def report(results, args):
           f"same steps), batch 32 per rank, loopback shaped to {args.mbit} Mbit/s. 's to dense acc' = training "
           f"seconds until the method first reaches dense's final test accuracy at its number of ranks ("
           + ", ".join(f"{100 * a:.2f}% at {n} ranks" for n, a in sorted(finals.items()))
-          + ", checked after each epoch); 'sooner than dense': dense's seconds to it over the method's. Wire bytes: rank 0's per step, every collective of the method by "
+          + ", checked after each epoch); 'sooner than dense': dense's seconds to it over the method's. Wire bytes: "
+            "rank 0's per step, every collective of the method by "
             "horovod_ext/compression/wire.py's ring formulas; 'wire vs dense': data-parallel SGD's dense allreduce's "
             "wire bytes over them; payload: the bytes handed to Horovod.\n\n"
           + markdown_table(["ranks", "method", "mean step ms", "step vs dense", "wire KB/step", "wire vs dense",
-                            "payload KB/step", "final acc", "s to dense acc", "sooner than dense", f"s to {100 * args.target:.0f}%",
+                            "payload KB/step", "final acc", "s to dense acc", "sooner than dense",
+                            f"s to {100 * args.target:.0f}%",
                             "mean CF (GraVAC)"]
                           + (["step vs compute", "final acc (center)", f"s to {100 * args.target:.0f}% (center)"]
                              if compute else []),

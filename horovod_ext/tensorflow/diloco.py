@@ -434,7 +434,8 @@ class DiLoCoState(tf.Module):
     # -------------------------------------------------------------------------------------- elastic training
     def _values(self):
         return [self.inner, self.started, self.fragment_started, self.rounds, self.pending_fragment,
-                self.update_norm, self.elected, self.leader_bytes, self.leader_wire_bytes, *self.outer, *self.momentum, *self.pending]
+                self.update_norm, self.elected, self.leader_bytes, self.leader_wire_bytes, *self.outer, *self.momentum,
+                *self.pending]
 
     def _aggregators(self):
         return [a for a in (*self.exchanges, self.inner_average) if a is not None]
