@@ -18,6 +18,9 @@ against seconds and against wire bytes.
     python benchmarks/diloco.py --model cnn      # the digits CNN (or the nplm) with SGD: dense against DiLoCo
     python benchmarks/diloco.py --streaming      # Streaming DiLoCo (P = 4, overlap) beside whole-model DiLoCo
     python benchmarks/diloco.py --leader         # outer="leader" against the average, 3 seeds
+    python benchmarks/diloco.py --mbit 10 --methods dense         # a long run in two launches: dense first,
+    python benchmarks/diloco.py --mbit 10 --dense-from benchmarks/out/diloco_10mbit.json \
+        --methods ternary,topk,powersgd-hook,lsgd,diloco,diloco-ternary,diloco-topk    # then the rest
 
 --streaming runs dense, "local" (AdamW alone, no collective: the compute-alone step), whole-model DiLoCo at H = 48
 and Streaming DiLoCo at H = 48 with 4 fragments (one every 12 steps) and overlap 6, fp32 and ternary, and states
@@ -87,6 +90,25 @@ def output_name(mbit, ranks=2, streaming=False):
     JSON, table and plot's name in benchmarks/out."""
     prefix = "diloco_streaming" if streaming else "diloco"
     return (prefix if mbit == 100 else f"{prefix}_{mbit}mbit") + ("" if ranks == 2 else f"_{ranks}ranks")
+
+
+DENSE_CONFIG = ("model", "ranks", "mbit", "steps", "batch", "layers", "eval_every")  # what dense's row depends on
+
+
+def dense_row_from(path, args):
+    """The dense row of an earlier run's JSON (--dense-from), for a run in two launches: the same dense training on
+    the same link, so that a long run at 10 Mbit/s can run dense in one launch and the other methods in another.
+    SystemExit naming the settings where the saved run's differ from this one's."""
+    with open(path) as f:
+        saved = json.load(f)
+    differ = [f"--{key.replace('_', '-')} {saved['args'].get(key)!r} there, {getattr(args, key)!r} here"
+              for key in DENSE_CONFIG if saved["args"].get(key) != getattr(args, key)]
+    if differ:
+        raise SystemExit(f"--dense-from {path}: a run of other settings ({'; '.join(differ)})")
+    dense = next((r for r in saved["results"] if r["method"] == "dense"), None)
+    if dense is None:
+        raise SystemExit(f"--dense-from {path}: the run has no dense row")
+    return dense
 
 
 def budget_of(r):
@@ -277,6 +299,8 @@ def main():
                                                          "variant diloco_methods.py names, e.g. diloco-lr1-m0")
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--report", metavar="JSON", help="only write the table and plots again from a run's JSON")
+    parser.add_argument("--dense-from", metavar="JSON", help="take the dense row (and so the target) from an earlier "
+                                                             "run's JSON of the same settings instead of running it")
     args = parser.parse_args()
     if args.model != "lm":
         return accuracy_model(args)
@@ -289,8 +313,12 @@ def main():
         args.methods = ",".join(LEADER[args.ranks])
     args.methods = args.methods or ",".join(default_methods(args.mbit, args.ranks))
     args.diloco_steps = args.diloco_steps or 3 * args.steps
-    if "dense" not in args.methods.split(",") and not (args.streaming or args.leader):
-        parser.error("--methods must include dense (the target is dense's final loss)")
+    if "dense" not in args.methods.split(",") and not (args.streaming or args.leader or args.dense_from):
+        parser.error("--methods must include dense (the target is dense's final loss), or --dense-from name a run "
+                     "that has it")
+    if args.dense_from and "dense" in args.methods.split(","):
+        parser.error("--dense-from takes dense's row from another run: leave dense out of --methods")
+    earlier_dense = [dense_row_from(args.dense_from, args)] if args.dense_from else []
     if args.report:
         with open(args.report) as f:
             saved = json.load(f)
@@ -320,7 +348,7 @@ def main():
     except NamespaceUnavailable as exc:
         print(f"[diloco] skipped: {exc}")
         return 0
-    return report_leader(by_seed, args) if args.leader else report(by_seed[1], args)
+    return report_leader(by_seed, args) if args.leader else report(earlier_dense + by_seed[1], args)
 
 
 if __name__ == "__main__":

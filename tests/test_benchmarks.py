@@ -152,6 +152,21 @@ def test_diloco_report_bytes_against_dense_and_bytes_and_seconds_to_dense_loss_p
             (fewer, mb_to, fewer_to, payload_to, s_to, "20.0"), row
 
 
+def test_diloco_dense_from_takes_the_dense_row_of_a_run_with_the_same_settings_only(tmp_path):
+    """--dense-from: the dense row of a saved run whose settings match; a run of another link or without dense is
+    refused with the settings named."""
+    settings = dict(model="lm", ranks=2, mbit=10, steps=400, batch=16, layers=2, eval_every=50)
+    dense = {"method": "dense", "curve": [{"loss": 3.1}]}
+    saved = tmp_path / "diloco_10mbit.json"
+    saved.write_text(json.dumps({"args": settings, "results": [{"method": "ternary"}, dense]}))
+    assert diloco.dense_row_from(str(saved), types.SimpleNamespace(**settings)) == dense
+    with pytest.raises(SystemExit, match="--mbit 10 there, 100 here"):
+        diloco.dense_row_from(str(saved), types.SimpleNamespace(**dict(settings, mbit=100)))
+    saved.write_text(json.dumps({"args": settings, "results": [{"method": "ternary"}]}))
+    with pytest.raises(SystemExit, match="has no dense row"):
+        diloco.dense_row_from(str(saved), types.SimpleNamespace(**settings))
+
+
 def test_link_table_puts_each_configuration_against_its_own_dense_row():
     def row(rate, ranks, compression, step, comm):
         return {"link_mbit": rate, "ranks": ranks, "compression": compression, "parameters": 2.6e6,
