@@ -6,8 +6,8 @@ import pytest
 
 from horovod_ext.compression import CompressionStats
 from horovod_ext.compression.join import join_check_wire_bytes
-from horovod_ext.compression.sparse_reduce import planned_bytes
-from horovod_ext.compression.two_phase import TwoPhasePlan, allgather_transport_bytes, scale_sharing_bytes
+from horovod_ext.compressors.transports.sparse_reduce import planned_bytes
+from horovod_ext.compressors.transports.two_phase import TwoPhasePlan, allgather_transport_bytes, scale_sharing_bytes
 from horovod_ext.compression.wire import allreduce_wire_bytes
 from horovod_ext.consensus import ElasticSync, LeaderSync
 from horovod_ext.perfmodel import METHODS, Cluster, Link, plan, predict, seconds, wire_bytes_per_step

@@ -2,8 +2,9 @@
 
 A spec is what a user passes as ``compression=``. It is usable bare (``Compression.ternary``, the defaults) or
 called with arguments (``Compression.ternary(clip=3.0)`` returns a new spec); specs are immutable and hashable.
-Each compressor is declared once, in its own module (ternary.py, topk.py, gravac.py, powersgd.py): its spec, its
-codec (kernels and payload sizes) and its method (its transports: the plan of a step, plan.py); registry.py lists them.
+Each compressor is declared once, in its own module of horovod_ext/compressors/ (ternary.py, topk.py, gravac.py,
+powersgd.py, auto/): its spec, its codec (kernels and payload sizes) and its method (its transports: the plan of a
+step, plan.py); they register themselves in registry.py.
 """
 import math
 import numbers

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from horovod_ext.compression import sizes as sizes_
 from horovod_ext.compression.join import JOIN_CHECK_BYTES
 from horovod_ext.compression.plan import k_of
-from horovod_ext.compression.powersgd import VALUE_DTYPES, PowerSGD, matrix_layout
+from horovod_ext.compressors.powersgd import VALUE_DTYPES, PowerSGD, matrix_layout
 from horovod_ext.compression.sizes import PACKING_IDS
-from horovod_ext.compression.sparse_reduce import planned_bytes as sparse_planned_bytes
-from horovod_ext.compression.ternary import Ternary
-from horovod_ext.compression.topk import TopK
-from horovod_ext.compression.two_phase import TwoPhasePlan
+from horovod_ext.compressors.transports.sparse_reduce import planned_bytes as sparse_planned_bytes
+from horovod_ext.compressors.ternary import Ternary
+from horovod_ext.compressors.topk import TopK
+from horovod_ext.compressors.transports.two_phase import TwoPhasePlan
 from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes, broadcast_wire_bytes
 from horovod_ext.consensus import LeaderSync
 
@@ -77,7 +77,7 @@ def ternary_two_phase(sizes, n, packing="base3", min_size=TERNARY_MIN_SIZE, **_)
 
 def topk(sizes, n, ratio=TOPK_RATIO, transport="allgather", value_bits=16, **_):
     """Top-k with delta-coded indices: by allgather, or by sparse_reduce (alltoall, then allgather of the owners'
-    selections), as compression/sparse_reduce.py plans them."""
+    selections), as compressors/transports/sparse_reduce.py plans them."""
     cf = 1.0 / ratio
     plan = sparse_planned_bytes(sizes, cf, n, value_bits)
     if transport == "sparse_reduce":

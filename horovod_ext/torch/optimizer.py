@@ -278,7 +278,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     """Wrap a torch optimizer for data-parallel training over Horovod, with gradient compression.
 
     The signature is horovod.torch.DistributedOptimizer's. ``compression`` takes hvd.Compression.none (default),
-    fp16 (both by allreduce) or ternary (packed, by allgather; see horovod_ext.compression.Ternary).
+    fp16 (both by allreduce) or ternary (packed, by allgather; see horovod_ext.compressors.Ternary).
     ``op`` is hvd.Average (default) or hvd.Sum. ``op=hvd.Adasum`` with hvd.Compression.none or fp16 returns Horovod's
     own Adasum optimizer (on more than one rank it allreduces each parameter's change after a local step, not the
     gradients), as horovod.torch.DistributedOptimizer does; the payload compressors refuse it. ``num_groups`` and

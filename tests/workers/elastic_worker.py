@@ -30,7 +30,7 @@ if __name__ == "__main__" and sys.argv[1] == "horovod":  # an unmodified Horovod
 else:
     import horovod_ext.torch as hvd  # noqa: E402
 from horovod_ext.compression.join import join_check_wire_bytes  # noqa: E402
-from horovod_ext.compression.two_phase import TwoPhasePlan, scale_sharing_bytes  # noqa: E402
+from horovod_ext.compressors.transports.two_phase import TwoPhasePlan, scale_sharing_bytes  # noqa: E402
 from horovod_ext.compression.wire import allreduce_wire_bytes  # noqa: E402
 from hvdrun import marker, write_hosts, write_result  # noqa: E402
 

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import horovod.torch as horovod_torch  # noqa: E402
 import horovod_ext.torch as hvd  # noqa: E402
 from hvdrun import write_result  # noqa: E402
-from horovod_ext.compression.powersgd import Q_SUFFIX  # noqa: E402
+from horovod_ext.compressors.powersgd import Q_SUFFIX  # noqa: E402
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()

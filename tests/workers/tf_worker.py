@@ -13,7 +13,7 @@ import tensorflow as tf  # noqa: E402
 import horovod_ext.tensorflow as hvd  # noqa: E402
 import horovod_ext.tensorflow.keras as hvd_keras  # noqa: E402
 from horovod_ext.compression.wire import tensor_key  # noqa: E402
-from horovod_ext.tensorflow.aggregator import variable_names  # noqa: E402
+from horovod_ext.tensorflow.optimizer import variable_names  # noqa: E402
 from hvdext_reference import terngrad as ref  # noqa: E402
 from hvdrun import expect_error, write_result  # noqa: E402
 

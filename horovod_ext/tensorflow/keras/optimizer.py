@@ -7,7 +7,7 @@ from horovod.common.process_sets import global_process_set
 from horovod.tensorflow.mpi_ops import Average
 
 from horovod_ext.compression.horovod_args import check_groups
-from horovod_ext.tensorflow.aggregator import GradientAggregator
+from horovod_ext.tensorflow.optimizer import GradientAggregator
 
 _counter = [0]
 

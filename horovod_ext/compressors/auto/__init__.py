@@ -1,5 +1,5 @@
 """Compression.auto, declared once: each tensor's method, its parameter and its transport chosen online, by the least
-predicted step time among the candidates whose accuracy guard holds (auto_choice.py has the step model, the guard
+predicted step time among the candidates whose accuracy guard holds (choice.py has the step model, the guard
 and the solver; ../shared/AUTO.md the sources).
 
 How a run goes (AutoMethod, over the backend contract, for PyTorch and TensorFlow alike):
@@ -8,7 +8,7 @@ How a run goes (AutoMethod, over the backend contract, for PyTorch and TensorFlo
   step's last one is ready. Then a probe of this job's own collectives (an allreduce and an allgather of float32
   slices of the largest gradient, 4 KB upwards, x4 a size, 3 times each, up to the largest gradient or until the
   next size is predicted to take the probe past ``probe_seconds``; each size's time is the slowest rank's) fits
-  the link's latency and seconds per byte per collective kind (auto_choice.Link); each candidate is run on each gradient
+  the link's latency and seconds per byte per collective kind (choice.Link); each candidate is run on each gradient
   (encode, the N payloads' decode, what it sends) for its kernel seconds, payload bytes and gain; the ranks
   average what they measured (one allreduce), rank 0 takes the decision and every rank takes rank 0's (one
   allreduce in which the other ranks send zeros: exact). The step is then sent as decided. Nothing large is ever
@@ -19,11 +19,11 @@ How a run goes (AutoMethod, over the backend contract, for PyTorch and TensorFlo
   robin, the chosen candidates first; the step's own time, compute and overlap (the seconds between its first and
   last gradient, less the kernels run in between) are read from the step.
 - **At each window's end** the ranks average the window's measurements (one allreduce), rank 0 decides again
-  (auto_choice.decide: a tensor whose candidate's gain fell below epsilon moves to the nearest denser candidate
+  (choice.decide: a tensor whose candidate's gain fell below epsilon moves to the nearest denser candidate
   that keeps it; the optimum replaces the current choice only where it is predicted ``margin`` faster), and every
   rank takes rank 0's decision from the next step. Rank 0 prints one line when the choice changes. Each window
   also times the choice in force; timed steps overrule predicted ones, and the two best uniform choices (by
-  prediction) are each tried for one window after the first (auto_choice.decide_measured).
+  prediction) are each tried for one window after the first (choice.decide_measured).
 
 A tensor that moves keeps its error-feedback residual: into the new candidate's where that one keeps residuals,
 else sent once with the tensor's next gradient (dense, g + r, after which r = 0). Every candidate may take every
@@ -43,12 +43,12 @@ Payload compressors given as specs keep their settings; "auto" transports become
 a tensor's bytes on one collective; sparse_reduce and two-phase plan a step over a fixed set of tensors).
 adaptive_topk is refused: auto's guard already adapts top-k's ratio per tensor.
 """
-from .auto_measure import LINEAR, candidate_name
-from .auto_method import AutoMethod
-from .powersgd import PowerSGD
-from .specs import CompressorSpec, check_int, check_real
-from .ternary import Ternary
-from .topk import TopK
+from horovod_ext.compression.specs import CompressorSpec, check_int, check_real
+from ..powersgd import PowerSGD
+from ..ternary import Ternary
+from ..topk import TopK
+from .measure import LINEAR, candidate_name
+from .method import AutoMethod
 
 
 def default_candidates():
@@ -56,7 +56,7 @@ def default_candidates():
 
 
 def _registered():
-    from .registry import payload_compressors
+    from horovod_ext.compression.registry import payload_compressors
     return payload_compressors()
 
 
@@ -88,7 +88,7 @@ def check_candidate(candidate):
 
 class Auto(CompressorSpec):
     """Compression.auto: per tensor, the candidate (method, parameter, transport) with the least predicted step time
-    whose compression gain keeps epsilon; see horovod_ext.compression.auto.
+    whose compression gain keeps epsilon; see horovod_ext.compressors.auto.
 
     Args:
         candidates: names ("none", "fp16", "ternary", "topk", "powersgd") or specs (Compression.topk(ratio=0.001));

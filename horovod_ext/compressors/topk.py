@@ -2,13 +2,13 @@
 
 The spec (arguments and checks, and what top-k and GraVAC (gravac.py) share about them), the codec (select, extract
 and decode kernels; payload sizes from the C++ core) and the method: the generic allgather method with error
-feedback, or sparse_reduce (sparse_reduce.py, with the transport's choice). The math is in cpp/include/hvdext/topk.h, its definition
-in python/hvdext_reference/topk.py.
+feedback, or sparse_reduce (transports/sparse_reduce.py, with the transport's choice). The math is in
+cpp/include/hvdext/topk.h, its definition in python/hvdext_reference/topk.py.
 """
-from . import sizes
-from .plan import Allgather, Codec, DenseSplit, EncodeRecord, count_dense, k_of
-from .sparse_reduce import TRANSPORTS, SparseTransport
-from .specs import CompressorSpec, check_bool, check_choice, check_int, check_real
+from horovod_ext.compression import sizes
+from horovod_ext.compression.plan import Allgather, Codec, DenseSplit, EncodeRecord, count_dense, k_of
+from horovod_ext.compression.specs import CompressorSpec, check_bool, check_choice, check_int, check_real
+from .transports.sparse_reduce import TRANSPORTS, SparseTransport
 
 VALUE_DTYPES = ("fp16", "fp32", "ternary")
 VALUE_DTYPE_IDS = {"fp16": 0, "fp32": 1, "ternary": 2}  # hvdext::ValueType
@@ -118,8 +118,8 @@ class TopKCodec(Codec):
 
 class TopKMethod(SparseTransport, Allgather):
     """Static top-k with error feedback: by allgather (Allgather: each payload started in launch()), or by
-    sparse_reduce (sparse_reduce.py): launch() selects each tensor's k as its gradient is ready, finish() runs the
-    step's one alltoall and one allgather over all of them."""
+    sparse_reduce (transports/sparse_reduce.py): launch() selects each tensor's k as its gradient is ready, finish()
+    runs the step's one alltoall and one allgather over all of them."""
 
     def __init__(self, spec, ctx, sizes_):
         super().__init__(spec, ctx, sizes_)

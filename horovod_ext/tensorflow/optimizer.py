@@ -1,5 +1,6 @@
 """Averages gradients across Horovod ranks with a compressor, for DistributedGradientTape and the Keras 3
-DistributedOptimizer alike (horovod_ext.torch's transports, in TensorFlow ops).
+DistributedOptimizer (keras/optimizer.py) alike: GradientAggregator, the twin of horovod_ext/torch/optimizer.py's
+DistributedOptimizer (the same TrainingRun and step driver over the TensorFlow backend).
 
 Works eagerly and inside tf.function: the settings check runs once, eagerly (tf.init_scope), the first time the
 gradients are traced or computed; the step counter and the seed live in tf.Variables (checkpointable with
@@ -20,7 +21,7 @@ from horovod_ext.compression.specs import (check_tensor, compression_name, descr
                                            resolved_for)
 from .backend import TFBackend, numpy_allgather
 from .elastic_state import assign_all, broadcast_variables, numpy_values
-from .ops import script_seed, seed_tensor
+from .kernels import script_seed, seed_tensor
 
 OP_NAMES = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Adasum: "Adasum"}
 

@@ -4,12 +4,13 @@ The spec (arguments and checks), the codec (kernels that encode and decode one t
 core) and the method (its transports: allgather, or two-phase with a shared scale). The math is in
 cpp/include/hvdext/ternary.h and two_phase.h; its definition in python/hvdext_reference/terngrad.py, two_phase.py.
 """
-from . import sizes
-from .sizes import PACKING_IDS
-from .plan import Allgather, Codec, DenseSplit, EncodeRecord, count_dense, stream_of
-from .specs import CompressorSpec, SEED_LIMIT, check_bool, check_choice, check_int, check_real
-from .two_phase import TwoPhasePlan, choose_transport, scale_sharing_bytes
-from .wire import tensor_key
+from horovod_ext.compression import sizes
+from horovod_ext.compression.sizes import PACKING_IDS
+from horovod_ext.compression.plan import Allgather, Codec, DenseSplit, EncodeRecord, count_dense, stream_of
+from horovod_ext.compression.specs import (CompressorSpec, SEED_LIMIT, check_bool, check_choice, check_int,
+                                           check_real)
+from horovod_ext.compression.wire import tensor_key
+from .transports.two_phase import TwoPhasePlan, choose_transport, scale_sharing_bytes
 
 PACKINGS = ("auto", "entropy", "base3", "2bit")
 TRANSPORTS = ("auto", "allgather", "two_phase")
@@ -78,7 +79,7 @@ class TernaryMethod(Allgather):
     in launch(). With one, finish() first takes one allreduce(Max) of every compressed tensor's scale (a NaN/Inf
     anywhere makes it +inf: that tensor fails on every rank), then encodes by allgather, or by two-phase: an
     alltoall of packed code chunks, exact integer sums re-encoded at ceil(log2(2N+1)) bits, an allgather of those
-    (two_phase.py has the chunk plan and its bytes)."""
+    (transports/two_phase.py has the chunk plan and its bytes)."""
 
     def __init__(self, spec, ctx, sizes_):
         super().__init__(spec, ctx, sizes_)

@@ -38,7 +38,7 @@ Python and framework overhead per step, its collectives' negotiation), so each w
 assignment in force (the median interval between step ends, averaged over ranks). The next assignment is the one
 with the least estimate among the current one, the model's proposal and every assignment measured before that still
 qualifies: a measured assignment's estimate is its measured step (the mean over its windows timed in the last
-MEASURED_WINDOWS of auto_method, or its last timed window where it has none there: auto_method.kept_timings), any
+MEASURED_WINDOWS of method.py, or its last timed window where it has none there: method.kept_timings), any
 other's its predicted step times the largest measured / predicted among the measured ones (the model's error on an
 assignment not measured is unknown: the least favourable error seen keeps a prediction from displacing a measured
 step on the model's bias alone). It replaces the current one where its estimate is at least `margin` lower and,

@@ -1,6 +1,6 @@
 """Compression.auto's step (AutoMethod), over the backend contract, for PyTorch and TensorFlow alike: every tensor
-travels by the method of the candidate chosen for it; measuring and deciding run eagerly on the host (auto.py has the
-run's story, auto_choice.py the model and solver, auto_measure.py the measurements).
+travels by the method of the candidate chosen for it; measuring and deciding run eagerly on the host (__init__.py has
+the run's story, choice.py the model and solver, measure.py the measurements).
 
 Each candidate's method (registry.method_for: the static compressor's own plan, bytes, kernels and error feedback)
 is made once, over every tensor, with two proxies: its backend names its collectives and residuals after the
@@ -29,14 +29,12 @@ import sys
 import time
 import types
 
-from .auto_choice import (KINDS, TRIALS, Link, Option, confirmed, decide_measured, guard_gain, guarded,
-                          predicted_step)
-from .auto_measure import (LINEAR, WARM_ITERATIONS, Measures, floats, probe_link, round_trip, sent_dense,
-                           short_name)
-from .context import ERROR_PREFIXES
-from .plan import DenseSplit, Item, Method, Record, count_dense
-from .powersgd import PowerSGD, matrix_layout
-from .wire import allreduce_wire_bytes
+from horovod_ext.compression.context import ERROR_PREFIXES
+from horovod_ext.compression.plan import DenseSplit, Item, Method, Record, count_dense
+from horovod_ext.compression.wire import allreduce_wire_bytes
+from ..powersgd import PowerSGD, matrix_layout
+from .choice import KINDS, TRIALS, Link, Option, confirmed, decide_measured, guard_gain, guarded, predicted_step
+from .measure import LINEAR, WARM_ITERATIONS, Measures, floats, probe_link, round_trip, sent_dense, short_name
 
 MEASURED_WINDOWS = 10  # a window's timed step counts for this many windows (then only its assignment's last one)
 MEASURE_SEED = 0x6175746F  # the measurements' random draws (ternary's), apart from any step's
@@ -118,7 +116,7 @@ class BranchContext:
 def kept_timings(measured, windows):
     """The timed windows (assignment, seconds, window) that count: those of the last MEASURED_WINDOWS windows, and of
     an assignment with none among them its last one. An assignment's estimate is the mean of what counts of it
-    (auto_choice.measured_choice): a timing ages out where newer ones of the same assignment exist, and an assignment
+    (choice.measured_choice): a timing ages out where newer ones of the same assignment exist, and an assignment
     timed once stays known, so that it is not tried again on the model's estimate alone (on the digits MLP at
     100 Mbit/s auto went back at step 280 to top-k 1%, timed slower in its trial, once that timing had expired)."""
     last = {}
@@ -141,7 +139,7 @@ class AutoRecord(Record):
 
 
 class AutoMethod(Method):
-    """See the module docstring and auto.py."""
+    """See the module docstring and the package's (__init__.py)."""
 
     Record = AutoRecord
 
@@ -154,7 +152,7 @@ class AutoMethod(Method):
         self.shapes = {}
         self.subs = self.cbes = None  # per candidate: its method over every tensor, and its backend
         self.assignment = None  # candidate index per tensor (None: not decided yet)
-        self.link = self.link_ranks = None  # auto_choice.Link, and the N it was fitted at
+        self.link = self.link_ranks = None  # choice.Link, and the N it was fitted at
         self.gains = self.kernel = self.nbytes = None  # [t][c]: the agreed mean gain, kernel seconds, bytes
         self.held = None  # [t][c]: [gain, window] of the last window the candidate was in force on the tensor
         self.compute = self.overlap = 0.0
@@ -195,7 +193,7 @@ class AutoMethod(Method):
             for c in set(self.assignment))
 
     def _method_class(self, c):
-        from .registry import method_for
+        from horovod_ext.compression.registry import method_for
         spec = self.candidates[c]
         return method_for(self.be.linear_compressor(spec) if spec in LINEAR else spec)
 
@@ -209,7 +207,7 @@ class AutoMethod(Method):
                 self.shapes[item.name] = tuple(int(d) for d in be.shape(item.grad))
             self.index = {name: t for t, name in enumerate(self.names)}
         if self.subs is None:
-            from .registry import method_for
+            from horovod_ext.compression.registry import method_for
             self.subs, self.cbes = [], []
             for c, spec in enumerate(self.candidates):
                 spec = be.linear_compressor(spec) if spec in LINEAR else spec
@@ -257,7 +255,7 @@ class AutoMethod(Method):
 
     @property
     def exploring(self):
-        """Whether the windows are still those of the first choice and its trials (auto_choice.TRIALS)."""
+        """Whether the windows are still those of the first choice and its trials (choice.TRIALS)."""
         return self.timed_windows <= TRIALS
 
     # ------------------------------------------------------------------------------------- an eager step
@@ -557,7 +555,7 @@ class AutoMethod(Method):
         self.windows += 1
 
     def gain(self, t, c):
-        """The candidate's gain on the tensor as the guard reads it (auto_choice.guard_gain): bounded off force by its
+        """The candidate's gain on the tensor as the guard reads it (choice.guard_gain): bounded off force by its
         gain in force where it keeps residuals (a candidate without reads g alone, in force or not)."""
         held = self.held[t][c] if self.held is not None else None
         if self.subs is not None and not self.keeps_residuals(c):
@@ -566,7 +564,7 @@ class AutoMethod(Method):
         return guard_gain(self.gains[t][c], held and held[0], in_force, self.windows - held[1] if held else 0)
 
     def options(self):
-        """auto_choice.Option per tensor and candidate from the agreed measurements (not allowed: no gain)."""
+        """choice.Option per tensor and candidate from the agreed measurements (not allowed: no gain)."""
         out = []
         for t in range(len(self.sizes)):
             row = []

@@ -3,14 +3,14 @@ semantics (torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook), for Horov
 
 Its factors are linear, so they go by allreduce and the bytes per rank do not grow with the number of ranks. The math
 is python/hvdext_reference/powersgd.py; the step over the backend contract is PowerSGDMethod below; the matrix
-products, the orthogonalization and the normal draw are backend primitives (compression/backend.py).
+products, the orthogonalization and the normal draw are backend primitives (horovod_ext/compression/backend.py).
 """
 import math
 
-from .feedback import with_feedback
-from .plan import Codec, DenseSplit, Method, Record, count_dense, send_dense
-from .specs import CompressorSpec, check_bool, check_choice, check_int, check_real
-from .wire import allreduce_wire_bytes, tensor_key
+from horovod_ext.compression.feedback import with_feedback
+from horovod_ext.compression.plan import Codec, DenseSplit, Method, Record, count_dense, send_dense
+from horovod_ext.compression.specs import CompressorSpec, check_bool, check_choice, check_int, check_real
+from horovod_ext.compression.wire import allreduce_wire_bytes, tensor_key
 
 ORTHOGONALIZATIONS = ("gram_schmidt", "qr")
 VALUE_DTYPES = {"fp32": ("float32", 4), "fp16": ("float16", 2)}

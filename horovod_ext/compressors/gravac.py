@@ -78,12 +78,12 @@ import time
 
 from horovod_ext.in_flight import hold, release
 
-from .feedback import ErrorFeedback
-from .plan import Method, Record, count_dense, require_decoded, send_dense
-from .specs import CompressorSpec, check_choice, check_int, check_real
-from .sparse_reduce import SparseTransport
+from horovod_ext.compression.feedback import ErrorFeedback
+from horovod_ext.compression.plan import Method, Record, count_dense, require_decoded, send_dense
+from horovod_ext.compression.specs import CompressorSpec, check_choice, check_int, check_real
+from horovod_ext.compression.wire import allreduce_wire_bytes
 from .topk import TOPK_MAX_ELEMENTS, AutoPacking, TopKCodec, check_fraction, check_values
-from .wire import allreduce_wire_bytes
+from .transports.sparse_reduce import SparseTransport
 
 POLICIES = ("exponential", "geometric")
 NORM_BYTES = 32  # GraVAC's allreduce: |g_ef|^2, |C_min|^2, |C_c|^2 and the step time, float64
@@ -500,7 +500,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
 class AdaptiveTopK(AutoPacking, CompressorSpec):
     """GraVAC (Tyagi & Swany, "GraVAC: Adaptive Compression for Communication-Efficient Distributed DL Training",
     IEEE CLOUD 2023), Algorithm 1: top-k with error feedback whose compression factor CF (dense size / sent size)
-    moves during training, driven by the measured compression gain. See horovod_ext.compression.gravac for the
+    moves during training, driven by the measured compression gain. See horovod_ext.compressors.gravac for the
     controller, its math and its tuning guide.
 
     Args:

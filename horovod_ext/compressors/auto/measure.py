@@ -5,18 +5,18 @@ traced step): the link's probe, each candidate's round trip on a gradient, and t
   x4 a size, 3 times each; after each size every rank takes the slowest rank's times (one allreduce(Max)), so every
   rank stops at the same size: at the largest gradient, or before a size whose predicted seconds
   (``next_size_seconds``) would take the probe's total on the slowest rank past probe_seconds.
-  auto_choice.Link.fit turns the samples into latency and seconds per byte per collective kind.
+  choice.Link.fit turns the samples into latency and seconds per byte per collective kind.
 - A round trip (``round_trip``): candidate c on x = g + r: its payload, the N payloads' decode (the rank's own payload
-  N times: the kernels' work at N ranks), what it sends of x, and the gain <x, C(x)> / (|x| |C(x)|) (auto_choice);
+  N times: the kernels' work at N ranks), what it sends of x, and the gain <x, C(x)> / (|x| |C(x)|) (choice);
   its seconds are the kernels' (the inner products wait for the device).
 """
 import math
 import statistics
 import time
 
-from .auto_choice import Link
-from .plan import Item
-from .powersgd import PowerSGD, matrix_layout
+from horovod_ext.compression.plan import Item
+from ..powersgd import PowerSGD, matrix_layout
+from .choice import Link
 
 LINEAR = ("none", "fp16")  # Horovod's compressors, by allreduce
 FIELDS = 4  # per (tensor, candidate): sums of gains, samples, kernel seconds and payload bytes
@@ -48,7 +48,7 @@ def short_name(candidate):
 
 
 def probe_link(be, flat, probe_seconds, tag):
-    """auto_choice.Link of this job's allreduce and allgather (see the module docstring); flat: a float32 gradient."""
+    """choice.Link of this job's allreduce and allgather (see the module docstring); flat: a float32 gradient."""
     limit = int(be.size(flat))
     samples = {kind: [] for kind in ("allreduce", "allgather")}
     n, index, spent, last = 1024, 0, 0.0, None
