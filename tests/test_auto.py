@@ -301,7 +301,8 @@ def test_an_assignment_timed_long_ago_keeps_its_last_timing_and_newer_ones_age_o
     measured = [(a, 1.0, 0), (b, 2.0, 1), (b, 2.2, 2)] + [(a, 1.1, w) for w in range(3, 3 + MEASURED_WINDOWS)]
     kept = kept_timings(measured, 3 + MEASURED_WINDOWS)
     assert (b, 2.2, 2) in kept and (b, 2.0, 1) not in kept  # b's last timing stays, its older one goes
-    assert (a, 1.0, 0) not in kept and (a, 1.1, 3) not in kept and len(kept) == MEASURED_WINDOWS  # a: windows 4-12, and b
+    # a: windows 4-12, and b
+    assert (a, 1.0, 0) not in kept and (a, 1.1, 3) not in kept and len(kept) == MEASURED_WINDOWS
     assert kept_timings(measured[:3], 3) == measured[:3]
 
 

@@ -168,9 +168,10 @@ def test_compute_seconds_are_each_steps_interval_less_what_it_spent(monkeypatch)
     spent = [0.0, 0.05, 0.05, 1.0, 0.05, 0.05]
     monkeypatch.setattr(stats_module.time, "perf_counter", lambda: next(clock))
     timed, untimed = CompressionStats("x"), CompressionStats("x", timed=False)
-    for seconds in spent:
+    for step_seconds in spent:
         for stats in (timed, untimed):
-            stats.add(comm_seconds=seconds * 0.6, compress_seconds=seconds * 0.3, decompress_seconds=seconds * 0.1)
+            stats.add(comm_seconds=step_seconds * 0.6, compress_seconds=step_seconds * 0.3,
+                      decompress_seconds=step_seconds * 0.1)
         timed.end_step()
         monkeypatch.setattr(stats_module.time, "perf_counter", lambda t=timed._ended_at: t)
         untimed.end_step()

@@ -163,7 +163,8 @@ def test_resume_keeps_the_seed_rank_0_drew():
     checkpoint = {"model": m_half.state_dict(), "opt": opt_half.state_dict()}
     assert checkpoint["opt"]["horovod_ext"]["seed"] == opt_half._hx_run.counters.seed == torch.initial_seed() == 0
     m = model()
-    opt_resumed = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters(),
+    opt_resumed = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                           named_parameters=m.named_parameters(),
                                            compression=hvd.Compression.ternary(min_size=0))
     m.load_state_dict(checkpoint["model"])
     opt_resumed.load_state_dict(checkpoint["opt"])

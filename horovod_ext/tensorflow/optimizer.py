@@ -232,9 +232,9 @@ class GradientAggregator(tf.Module):
     def compression_stats(self):
         """Bytes per step as counted when the step was built (the same every step) times the steps taken, plus the
         bytes counted at each host decision (adaptive_topk's path and CF), as taken, plus the bytes of entropy-coded
-        payloads, as sent. With adaptive_topk also the
-        controller's observations ("log", "throughput", "theta_ideal", "planned") and "planned_cf". Seconds are not measured in TensorFlow (a
-        tf.function runs as one graph) and read 0."""
+        payloads, as sent. With adaptive_topk also the controller's observations ("log", "throughput", "theta_ideal",
+        "planned") and "planned_cf". Seconds are not measured in TensorFlow (a tf.function runs as one graph) and
+        read 0."""
         steps = int(self.step.numpy())
         fields = ("payload_bytes", "dense_bytes", "wire_bytes", "dense_wire_bytes", "elements", "compressed_elements")
         seconds = {"compress_seconds": 0.0, "decompress_seconds": 0.0, "comm_seconds": 0.0}

@@ -86,7 +86,8 @@ def torch_run(slow, steps=STEPS, resume_at=None):
         if (step + 1) % WINDOW == 0:
             windows.append(choice_methods(opt.compression_stats()))
     stats = opt.compression_stats()
-    return {"windows": windows, "resumed": resumed, "checksum": float(sum(p.double().sum() for p in model.parameters())),
+    return {"windows": windows, "resumed": resumed,
+            "checksum": float(sum(p.double().sum() for p in model.parameters())),
             "gains": {n: e["gain"] for n, e in stats["choice"].items()}, "changes": stats["choice_changes"],
             "ratio": stats["total"]["ratio"]}
 

@@ -11,9 +11,10 @@ peers fail inside one), having first taken its host out of the hosts file. At ea
 the hosts localhost, 127.0.0.1 (after Horovod's blacklist cooldown) and a third name of this machine
 (tests/hvdrun.py third_host), then waits until Horovod has told it (the next commit resets).
 benchmarks/elastic_soak.py runs it at 3 ranks with a kill every 200 steps. Every rank that finishes writes its
-result: steps, commits, and per method parameters, statistics, bytes of the last step and the plan's bytes for the
-final N, accuracy on a held-out set. METHOD "horovod" (alone) is Horovod's own script (horovod.torch, its DistributedOptimizer), for
-the launcher `python -m horovod_ext.run`. KILL_AT = ADD_AT = -1 is the uninterrupted run a soak compares with.
+result: steps, commits, and per method parameters, statistics, bytes of the last step and the plan's bytes for the final
+N, accuracy on a held-out set. METHOD "horovod" (alone) is Horovod's own script (horovod.torch, its
+DistributedOptimizer), for the launcher `python -m horovod_ext.run`. KILL_AT = ADD_AT = -1 is the uninterrupted run a
+soak compares with.
 """
 import math
 import os

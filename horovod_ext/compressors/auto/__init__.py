@@ -95,10 +95,11 @@ class Auto(CompressorSpec):
             "none" is always among them (it is what a tensor falls back to). Default: none, fp16, ternary, top-k
             10% and 1%, PowerSGD rank 4.
         epsilon: the least gain, the cosine between g + r and what a candidate sends of it, averaged over a window,
-            in (0, 1]. Default 0.4: with error feedback, in force, top-k 1% keeps 0.30-0.42 on the digits MLP and
-            CNN (falling as training goes on), where it needed about 1.5x the steps of top-k 10% (0.73-0.99) or
-            ternary (0.69-0.77) to reach dense's accuracy; in force on the nplm and the 10.5M MLP every candidate
-            but top-k 1% kept 0.46 or more on every tensor (benchmarks/RESULTS.md, "Compression.auto").
+            in (0, 1]. Default 0.4: between the gains top-k 1% keeps in force with error feedback on the digits MLP
+            and CNN, where it needed more steps than top-k 10% or ternary to reach dense's accuracy, and the gains
+            those two keep there; on the nplm and the 10.5M MLP every candidate but top-k 1% kept more than 0.4 on
+            every tensor (benchmarks/RESULTS.md, section "Compression.auto's guard in force: the gains, epsilon 0.4,
+            and time to the target").
         window: steps between decisions (>= 1); the first decision is taken at the first step.
         margin: how much faster (a fraction of the step) a new choice must be predicted to replace the current one,
             in [0, 1).
@@ -143,6 +144,11 @@ class Auto(CompressorSpec):
         super().__init__(candidates=tuple(kept), epsilon=epsilon, window=check_int("auto window", window, low=1),
                          margin=margin, min_size=check_int("auto min_size", min_size, low=0), measure_share=share,
                          probe_seconds=check_real("auto probe_seconds", probe_seconds, low=0.0))
+
+    def payload_bytes(self, shape):
+        """None: a tensor's bytes are those of the candidate chosen for it at run time (each candidate's
+        payload_bytes; AutoMethod prices them so)."""
+        return None
 
     def for_device(self, device):
         """Each payload candidate's packing="auto" made concrete for `device`."""

@@ -15,7 +15,7 @@ import statistics
 import time
 
 from horovod_ext.compression.plan import Item
-from ..powersgd import PowerSGD, matrix_layout
+from ..powersgd import PowerSGD
 from .choice import Link
 
 LINEAR = ("none", "fp16")  # Horovod's compressors, by allreduce
@@ -111,9 +111,9 @@ def powersgd_round_trip(be, item, x, candidate, shape):
     """P Q^T of PowerSGD's step on M (x as n x m) from a warm Q, its factors' bytes, and the seconds spent warming Q
     (not the step's: in force, each step runs one power iteration from the last step's Q, Vogels et al. 2019). Q is
     warmed by WARM_ITERATIONS untimed iterations from x's first cols * r elements: a cold Q's one iteration understates
-    what a warm Q sends (the 10.5M MLP's first layer, on g: gain 0.41 from a cold Q, 0.48 after two more
-    iterations). x itself where the tensor goes dense (matrix_layout)."""
-    layout = matrix_layout(shape, candidate.rank, candidate.min_compression_rate)
+    what a warm Q sends (benchmarks/RESULTS.md, section "Compression.auto, the step grid at 2 ranks at epsilon 0.4").
+    x itself where the tensor goes dense (PowerSGD.layout)."""
+    layout = candidate.layout(shape)
     if layout is None:
         return x, 4.0 * item.numel, 0.0
     rows, cols, r = layout
@@ -133,7 +133,7 @@ def powersgd_round_trip(be, item, x, candidate, shape):
     warming = time.perf_counter() - warming
     p, q = power_iteration(q)
     approx = be.reshape(be.matmul(p, q, transpose_b=True), (-1,))
-    return approx, float((rows + cols) * r * (2 if candidate.value_dtype == "fp16" else 4)), warming
+    return approx, float(candidate.payload_bytes(shape)), warming
 
 
 class Measures:

@@ -32,7 +32,7 @@ import types
 from horovod_ext.compression.context import ERROR_PREFIXES
 from horovod_ext.compression.plan import DenseSplit, Item, Method, Record, count_dense
 from horovod_ext.compression.wire import allreduce_wire_bytes
-from ..powersgd import PowerSGD, matrix_layout
+from ..powersgd import PowerSGD
 from .choice import KINDS, TRIALS, Link, Option, confirmed, decide_measured, guard_gain, guarded, predicted_step
 from .measure import LINEAR, WARM_ITERATIONS, Measures, floats, probe_link, round_trip, sent_dense, short_name
 
@@ -117,8 +117,9 @@ def kept_timings(measured, windows):
     """The timed windows (assignment, seconds, window) that count: those of the last MEASURED_WINDOWS windows, and of
     an assignment with none among them its last one. An assignment's estimate is the mean of what counts of it
     (choice.measured_choice): a timing ages out where newer ones of the same assignment exist, and an assignment
-    timed once stays known, so that it is not tried again on the model's estimate alone (on the digits MLP at
-    100 Mbit/s auto went back at step 280 to top-k 1%, timed slower in its trial, once that timing had expired)."""
+    timed once stays known, so that it is not tried again on the model's estimate alone (an assignment timed slower
+    in its trial was otherwise taken again once its timing had expired: benchmarks/RESULTS.md, section "Figures
+    moved out of the package's docstrings (issue 67)")."""
     last = {}
     for entry in measured:
         last[entry[0]] = entry
@@ -226,12 +227,9 @@ class AutoMethod(Method):
             return "allreduce", 4.0 * n
         if cand == "fp16":
             return "allreduce", 2.0 * n
-        if isinstance(cand, PowerSGD):
-            layout = matrix_layout(self.shapes[self.names[t]], cand.rank, cand.min_compression_rate)
-            if layout is None:
-                return "allreduce", 4.0 * n
-            rows, cols, r = layout
-            return "factors", float((rows + cols) * r * (2 if cand.value_dtype == "fp16" else 4))
+        if isinstance(cand, PowerSGD):  # its factors, or 4 n where the tensor goes dense (PowerSGD.payload_bytes)
+            shape = self.shapes[self.names[t]]
+            return ("allreduce" if cand.layout(shape) is None else "factors"), float(cand.payload_bytes(shape))
         return "allgather", None
 
     def allowed(self, t, c):
@@ -476,7 +474,8 @@ class AutoMethod(Method):
         """This step's measurements: (tensor, candidate) pairs round robin, the chosen candidates first, while their
         kernel seconds fit in the budget (measure_share of the steps' time)."""
         self.pending = {}
-        pairs = [(t, self.assignment[t]) for t in range(len(self.sizes)) if self.candidates[self.assignment[t]] != "none"]
+        pairs = [(t, self.assignment[t]) for t in range(len(self.sizes))
+                 if self.candidates[self.assignment[t]] != "none"]
         pairs += [(t, c) for t in range(len(self.sizes)) for c in range(len(self.candidates))
                   if self.allowed(t, c) and self.candidates[c] != "none" and c != self.assignment[t]]
         spent = 0.0
@@ -611,8 +610,8 @@ class AutoMethod(Method):
     def _move_residual(self, be, name, before, after):
         """The tensor's residual (held by `before`, or parked in an earlier error-feedback candidate) into `after`
         where it keeps residuals. Else, while the trials run (one window each), it stays where it is and is used
-        again if the tensor returns (a trial does not dump r at once: on the digits MLP top-k 1%'s r was 4x the
-        gradient's norm); after the trials it is carried."""
+        again if the tensor returns (a trial does not dump r at once: benchmarks/RESULTS.md, section
+        "Compression.auto, time to the target at 2 ranks, third run"); after the trials it is carried."""
         if isinstance(self.candidates[after], PowerSGD):
             self.subs[after].warm = False  # its Q of this tensor is stale: every Q is drawn afresh at its next step
         states = self.residual_states(name, but=after)
