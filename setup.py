@@ -1,7 +1,7 @@
 """horovod-ext: communication-efficient training for Horovod (PyTorch and TensorFlow).
 
-The native op library in cpp/ is framework-free; this file builds, where torch is installed, its PyTorch binding as
-the extension ``horovod_ext._torch_ops`` and, where TensorFlow is installed, its TensorFlow binding as the custom-op library
+The native op library in cpp/ is framework-free; this file builds, where torch is installed, its PyTorch binding as the
+extension ``horovod_ext._torch_ops`` and, where TensorFlow is installed, its TensorFlow binding as the custom-op library
 ``horovod_ext/tensorflow/_tf_ops.so`` (compiled with TensorFlow's own flags, rebuilt only when a source changed).
 
 Where torch is a CUDA build and nvcc is found (CUDA_HOME), the PyTorch extension also holds the GPU kernels of
@@ -80,7 +80,8 @@ def build_tensorflow_ops():
     if os.path.exists(target) and os.path.getmtime(target) >= max(os.path.getmtime(f) for f in inputs):
         return
     compile_flags, link_flags = result.stdout.strip().splitlines()[-2:]
-    cmd = (["g++", "-shared", "-fPIC", *CXX_FLAGS, "-Wno-deprecated-declarations", "-I" + os.path.join(ROOT, "cpp", "include")]
+    cmd = (["g++", "-shared", "-fPIC", *CXX_FLAGS, "-Wno-deprecated-declarations",
+            "-I" + os.path.join(ROOT, "cpp", "include")]
            + [os.path.join(ROOT, f) for f in TF_OPS_SOURCES] + compile_flags.split() + link_flags.split()
            + ["-o", target])
     print("building the TensorFlow op library:", TF_OPS_LIBRARY)

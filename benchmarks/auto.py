@@ -110,14 +110,16 @@ def tta(args):
             table.append([model, f"{mbit} Mbit/s", m, f"{r['curve'][-1]['accuracy']:.2%}",
                           "not reached" if times[m] is None else f"{times[m]:.1f}",
                           f"{r['block_step_seconds'] * 1e3:.1f}", f"{r.get('payload_bytes', 0) / 1e3:.1f}"])
-    md = (f"Seed {args.seed}, 2 ranks, batch 32 per rank, digits MLP width {args.hidden}; target: dense's final test accuracy less half a point.\n\n"
+    md = (f"Seed {args.seed}, 2 ranks, batch 32 per rank, digits MLP width {args.hidden}; "
+          "target: dense's final test accuracy less half a point.\n\n"
           + markdown_table(["model", "link", "method", "final accuracy", "s to target", "step ms", "KB sent per step"],
                            table)
           + "\n\n" + "; ".join(f"{c['model']} at {c['link_mbit']} Mbit/s: auto / best static ({c['best_static']}) = "
                                 + ("-" if c["auto_over_best"] is None else f"{c['auto_over_best']:.2f}")
                                 for c in cells))
     goal = all(c["auto_over_best"] is not None and c["auto_over_best"] <= 1.1 for c in cells)
-    md += f"\n\nGoal (auto's time to the target within 1.1x of the best static method's): {'met' if goal else 'NOT met'}"
+    md += ("\n\nGoal (auto's time to the target within 1.1x of the best static method's): "
+           f"{'met' if goal else 'NOT met'}")
     if skipped:
         md += "\n\nSkipped: " + "; ".join(skipped)
     path = write_outputs("auto_tta", {"machine": machine(), "args": vars(args), "runs": rows, "cells": cells,

@@ -88,8 +88,9 @@ def row_of(method, args, seconds, opt, parameters):
         stats = opt.compression_stats()
         row["ratio"] = stats["total"]["ratio"]
         if method == "auto":
-            row["choice"] = {n: e["method"].split("(")[0] + (f"({e['method'].split('ratio=')[1].split(',')[0].rstrip(')')})"
-                                                              if "ratio=" in e["method"] else "")
+            row["choice"] = {n: e["method"].split("(")[0]
+                             + (f"({e['method'].split('ratio=')[1].split(',')[0].rstrip(')')})"
+                                if "ratio=" in e["method"] else "")
                              for n, e in stats["choice"].items()}
             row["predicted_step_seconds"] = stats["predicted_step_seconds"]
             row["choice_changes"] = stats["choice_changes"]

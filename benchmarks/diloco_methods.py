@@ -4,10 +4,10 @@ steps) and benchmarks/tta_worker.py (gravac_models.py's models, SGD inner steps)
     diloco[-ternary|-topk][-h<H>][-lr<outer lr>][-m<outer momentum>][-p<fragments>][-t<overlap>][-a<merge alpha>]
           [-leader][-node]
 
-"ternary": ternary pseudo-gradients with error feedback; "topk": top-k 1% (error feedback, its default); neither:
-dense fp32. "-h50" sets inner_steps, "-lr0.35" outer_lr, "-m0.5" outer_momentum, "-p4" fragments (Streaming
-DiLoCo), "-t6" overlap, "-a0.5" merge_alpha, "-leader" outer="leader", "-node" groups="node". Left out, each is DiLoCoOptimizer's default (or
-the benchmark's --inner-steps).
+"ternary": ternary pseudo-gradients with error feedback; "topk": top-k 1% (error feedback, its default); neither: dense
+fp32. "-h50" sets inner_steps, "-lr0.35" outer_lr, "-m0.5" outer_momentum, "-p4" fragments (Streaming DiLoCo), "-t6"
+overlap, "-a0.5" merge_alpha, "-leader" outer="leader", "-node" groups="node". Left out, each is DiLoCoOptimizer's
+default (or the benchmark's --inner-steps).
 """
 import horovod_ext.torch as hvd
 

@@ -7,11 +7,11 @@ Methods: "dense" (data-parallel AdamW: horovod_ext's DistributedOptimizer, Compr
 "topk" (the same with ternary, and top-k 1% with error feedback), "powersgd-hook" (PyTorch DDP with its PowerSGD
 hook at rank 4, baselines.py), "lsgd" (LeaderOptimizer around AdamW, one leader, its defaults), "diloco"
 (DiLoCoOptimizer around AdamW, dense pseudo-gradients), "diloco-ternary" and "diloco-topk" (ternary with error
-feedback, top-k 1%); a DiLoCo method may also name its inner steps, outer learning rate and momentum, Streaming
-DiLoCo's fragments, overlap and merge, and groups="node" (benchmarks/diloco_methods.py; inner steps default to
---inner-steps). "local": AdamW alone on each rank, no collective: the compute-alone step time. The test loss is the model's
-(LSGD: the leader's; DiLoCo: the outer parameters', evaluation_parameters()) on the first --eval-sequences test
-sequences, every --eval-every steps and at the end; evaluation is not counted in the training seconds.
+feedback, top-k 1%); a DiLoCo method may also name its inner steps, outer learning rate and momentum, Streaming DiLoCo's
+fragments, overlap and merge, and groups="node" (benchmarks/diloco_methods.py; inner steps default to --inner-steps).
+"local": AdamW alone on each rank, no collective: the compute-alone step time. The test loss is the model's (LSGD: the
+leader's; DiLoCo: the outer parameters', evaluation_parameters()) on the first --eval-sequences test sequences, every
+--eval-every steps and at the end; evaluation is not counted in the training seconds.
 """
 import argparse
 import contextlib
@@ -109,7 +109,8 @@ def train(args, method):
             evaluate(step)
     stats = opt.compression_stats() if hasattr(opt, "compression_stats") else {}
     return {"method": method, "train_seconds": seconds,
-            "peak_exchange_bytes": stats.get("peak_exchange_payload_bytes"), "ranks": hvd.size(), "parameters": sum(p.numel() for p in model.parameters()),
+            "peak_exchange_bytes": stats.get("peak_exchange_payload_bytes"), "ranks": hvd.size(),
+            "parameters": sum(p.numel() for p in model.parameters()),
             "inner_steps": diloco_settings(method, args.inner_steps)["inner_steps"] if is_diloco(method) else None,
             "curve": curve, **sent_bytes(), "steps": args.steps}
 

@@ -1,12 +1,12 @@
-"""Elastic soak: 3 ranks (hosts localhost, 127.0.0.1 and a third name of this machine, one slot each) train the
-test suite's MLP (tests/workers/elastic_worker.py) for 2,000 steps, committing every 10; every 200 steps the rank
-on 127.0.0.1 is SIGKILLed mid-step and 50 steps later a new one is added on that host. Per method: steps completed, resets,
-seconds lost per reset (against the same run uninterrupted), resident memory of rank 0 after its first step and at
-the end, held-out accuracy (4,096 examples; the learning rate decays to 0 by the last step, so both runs end
+"""Elastic soak: 3 ranks (hosts localhost, 127.0.0.1 and a third name of this machine, one slot each) train the test
+suite's MLP (tests/workers/elastic_worker.py) for 2,000 steps, committing every 10; every 200 steps the rank on
+127.0.0.1 is SIGKILLed mid-step and 50 steps later a new one is added on that host. Per method: steps completed, resets,
+seconds lost per reset (against the same run uninterrupted), resident memory of rank 0 after its first step and at the
+end, held-out accuracy (4,096 examples; the learning rate decays to 0 by the last step, so both runs end
 converged) against the uninterrupted run's. A launch that fails or hangs (--timeout) is a row
 that says so, and the soak goes on; the table is written after every method.
 
-    python benchmarks/elastic_soak.py                      # every method, 2,000 steps (over an hour on 2 cores)
+    python benchmarks/elastic_soak.py                      # every method, 2,000 steps
     python benchmarks/elastic_soak.py --methods topk,lsgd --steps 1000
     python benchmarks/elastic_soak.py --quick              # top-k, 60 steps, one kill at step 30 (the test suite)
 """
@@ -66,8 +66,8 @@ def main():
     kills = list(range(every, steps - readd, every))
     adds = [k + readd for k in kills]
     results, rows, lost = [], [], {}
-    headers = ["method", "steps done", "resets", "ranks at end", "steps redone (rank 0)", "s lost per reset", "RSS MiB start (rank 0)",
-               "RSS MiB end", "accuracy", "uninterrupted", "points", "ranks identical"]
+    headers = ["method", "steps done", "resets", "ranks at end", "steps redone (rank 0)", "s lost per reset",
+               "RSS MiB start (rank 0)", "RSS MiB end", "accuracy", "uninterrupted", "points", "ranks identical"]
     for method in progress(methods, "elastic soak"):
         try:
             plain = run(method, steps, [], [], args.timeout)

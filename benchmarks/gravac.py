@@ -4,8 +4,8 @@ Time to accuracy (the default): models of benchmarks/gravac_models.py trained on
 namespace created here and always removed) at 2 ranks (4 with --ranks 2,4) with dense allreduce, static top-k at CF
 10, 100 and 1000, adaptive top-k (GraVAC) at its defaults and Compression.powersgd (rank 4), the same steps each:
 "nplm", the 1.1M-parameter language model on Python's own documentation, 2,000 steps with the learning rate
-annealed to 0 (cosine: at a constant rate its accuracy moves by about a point between evaluations, and no method
-reached dense's final value, which made the target unmeasurable), evaluated every 100; "cnn", the digits CNN, 30
+annealed to 0 (cosine: at a constant rate its accuracy moves between evaluations, and no method reached dense's
+final value, which made the target unmeasurable), evaluated every 100; "cnn", the digits CNN, 30
 epochs, evaluated after each. Reports the seconds until each method first reaches the target (dense's final test
 accuracy) and the target less half a point (the accuracy the issue's defaults must keep), GraVAC's CFs (mean,
 largest sent, share of dense steps, settled CF), and plots accuracy against training time and GraVAC's CF over

@@ -5,9 +5,9 @@ decoder-only transformer trained with AdamW on Python's own documentation.
   tokenizes them (lowercased words, numbers and single punctuation marks; the 1,999 most frequent tokens and
   <unk>), cut into non-overlapping sequences of `context` + 1 tokens: x the first `context`, y the same shifted by
   one. The last 10% of the text is the test set. Nothing is downloaded.
-- Model: token and learned position embeddings (width 128, drawn N(0, 0.02^2)), `layers` pre-norm transformer blocks (4 heads, causal
-  self-attention, a GELU MLP of 4 x 128), a final LayerNorm and an output layer tied to the token embedding.
-  Loss: mean cross-entropy over every position; its exponential is the perplexity the benchmark reports.
+- Model: token and learned position embeddings (width 128, drawn N(0, 0.02^2)), `layers` pre-norm transformer blocks (4
+  heads, causal self-attention, a GELU MLP of 4 x 128), a final LayerNorm and an output layer tied to the token
+  embedding. Loss: mean cross-entropy over every position; its exponential is the perplexity the benchmark reports.
 - Inner optimizer: AdamW as DiLoCo and OpenDiLoCo use it (betas 0.9, 0.95; weight decay 0.1), learning rate
   `INNER_LR` after a linear warm-up of `WARMUP` steps.
 """

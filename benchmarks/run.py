@@ -1,7 +1,7 @@
 """The benchmark suite, one entry point:
 
-    python benchmarks/run.py --quick      # every benchmark small (about five minutes on 2 cores; the test suite runs this)
-    python benchmarks/run.py              # the full run recorded in benchmarks/RESULTS.md (about an hour here)
+    python benchmarks/run.py --quick      # every benchmark small (the test suite runs this)
+    python benchmarks/run.py              # the full run recorded in benchmarks/RESULTS.md
     python benchmarks/run.py --only wire,link
 
 Benchmarks: kernels (native ops vs torch ops / NumPy), tf_kernels (vs TF ops), gpu_kernels (the CUDA kernels as a
@@ -25,8 +25,8 @@ ternary and top-k pseudo-gradients) and auto (Compression.auto's step over the b
 links x 2 and 4 ranks; --quick: the CNN on loopback) and rounds (what each compressor asks of Horovod per step:
 collectives, dependent rounds, waits; rounds_worker.py). Each writes JSON, a markdown table and PNG plots to
 benchmarks/out/ (or $HVDEXT_BENCH_OUT); this script adds summary.md with every table. link and tta create a network
-namespace (root), as do powersgd, gravac, perfmodel, diloco, coding's and sparse_reduce's link parts; where that is not allowed they say why and are skipped, not failed; so does gpu_kernels without
-a GPU.
+namespace (root), as do powersgd, gravac, perfmodel, diloco, coding's and sparse_reduce's link parts; where that is not
+allowed they say why and are skipped, not failed; so does gpu_kernels without a GPU.
 """
 import argparse
 import os

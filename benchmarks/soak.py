@@ -1,7 +1,7 @@
 """Soak: 10,000 steps at 4 ranks (two "nodes" of 2) with each compressor and each leader optimizer on a small MLP;
 resident memory per rank and steps per second at steps 1,000 and 10,000. Goal: memory flat within 5%.
 
-    python benchmarks/soak.py            # 10,000 steps per method (about 10 minutes on 2 cores)
+    python benchmarks/soak.py            # 10,000 steps per method
     python benchmarks/soak.py --steps 3000   # read at steps 1,000 and 3,000
     python benchmarks/soak.py --quick    # 2 ranks, 200 steps, one compressor of each kind (the test suite runs it)
 """

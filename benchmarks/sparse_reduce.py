@@ -1,5 +1,5 @@
 """Sparse-reduce benchmark (issue 17): top-k's bytes per rank by allgather and by sparse_reduce (Ok-Topk's sparse
-allreduce, horovod_ext/compression/sparse_reduce.py), and step time on a slow link.
+allreduce, horovod_ext/compressors/transports/sparse_reduce.py), and step time on a slow link.
 
 - bytes: top-k 1% and 0.1% (delta-coded indices, fp16 values) on the link benchmark's 10.5M-parameter MLP, counted
   from real horovodrun runs at 2, 3 and 4 ranks (unshaped loopback, compression_stats()["last_step"]) and planned by
@@ -13,7 +13,7 @@ import os
 import sys
 
 from common import OUT_DIR, bar_plot, horovodrun_json, line_plot, machine, markdown_table, write_outputs
-from horovod_ext.compression.sparse_reduce import planned_bytes
+from horovod_ext.compressors.transports.sparse_reduce import planned_bytes
 from horovod_ext.compression.wire import allreduce_wire_bytes
 from shaped_link import NamespaceUnavailable, shaped_namespace
 

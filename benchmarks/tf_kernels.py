@@ -13,7 +13,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from common import OUT_DIR, bar_plot, best_of, machine, markdown_table, write_outputs  # noqa: E402
-from horovod_ext.tensorflow.ops import lib, seed_tensor  # noqa: E402
+from horovod_ext.tensorflow.kernels import lib, seed_tensor  # noqa: E402
 
 POW3 = tf.constant([1, 3, 9, 27, 81], dtype=tf.int32)
 TRITS = tf.constant([[((b // 3 ** j) % 3) for j in range(5)] for b in range(256)], dtype=tf.int32)

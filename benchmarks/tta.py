@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-from common import OUT_DIR, fewer, horovodrun_json, machine, markdown_table, not_reached, progress, shown, write_outputs
+from common import OUT_DIR, horovodrun_json, machine, markdown_table, not_reached, progress, shown, write_outputs
 from shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -1,11 +1,11 @@
 """Runs under horovodrun: trains one of benchmarks/gravac_models.py's models (the digits MLP by default, of width
 --hidden) with each listed method in turn (one launch for several runs; each run starts from the same model and data
 order) and records, per run, test accuracy against training time and rank 0's bytes on the wire (wire.py's ring
-formulas, every collective of the method: compression_stats()'s total) after every epoch, the step time and the
-wire and payload bytes per step (--json: a list, one entry per method). Methods: horovod_ext compressors (data-parallel SGD),
-horovod_ext's parameter-space optimizers (LSGD, multi-leader LSGD, EASGD, DiLoCo: each worker samples from the
-whole training set, and the leader's parameters, the center or DiLoCo's outer parameters are evaluated), or PyTorch DDP dense, with its fp16 hook
-or its PowerSGD hook (rank 4; see baselines.py)."""
+formulas, every collective of the method: compression_stats()'s total) after every epoch, the step time and the wire and
+payload bytes per step (--json: a list, one entry per method). Methods: horovod_ext compressors (data-parallel SGD),
+horovod_ext's parameter-space optimizers (LSGD, multi-leader LSGD, EASGD, DiLoCo: each worker samples from the whole
+training set, and the leader's parameters, the center or DiLoCo's outer parameters are evaluated), or PyTorch DDP dense,
+with its fp16 hook or its PowerSGD hook (rank 4; see baselines.py)."""
 import argparse
 import contextlib
 import json

@@ -15,7 +15,7 @@ from common import OUT_DIR, horovodrun_json, line_plot, machine, markdown_table,
 from horovod_ext.compression.plan import k_of
 from horovod_ext.compression.join import join_check_wire_bytes
 from horovod_ext.compression.wire import allgather_wire_bytes
-from horovod_ext.compression.two_phase import scale_sharing_bytes
+from horovod_ext.compressors.transports.two_phase import scale_sharing_bytes
 from hvdext_reference.two_phase import formula_wire_bytes
 from horovod_ext.compression.wire import allreduce_wire_bytes
 from horovod_ext.perfmodel import plan, wire_bytes_per_step

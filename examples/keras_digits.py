@@ -201,10 +201,12 @@ def main():
                 accuracy = float(np.mean(np.argmax(model.predict(data[2], verbose=0), axis=1) == data[3]))
             name = optimizer_name
         if args.check_identical and optimizer_name == "dp":
-            assert all(identical), f"weights differ across ranks after epochs {[i for i, ok in enumerate(identical) if not ok]}"
+            assert all(identical), ("weights differ across ranks after epochs "
+                                    f"{[i for i, ok in enumerate(identical) if not ok]}")
         total, steps = stats["total"], max(stats["steps"], 1)
-        results.append({"compression": name, "optimizer": optimizer_name, "test_accuracy": accuracy, "identical_every_epoch": all(identical),
-                        "epochs_checked": len(identical), "steps": stats["steps"],
+        results.append({"compression": name, "optimizer": optimizer_name, "test_accuracy": accuracy,
+                        "identical_every_epoch": all(identical), "epochs_checked": len(identical),
+                        "steps": stats["steps"],
                         "bytes_per_step": total["payload_bytes"] / steps,
                         "dense_bytes_per_step": total["dense_bytes"] / steps,
                         "bits_per_element": total["bits_per_element"],
@@ -214,7 +216,8 @@ def main():
                                      "throughput": [[cf, t, n] for cf, (t, n) in stats["throughput"].items()]}
     if hvd.rank() == 0:
         print(f"{args.data} MLP (Keras 3, {args.loop}, hidden {HIDDEN[0]}), {hvd.size()} ranks, {args.epochs} epochs")
-        print(f"{'compression':<15} {'test acc':>8} {'bytes/step':>11} {'dense bytes':>11} {'ratio':>6} {'bits/elem':>9}")
+        print(f"{'compression':<15} {'test acc':>8} {'bytes/step':>11} {'dense bytes':>11} {'ratio':>6} "
+              f"{'bits/elem':>9}")
         for r in results:
             print(f"{r['compression']:<15} {100 * r['test_accuracy']:>7.2f}% {r['bytes_per_step']:>11.0f} "
                   f"{r['dense_bytes_per_step']:>11.0f} {r['dense_bytes_per_step'] / r['bytes_per_step']:>5.1f}x "

@@ -210,7 +210,8 @@ def main():
               f"{'bits/elem':>9} {'wire ratio':>10} {'train s':>8} {'spread':>8} {'params':>8}")
         for r in results:
             ratio = r["dense_bytes_per_step"] / r["bytes_per_step"] if r["bytes_per_step"] else float("inf")
-            wire = r["dense_wire_bytes_per_step"] / r["wire_bytes_per_step"] if r["wire_bytes_per_step"] else float("inf")
+            wire = (r["dense_wire_bytes_per_step"] / r["wire_bytes_per_step"] if r["wire_bytes_per_step"]
+                    else float("inf"))
             print(f"{r['compression']:<15} {100 * r['test_accuracy']:>7.2f}% {r['bytes_per_step']:>11.0f} "
                   f"{r['dense_bytes_per_step']:>11.0f} {ratio:>5.1f}x {r['bits_per_element']:>9.2f} "
                   f"{wire:>9.1f}x {r['train_seconds']:>8.2f} {r['replica_spread']:>8.2g} {r['params_crc32']:>8}")

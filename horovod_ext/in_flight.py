@@ -10,8 +10,9 @@ An owner (an asynchronous step, GraVAC's method) is held here, by a strong refer
 collective that outlives its step until it has taken it in (``hold`` / ``release``): an optimizer made inside the
 script's main() is gone by the time exit handlers run, and what it left in flight must still complete. Horovod's
 init registers its shutdown with ``atexit``; exit handlers run last registered first, so ``hold`` registers
-``complete_all`` again (also after an elastic reset's init), which keeps it ahead of Horovod's shutdown. A script that ends with an uncaught exception waits for nothing: its peers may
-never enqueue what it left in flight, and Horovod's shutdown is what tells them it has gone.
+``complete_all`` again (also after an elastic reset's init), which keeps it ahead of Horovod's shutdown. A script that
+ends with an uncaught exception waits for nothing: its peers may never enqueue what it left in flight, and Horovod's
+shutdown is what tells them it has gone.
 
 Leaving together (``leave_together``). In data-parallel training every step ends in a collective over all ranks,
 so no rank can leave while another still has one in flight. A group's collectives (a DiLoCo worker's inner

@@ -17,8 +17,9 @@ A bad flag value exits with an error listing the allowed values on every rank, b
 
 ``--optimizer diloco`` makes the script's ``hvd.DistributedOptimizer(optimizer, ...)`` (PyTorch's or Keras's)
 a ``DiLoCoOptimizer`` around the same optimizer (its inner one), with the launcher's compression for the
-pseudo-gradients and ``--optimizer-arg`` for its arguments (inner_steps, outer_lr, outer_momentum, nesterov,
-groups, and Streaming DiLoCo's fragments, overlap, merge_alpha); a TensorFlow script's DistributedGradientTape has no optimizer to wrap and is refused.
+pseudo-gradients and ``--optimizer-arg`` for its arguments (inner_steps, outer_lr, outer_momentum, nesterov, groups, and
+Streaming DiLoCo's fragments, overlap, merge_alpha); a TensorFlow script's DistributedGradientTape has no optimizer to
+wrap and is refused.
 """
 import argparse
 import ast

@@ -69,8 +69,8 @@ if [ -n "$HVDEXT_INSTALL" ]; then
   # shellcheck disable=SC2086
   $PY -m pip install -q $HVDEXT_INSTALL
 fi
-if ! $PY -c "import numpy, sklearn, pytest, psutil, yaml, cloudpickle, cffi, matplotlib, tqdm, cmake, wheel, mkdocs,\
-    material" 2>/dev/null
+if ! $PY -c "import numpy, sklearn, pytest, ruff, psutil, yaml, cloudpickle, cffi, matplotlib, tqdm, cmake, wheel,\
+    mkdocs, material" 2>/dev/null
 then
   log "installing the tools (requirements-tools.txt), the frameworks held at their installed versions"
   constraints=$(mktemp)

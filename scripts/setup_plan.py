@@ -18,9 +18,9 @@ The rules (docs/setup.md):
 
 ``python scripts/setup_plan.py facts`` prints this interpreter's facts as JSON; ``environment`` prints how to make
 ``.venv`` (``fresh`` or ``system-site``) from the base interpreter's facts; ``plan`` prints the plan as shell
-assignments for setup.sh (errors go to stderr with exit status 2); ``constraints`` prints pip constraints holding the installed frameworks; ``check-build WANTS`` prints what a
-``--check-build`` report on stdin (or, with ``installed``, the installed Horovod) lacks of the plan. Only the standard library is used: this runs
-before anything is installed.
+assignments for setup.sh (errors go to stderr with exit status 2); ``constraints`` prints pip constraints holding the
+installed frameworks; ``check-build WANTS`` prints what a ``--check-build`` report on stdin (or, with ``installed``, the
+installed Horovod) lacks of the plan. Only the standard library is used: this runs before anything is installed.
 """
 import glob
 import importlib
@@ -30,7 +30,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 
 # Versions set-up accepts in a user's environment, [low, high) on (major, minor); TESTED are the ones CI runs.
@@ -47,7 +46,8 @@ HOROVOD_VERSION = "0.28.1"
 # The revision of scripts/build_horovod.sh's edits to Horovod's sources, part of the wheel cache's key: a wheel
 # built with other edits is not reused.
 SOURCE_EDITS = "edits5"
-BUILD_MARKER = "horovod_ext_build"  # in the installed horovod package: the cache key of the wheel build_horovod.sh built
+# in the installed horovod package: the cache key of the wheel build_horovod.sh built
+BUILD_MARKER = "horovod_ext_build"
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tensorflow-intel")
 
 

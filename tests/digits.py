@@ -33,8 +33,8 @@ def digits_at_two_ranks(example):
 # after 29-31 (dense 96.7%, 96.2%, 96.9%), where static CF 10 and CF 20 reach 96.2% and 97.3% at 30. Seeds 43 and 44
 # give 97.8% and 97.6% against dense 96.7% and 97.3%. The 4-rank PyTorch launch uses 43; the closing note of issue 14
 # records the open question. example -> (optimizers, compressions, seed)
-FOUR_RANKS = {"examples/pytorch_digits.py": (["dp", "multi_lsgd", "async_multi_lsgd"], ["none", "topk", "adaptive_topk"],
-                                             43),
+FOUR_RANKS = {"examples/pytorch_digits.py": (["dp", "multi_lsgd", "async_multi_lsgd"],
+                                             ["none", "topk", "adaptive_topk"], 43),
               "examples/keras_digits.py": (["dp", "multi_lsgd", "async_multi_lsgd"], ["none"], 42)}
 
 

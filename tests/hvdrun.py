@@ -29,8 +29,8 @@ def horovodrun(np_, script, *args, timeout=240, hosts=None, env=None, collect=Tr
     """Run `horovodrun -np N --gloo python script args` (or another launcher, launch_command), results in a temp dir
     passed as HVDEXT_TEST_OUT.
 
-    Returns (list of per-rank result dicts, combined output); collect=False for scripts that write no results. A hang becomes a failure after `timeout` seconds:
-    the whole process group (horovodrun and every rank) is killed.
+    Returns (list of per-rank result dicts, combined output); collect=False for scripts that write no results. A hang
+    becomes a failure after `timeout` seconds: the whole process group (horovodrun and every rank) is killed.
     """
     out_dir = tempfile.mkdtemp(prefix="hvdext-test-")
     cmd = [*launch_command(launcher, np_, hosts), sys.executable, script, *map(str, args)]

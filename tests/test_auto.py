@@ -8,13 +8,13 @@ import random
 
 import pytest
 
-from horovod_ext.compression.auto import Auto
-from horovod_ext.compression.auto_choice import (HELD_WINDOWS, Link, Option, best_uniforms, beyond_noise, confirmed,
+from horovod_ext.compressors.auto import Auto
+from horovod_ext.compressors.auto.choice import (HELD_WINDOWS, Link, Option, best_uniforms, beyond_noise, confirmed,
                                                  decide, decide_measured, guard_gain, guarded, measured_choice,
                                                  optimum, predicted_step, timing_noise)
-from horovod_ext.compression.auto_measure import WARM_ITERATIONS, round_trip, sent_dense
-from horovod_ext.compression.auto_method import (MEASURED_WINDOWS, RECENT_INTERVALS, AutoMethod, grown_budget,
-                                               kept_timings)
+from horovod_ext.compressors.auto.measure import WARM_ITERATIONS, round_trip, sent_dense
+from horovod_ext.compressors.auto.method import (MEASURED_WINDOWS, RECENT_INTERVALS, AutoMethod, grown_budget,
+                                                 kept_timings)
 from hvdrun import horovodrun
 
 LINK = Link(latency={"allreduce": 1e-3, "allgather": 2e-3, "factors": 2e-3},
@@ -245,7 +245,7 @@ def test_the_link_probe_stays_within_probe_seconds_and_fits_the_link(monkeypatch
     collectives take at most probe_seconds in all (it stops before a size predicted to pass it, predicted by the
     time's growth where that grew faster than the bytes), and on a link fast enough it reaches the largest gradient.
     Stopping once a size took probe_seconds / 8, it took 2.3 s at 10 Mbit/s (benchmarks/RESULTS.md)."""
-    from horovod_ext.compression import auto_measure
+    from horovod_ext.compressors.auto import measure as auto_measure
     slow = ProbeLink(1e-3, 1.6e-6, burst)
     monkeypatch.setattr(auto_measure.time, "perf_counter", lambda: slow.clock)
     link = auto_measure.probe_link(slow, [0.0] * (1 << 20), 1.0, 0)
@@ -275,7 +275,7 @@ def test_bad_arguments_name_the_argument_and_the_allowed_values(kwargs, message)
 
 
 def test_candidates_by_name_and_spec_with_dense_always_among_them():
-    from horovod_ext.compression.topk import TopK
+    from horovod_ext.compressors.topk import TopK
     auto = Auto(candidates=["topk", TopK(ratio=0.001), "fp16"])
     assert auto.candidates[0] == "none" and auto.candidates[-1] == "fp16"
     assert auto.candidates[1].transport == "allgather" and auto.candidates[2].ratio == 0.001
@@ -287,8 +287,8 @@ def test_a_payload_candidate_sends_a_tensor_below_its_own_min_size_dense_as_its_
     """Every candidate may take every tensor (auto's min_size 0): ternary on a bias is ternary's dense allreduce
     (gain 1, no kernels, 4 bytes an element), so ternary on every tensor is exactly Compression.ternary."""
     from horovod_ext.compression.plan import Item
-    from horovod_ext.compression.ternary import Ternary
-    from horovod_ext.compression.topk import TopK
+    from horovod_ext.compressors.ternary import Ternary
+    from horovod_ext.compressors.topk import TopK
     assert Auto().min_size == 0
     bias = Item(0, "fc.bias", None, 100, 4)
     assert round_trip(None, None, bias, None, Ternary(), (100,)) == (1.0, 0.0, 400.0)
@@ -301,7 +301,8 @@ def test_an_assignment_timed_long_ago_keeps_its_last_timing_and_newer_ones_age_o
     measured = [(a, 1.0, 0), (b, 2.0, 1), (b, 2.2, 2)] + [(a, 1.1, w) for w in range(3, 3 + MEASURED_WINDOWS)]
     kept = kept_timings(measured, 3 + MEASURED_WINDOWS)
     assert (b, 2.2, 2) in kept and (b, 2.0, 1) not in kept  # b's last timing stays, its older one goes
-    assert (a, 1.0, 0) not in kept and (a, 1.1, 3) not in kept and len(kept) == MEASURED_WINDOWS  # a: windows 4-12, and b
+    # a: windows 4-12, and b
+    assert (a, 1.0, 0) not in kept and (a, 1.1, 3) not in kept and len(kept) == MEASURED_WINDOWS
     assert kept_timings(measured[:3], 3) == measured[:3]
 
 
@@ -341,8 +342,8 @@ def test_a_powersgd_measurement_is_charged_its_warming_iterations_at_a_step_each
     """The measuring budget pays a PowerSGD measurement (1 + WARM_ITERATIONS) times its kernel seconds (its untimed
     warming iterations cost about a measured step each) and a top-k one its kernel seconds: the pairs in order are
     (0, top-k), (1, PowerSGD), (0, PowerSGD), (1, top-k)."""
-    from horovod_ext.compression.powersgd import PowerSGD
-    from horovod_ext.compression.topk import TopK
+    from horovod_ext.compressors.powersgd import PowerSGD
+    from horovod_ext.compressors.topk import TopK
     assert WARM_ITERATIONS == 2
     assert isinstance(Auto(candidates=["topk", "powersgd"]).candidates[1], TopK)
     assert isinstance(Auto(candidates=["topk", "powersgd"]).candidates[2], PowerSGD)

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import types
 
-import pytest
 
 from hvdrun import ROOT
 
@@ -40,7 +39,7 @@ def test_quick_benchmarks_write_json_tables_and_plots(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = (tmp_path / "summary.md").read_text()
     for name, plots in EXPECTED.items():
-        line = next(l for l in proc.stdout.splitlines() if l.startswith(f"[run] {name}:"))
+        line = next(out for out in proc.stdout.splitlines() if out.startswith(f"[run] {name}:"))
         if "skipped" in line:  # no namespace here (not root), or no GPU: a reason, not a crash
             shaped = ("link", "powersgd", "tta", "gravac", "perfmodel", "diloco")
             assert (name in shaped and ("namespace" in line or "root" in line)) or \
@@ -143,7 +142,8 @@ def test_diloco_report_bytes_against_dense_and_bytes_and_seconds_to_dense_loss_p
     assert "Budgets: per-step methods 300 steps; DiLoCo 300 steps" in written["md"]
     rows = {r["method"]: r for r in table_rows(written["md"], "method")}
     missed = "not reached within 6.0 s (300 steps)"
-    want = {"dense": ("1x", "3.000", "1x", "1.500", "30.0"), "diloco-ternary": ("100x", "0.020", "150x", "0.010", "12.0"),
+    want = {"dense": ("1x", "3.000", "1x", "1.500", "30.0"),
+            "diloco-ternary": ("100x", "0.020", "150x", "0.010", "12.0"),
             "topk": ("50x", missed, "-", "-", missed)}
     for method, (fewer, mb_to, fewer_to, payload_to, s_to) in want.items():
         row = rows[method]

@@ -13,7 +13,7 @@ from hvdext_reference import terngrad
 from horovod_ext.compression import sizes
 from horovod_ext.compression.join import JOIN_CHECK_BYTES, join_check_wire_bytes
 from horovod_ext.compression.plan import k_of
-from horovod_ext.compression.two_phase import TwoPhasePlan, scale_sharing_bytes
+from horovod_ext.compressors.transports.two_phase import TwoPhasePlan, scale_sharing_bytes
 from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes, tensor_key
 from hvdrun import horovodrun
 

@@ -1,7 +1,8 @@
 """DiLoCoOptimizer's total counts every collective it makes, by wire.py's formulas: with groups="node" at 2 ranks
-on one host (one worker of both ranks) a run of ROUNDS rounds of H inner steps makes the start's broadcast of the
-36 float32 parameters from rank 0, every inner step's allreduce of the gradients inside the worker, each round's exchange across the one leader (nothing on the wire) and the leader's broadcast of each
-round's average to the worker. PyTorch and Keras count the same. The formulas' arithmetic on its own:
+on one host (one worker of both ranks) a run of ROUNDS rounds of H inner steps makes the start's broadcast of the 36
+float32 parameters from rank 0, every inner step's allreduce of the gradients inside the worker, each round's exchange
+across the one leader (nothing on the wire) and the leader's broadcast of each round's average to the worker. PyTorch
+and Keras count the same. The formulas' arithmetic on its own:
 consensus/diloco_accounting.py's functions on fixed inputs."""
 import types
 

@@ -1,9 +1,9 @@
-"""Elastic training for real: `horovodrun --gloo -np 2 --min-np 1 --max-np 3 --host-discovery-script` on this
-machine, every method of the torch test in one job. A worker is SIGKILLed while its step's collectives are in flight
-(N: 2 -> 1, the survivor rolls back to the last commit), then two are added (N: 1 -> 3: the killed host after Horovod's blacklist cooldown, and a third
-name of this machine). Every rank that ends must hold identical parameters, the expected steps and commits, the
-statistics of exactly the steps trained (rolled-back steps redone, not counted twice), and bytes per step of the
-plan for the final N (two-phase's chunks, sparse_reduce's regions rebuilt for 3 ranks)."""
+"""Elastic training for real: `horovodrun --gloo -np 2 --min-np 1 --max-np 3 --host-discovery-script` on this machine,
+every method of the torch test in one job. A worker is SIGKILLed while its step's collectives are in flight (N: 2 -> 1,
+the survivor rolls back to the last commit), then two are added (N: 1 -> 3: the killed host after Horovod's blacklist
+cooldown, and a third name of this machine). Every rank that ends must hold identical parameters, the expected steps and
+commits, the statistics of exactly the steps trained (rolled-back steps redone, not counted twice), and bytes per step
+of the plan for the final N (two-phase's chunks, sparse_reduce's regions rebuilt for 3 ranks)."""
 import math
 import os
 

@@ -7,7 +7,7 @@ import tensorflow as tf
 import torch
 
 from horovod_ext import _torch_ops as ops
-from horovod_ext.tensorflow.ops import lib
+from horovod_ext.tensorflow.kernels import lib
 from hvdext_reference import coding, terngrad
 from hvdext_reference import topk as rtopk
 from hvdext_reference import two_phase as rtp

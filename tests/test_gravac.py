@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from horovod_ext.compression.gravac import GravacController, ewma_weight, ladder
-from horovod_ext.compression.gravac import AdaptiveTopK
+from horovod_ext.compressors.gravac import GravacController, ewma_weight, ladder
+from horovod_ext.compressors.gravac import AdaptiveTopK
 from hvdrun import horovodrun
 
 

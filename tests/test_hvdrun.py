@@ -8,7 +8,8 @@ def test_every_ranks_first_error_and_the_tail_are_reported():
                        + ["[1,0]<stderr>:terminate called after throwing an instance of 'std::system_error'",
                           "RuntimeError: Horovod detected that one or more processes exited"])
     errors = first_errors(output)
-    assert errors[1][:2] == ["[1]<stderr>:Traceback (most recent call last):", "[1]<stderr>:ValueError: first on rank 1"]
+    assert errors[1][:2] == ["[1]<stderr>:Traceback (most recent call last):",
+                             "[1]<stderr>:ValueError: first on rank 1"]
     assert errors[0][0].endswith("terminate called after throwing an instance of 'std::system_error'")
     assert errors[None] == ["RuntimeError: Horovod detected that one or more processes exited"]
     report = failure_report(output, tail=200)

@@ -1,8 +1,6 @@
 """python -m horovod_ext.run: unmodified Horovod scripts (tests/scripts/plain_*.py, which never import horovod_ext)
 run under horovodrun -np 2 with each compressor; rank 0's summary line reports the ratio the compressor gives.
 Also: bad flags fail on every rank before training, and Horovod's timeline names horovod_ext's collectives."""
-import json
-import os
 import re
 import subprocess
 import sys

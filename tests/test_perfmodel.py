@@ -6,8 +6,8 @@ import pytest
 
 from horovod_ext.compression import CompressionStats
 from horovod_ext.compression.join import join_check_wire_bytes
-from horovod_ext.compression.sparse_reduce import planned_bytes
-from horovod_ext.compression.two_phase import TwoPhasePlan, allgather_transport_bytes, scale_sharing_bytes
+from horovod_ext.compressors.transports.sparse_reduce import planned_bytes
+from horovod_ext.compressors.transports.two_phase import TwoPhasePlan, allgather_transport_bytes, scale_sharing_bytes
 from horovod_ext.compression.wire import allreduce_wire_bytes
 from horovod_ext.consensus import ElasticSync, LeaderSync
 from horovod_ext.perfmodel import METHODS, Cluster, Link, plan, predict, seconds, wire_bytes_per_step
@@ -168,9 +168,10 @@ def test_compute_seconds_are_each_steps_interval_less_what_it_spent(monkeypatch)
     spent = [0.0, 0.05, 0.05, 1.0, 0.05, 0.05]
     monkeypatch.setattr(stats_module.time, "perf_counter", lambda: next(clock))
     timed, untimed = CompressionStats("x"), CompressionStats("x", timed=False)
-    for seconds in spent:
+    for step_seconds in spent:
         for stats in (timed, untimed):
-            stats.add(comm_seconds=seconds * 0.6, compress_seconds=seconds * 0.3, decompress_seconds=seconds * 0.1)
+            stats.add(comm_seconds=step_seconds * 0.6, compress_seconds=step_seconds * 0.3,
+                      decompress_seconds=step_seconds * 0.1)
         timed.end_step()
         monkeypatch.setattr(stats_module.time, "perf_counter", lambda t=timed._ended_at: t)
         untimed.end_step()

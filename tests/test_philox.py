@@ -33,7 +33,7 @@ def test_native_normal_is_the_reference_draw():
     it) has the reference's bits, in PyTorch's binding and TensorFlow's op, odd lengths and 64-bit seeds included."""
     import torch
     from horovod_ext import _torch_ops as ops
-    from horovod_ext.tensorflow.ops import TFKernels
+    from horovod_ext.tensorflow.kernels import TFKernels
 
     for n, seed, step, tensor in ((1, 0, 0, 0), (100001, 5, 1, 9), (4099, 2 ** 64 - 1, 2 ** 32 - 1, 0xFFFFFFFF),
                                   (7, 987654321987654321, 12, 77)):

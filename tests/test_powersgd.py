@@ -1,4 +1,4 @@
-"""Compression.powersgd (horovod_ext/compression/powersgd.py): its arguments, its matrix layout against PyTorch's
+"""Compression.powersgd (horovod_ext/compressors/powersgd.py): its arguments, its matrix layout against PyTorch's
 hook, the normal draw, and for real under horovodrun (tests/workers/powersgd_worker.py): torch and TensorFlow
 (eager and tf.function) at 2 and 4 ranks against the NumPy reference, every rank's bits, the bytes against the
 performance model's plan, and the applied update against PyTorch's DDP powerSGD_hook."""
@@ -7,7 +7,7 @@ import functools
 import numpy as np
 import pytest
 
-from horovod_ext.compression.powersgd import PowerSGD, matrix_layout
+from horovod_ext.compressors.powersgd import PowerSGD, matrix_layout
 from horovod_ext.compression.join import JOIN_CHECK_BYTES
 from horovod_ext.perfmodel.plans import plan, wire_bytes_per_step
 from hvdext_reference import philox

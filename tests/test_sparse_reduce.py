@@ -1,7 +1,7 @@
-"""transport="sparse_reduce" (horovod_ext/compression/sparse_reduce.py) under horovodrun -np 2, 3 (unequal regions)
-and 4 (two "nodes"): bit for bit against the NumPy reference (python/hvdext_reference/sparse_reduce.py), exact mass
-conservation, a checkpoint resumed bit for bit, the bytes bound under adversarial index distributions, and errors
-raised on every rank."""
+"""transport="sparse_reduce" (horovod_ext/compressors/transports/sparse_reduce.py) under horovodrun -np 2, 3
+(unequal regions) and 4 (two "nodes"): bit for bit against the NumPy reference
+(python/hvdext_reference/sparse_reduce.py), exact mass conservation, a checkpoint resumed bit for bit, the bytes bound
+under adversarial index distributions, and errors raised on every rank."""
 import base64
 import functools
 import importlib.util
@@ -124,7 +124,7 @@ def small_tensor_bytes(worker, nranks, label):
     """Bytes a step counts beside the transport: the payload compressors' join check (an allreduce of one int32)
     and GraVAC's allreduce of norms."""
     from horovod_ext.compression.join import join_check_wire_bytes
-    from horovod_ext.compression.gravac import NORM_BYTES
+    from horovod_ext.compressors.gravac import NORM_BYTES
     from horovod_ext.compression.wire import allreduce_wire_bytes
     extra = join_check_wire_bytes(nranks)
     if label == "adaptive":
@@ -207,7 +207,7 @@ def test_region_kernels_write_the_reference_bytes(value_dtype):
     region at its offset across the tensors; the residual is g_ef - sent exactly where the entry was applied."""
     import torch
     from hvdext_reference import topk as ref_topk
-    from horovod_ext.compression.topk import VALUE_DTYPE_IDS
+    from horovod_ext.compressors.topk import VALUE_DTYPE_IDS
     from horovod_ext.torch.kernels import TorchKernels as K
 
     rng = np.random.default_rng(5)
@@ -248,7 +248,7 @@ def test_region_kernels_write_the_reference_bytes(value_dtype):
 
 
 def test_auto_takes_sparse_reduce_where_it_plans_clearly_and_substantially_fewer_bytes():
-    from horovod_ext.compression.sparse_reduce import choose_transport, planned_bytes
+    from horovod_ext.compressors.transports.sparse_reduce import choose_transport, planned_bytes
 
     big = [1 << 22, 1 << 22, 1 << 20, 4096, 64]  # about 9.5M parameters
     assert choose_transport("auto", big, 100, 2) == "allgather"  # about the same bytes, one collective fewer
@@ -270,7 +270,7 @@ def test_auto_takes_sparse_reduce_where_it_plans_clearly_and_substantially_fewer
 
 
 def test_regions_rebalance_when_due_and_when_held_for_another_job():
-    from horovod_ext.compression.sparse_reduce import Regions
+    from horovod_ext.compressors.transports.sparse_reduce import Regions
 
     regions = Regions(every=2)
     assert regions.due(100, 4)  # none yet

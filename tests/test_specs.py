@@ -2,8 +2,9 @@
 import pytest
 import torch
 
-from horovod_ext.compression import Ternary, settings_mismatch_message
+from horovod_ext.compression import settings_mismatch_message
 from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes, tensor_key
+from horovod_ext.compressors import Ternary
 from horovod_ext.torch.kernels import check_gradient
 
 
@@ -32,7 +33,7 @@ def test_invalid_arguments_name_the_argument(kwargs, fragment):
 def test_auto_packing_per_device():
     """packing="auto" (the default): entropy-coded packings for host gradients, the fixed packings that the CUDA
     kernels encode and decode for CUDA tensors; explicit packings and Horovod's compressors are left as they are."""
-    from horovod_ext.compression import gravac, topk
+    from horovod_ext.compressors import gravac, topk
     from horovod_ext.compression.specs import resolved_for
     from horovod_ext.torch import Compression
 
@@ -104,7 +105,7 @@ def test_transport_argument():
     (dict(rebalance_every=0), "rebalance_every must be"),
 ])
 def test_topk_invalid_arguments(kwargs, fragment):
-    from horovod_ext.compression.topk import TopK
+    from horovod_ext.compressors.topk import TopK
 
     with pytest.raises(ValueError) as err:
         TopK(**kwargs)

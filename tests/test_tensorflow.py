@@ -8,7 +8,7 @@ import tensorflow as tf
 import torch
 
 from horovod_ext import _torch_ops as torch_ops
-from horovod_ext.tensorflow.ops import lib as tf_ops, seed_tensor
+from horovod_ext.tensorflow.kernels import lib as tf_ops, seed_tensor
 from hvdext_reference import terngrad as ref, two_phase as ref2
 from digits import check_gravac_run, digits_at_two_ranks
 from hvdrun import horovodrun

@@ -195,7 +195,8 @@ def test_reference_block_tree_order(n):
         lanes = [0.0] * 8
         for i, x in enumerate(g[start:start + 4096]):
             lanes[i % 8] += x
-        partials.append(((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])))
+        partials.append(((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+                        + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])))
     while len(partials) > 1:
         partials = [partials[i] + partials[i + 1] for i in range(0, len(partials) - 1, 2)] + \
             ([partials[-1]] if len(partials) % 2 else [])

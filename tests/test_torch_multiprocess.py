@@ -1,6 +1,5 @@
 """horovod_ext.torch under horovodrun for real: 2 ranks, and 4 ranks as two "nodes" of 2 (Gloo), each launch
 bounded by a timeout. The worker (tests/workers/ternary_worker.py) records what each rank saw."""
-import json
 
 import pytest
 

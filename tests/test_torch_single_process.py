@@ -11,8 +11,8 @@ import torch
 
 import horovod.torch as horovod_torch
 import horovod_ext.torch as hvd
-from horovod_ext.compression.auto_choice import HELD_WINDOWS
-from horovod_ext.compression.auto_method import MEASURE_SEED
+from horovod_ext.compressors.auto.choice import HELD_WINDOWS
+from horovod_ext.compressors.auto.method import MEASURE_SEED
 from horovod_ext.compression.wire import tensor_key
 from hvdext_reference import terngrad as ref
 
@@ -163,7 +163,8 @@ def test_resume_keeps_the_seed_rank_0_drew():
     checkpoint = {"model": m_half.state_dict(), "opt": opt_half.state_dict()}
     assert checkpoint["opt"]["horovod_ext"]["seed"] == opt_half._hx_run.counters.seed == torch.initial_seed() == 0
     m = model()
-    opt_resumed = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters(),
+    opt_resumed = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                           named_parameters=m.named_parameters(),
                                            compression=hvd.Compression.ternary(min_size=0))
     m.load_state_dict(checkpoint["model"])
     opt_resumed.load_state_dict(checkpoint["opt"])
@@ -324,7 +325,7 @@ def test_auto_measures_each_candidate_on_what_it_would_encode_once_chosen():
     """Compression.auto measures a candidate with error feedback (top-k) on g + r and one without (ternary: once
     chosen, r is carried once and its payloads carry g alone) on g: an embedding's g is sparse, top-k's residual of
     it is not, and an entropy-coded ternary payload of g + r would be many times larger than ternary's own."""
-    from horovod_ext.compression.auto_measure import Measures, round_trip
+    from horovod_ext.compressors.auto.measure import Measures, round_trip
     from horovod_ext.compression.plan import Item
     torch.manual_seed(0)
     emb = torch.nn.Embedding(4096, 32)
@@ -355,7 +356,7 @@ def test_auto_parks_a_residual_during_a_trial_and_carries_it_once_the_trials_are
     """Top-k 1% for a window, a trial of "none", top-k again, then "none" after the trials: during the trial top-k's
     residual waits untouched (no dense send of it) and is used again on the return; after the trials the move
     sends it once (the carry), after which it is 0."""
-    from horovod_ext.compression import auto_method
+    from horovod_ext.compressors.auto import method as auto_method
     plan = {0: 1, 4: 0, 8: 1, 12: 0}
 
     def decide(self, current):
@@ -389,7 +390,7 @@ def test_auto_measures_powersgd_from_a_warm_q_near_the_best_rank_r_approximation
     matrix whose spectrum falls slowly it lies near the best rank-4 approximation's cosine and above a cold Q's. The
     step is one power iteration after WARM_ITERATIONS from x's first 256 x 4 elements; the seconds spent warming are
     some of the call's; a tensor that goes dense is sent as it is, with no warming."""
-    from horovod_ext.compression.auto_measure import WARM_ITERATIONS, powersgd_round_trip
+    from horovod_ext.compressors.auto.measure import WARM_ITERATIONS, powersgd_round_trip
     from horovod_ext.compression.plan import Item
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 8)

@@ -6,7 +6,7 @@ import torch
 from horovod_ext import _torch_ops as ops
 from horovod_ext.compression import sizes
 from horovod_ext.compression.sizes import PACKING_IDS
-from horovod_ext.compression.two_phase import TwoPhasePlan, choose_transport, level_bits
+from horovod_ext.compressors.transports.two_phase import TwoPhasePlan, choose_transport, level_bits
 from hvdext_reference import terngrad, two_phase as ref
 
 

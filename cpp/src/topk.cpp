@@ -419,7 +419,7 @@ std::vector<uint8_t> topk_extract_coded(float* r, const int32_t* idx, int64_t k,
 
 namespace {
 
-constexpr uint8_t kUpstreamCorrupted = 0xFE;  // horovod_ext.compression.sparse_reduce.UPSTREAM_MARKER
+constexpr uint8_t kUpstreamCorrupted = 0xFE;  // horovod_ext.compressors.transports.sparse_reduce.UPSTREAM_MARKER
 
 // Every frame of `nframes` "delta" payloads back to back, their CRCs checked before anything is decoded.
 std::vector<Frame> coded_frames(const uint8_t* gathered, int64_t bytes, int nframes) {

@@ -1,11 +1,11 @@
 """The per-step communication plan, written once for PyTorch and TensorFlow.
 
 What happens to a gradient between backward and the optimizer lives here and in each compressor's module
-(ternary.py, topk.py, gravac.py, powersgd.py): the dense split (tensors below min_size), scale sharing, encoding,
-the collectives, decoding, error feedback, GraVAC's decision, the NaN/Inf checks and the byte accounting. A
-framework adapter supplies only a backend (horovod_ext/torch/backend.py, horovod_ext/tensorflow/backend.py): its
-collectives, its kernel table, its way of holding state, and how it checks and branches (eagerly in PyTorch;
-eagerly or as graph ops in TensorFlow).
+(horovod_ext/compressors/: ternary.py, topk.py, gravac.py, powersgd.py, auto/): the dense split (tensors below
+min_size), scale sharing, encoding, the collectives, decoding, error feedback, GraVAC's decision, the NaN/Inf checks
+and the byte accounting. A framework adapter supplies only a backend (horovod_ext/torch/backend.py,
+horovod_ext/tensorflow/backend.py): its collectives, its kernel table, its way of holding state, and how it checks
+and branches (eagerly in PyTorch; eagerly or as graph ops in TensorFlow).
 
 A step has two stages, so that PyTorch keeps its overlap with backward:
 

@@ -1,18 +1,15 @@
-"""The registry of payload compressors: the one place that lists them. Each is declared in its own module (its spec
-names its method and codec); both frameworks' ``hvd.Compression`` expose every registered compressor under its name,
-and both adapters build a compressor's plan from its spec alone (``method_for``), never by testing its name.
+"""The registry of payload compressors: where every compressor is looked up. Each is declared in its own module (its
+spec names its method and codec); both frameworks' ``hvd.Compression`` expose every registered compressor under its
+name, and both adapters build a compressor's plan from its spec alone (``method_for``), never by testing its name.
 
-A compressor defined elsewhere (a user's, a test's) joins with ``register(MySpec())``: its spec subclasses
+The built-in compressors (horovod_ext/compressors/) register themselves when that package is imported, in the order
+its ``BUILTINS`` lists them; this package's ``__init__`` imports it, so the registry is complete wherever it is
+consulted. A compressor defined elsewhere (a user's, a test's) joins with ``register(MySpec())``: its spec subclasses
 CompressorSpec and names a Method (plan.Allgather for a codec by allgather) and a Codec whose kernels the backends
 run (native kernels from the backend's table, or NumPy functions through ``backend.numpy``).
 """
-from .auto import Auto
 from .plan import Linear
-from .powersgd import PowerSGD
 from .specs import CompressorSpec
-from .ternary import Ternary
-from .gravac import AdaptiveTopK
-from .topk import TopK
 
 _compressors = {}
 _namespaces = []
@@ -47,6 +44,3 @@ def method_for(compression):
     compressors, which go by allreduce)."""
     return compression.method if isinstance(compression, CompressorSpec) else Linear
 
-
-for _spec in (Ternary(), TopK(), AdaptiveTopK(), PowerSGD(), Auto()):
-    register(_spec)

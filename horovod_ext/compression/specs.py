@@ -2,8 +2,9 @@
 
 A spec is what a user passes as ``compression=``. It is usable bare (``Compression.ternary``, the defaults) or
 called with arguments (``Compression.ternary(clip=3.0)`` returns a new spec); specs are immutable and hashable.
-Each compressor is declared once, in its own module (ternary.py, topk.py, gravac.py, powersgd.py): its spec, its
-codec (kernels and payload sizes) and its method (its transports: the plan of a step, plan.py); registry.py lists them.
+Each compressor is declared once, in its own module of horovod_ext/compressors/ (ternary.py, topk.py, gravac.py,
+powersgd.py, auto/): its spec, its codec (kernels and payload sizes) and its method (its transports: the plan of a
+step, plan.py); they register themselves in registry.py.
 """
 import math
 import numbers
@@ -81,6 +82,32 @@ class CompressorSpec:
                         f"(import horovod_ext.torch as hvd).")
 
     decompress = compress
+
+    def payload_bytes(self, shape):
+        """Bytes one rank sends for one tensor of `shape` (its dimensions, or its element count for a flat tensor)
+        at a step that compresses, in this spec's wire format: each compressor's one formula of its payload's size
+        (the packed formats' sizes read from the C++ core's table, sizes.py), which its codec, its method's byte
+        counts, Compression.auto and the performance model (horovod_ext.perfmodel) take from here. A tensor the
+        compressor sends dense instead (ternary's below min_size, PowerSGD's that do not compress) counts its
+        float32 allreduce: 4 * numel. None where the size depends on the values and has no fixed bound (top-k's
+        "delta" packing: counted as the step runs) or on what the run chooses (Compression.auto)."""
+        raise NotImplementedError(f"Compression.{self.name} states no payload size")
+
+
+def shape_and_numel(shape):
+    """(shape as a tuple of ints, its element count); an element count stands for a flat tensor of that many."""
+    if isinstance(shape, numbers.Integral):
+        shape = (int(shape),)
+    shape = tuple(int(d) for d in shape)
+    return shape, math.prod(shape)
+
+
+def check_resolved(spec, packing):
+    """packing, where it is concrete: "auto" stands for a packing per device (CompressorSpec.for_device)."""
+    if packing == "auto":
+        raise ValueError(f"Compression.{spec.name}: packing='auto' has no size of its own; resolve it for the "
+                         f"gradients' device first (for_device('cpu') or for_device('cuda'))")
+    return packing
 
 
 def check_choice(argument, value, allowed):

@@ -5,4 +5,5 @@ from .groups import check_groups, node_key, resolve_groups
 from .leader import LeaderSync, Level
 from .rounds import Rounds, check_staleness
 
-__all__ = ["ElasticSync", "LeaderSync", "Level", "check_groups", "node_key", "resolve_groups", "Rounds", "check_staleness"]
+__all__ = ["ElasticSync", "LeaderSync", "Level", "check_groups", "node_key", "resolve_groups", "Rounds",
+           "check_staleness"]

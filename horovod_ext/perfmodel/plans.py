@@ -9,15 +9,12 @@ LSGD and EASGD are averaged over their period).
 import math
 from dataclasses import dataclass
 
-from horovod_ext.compression import sizes as sizes_
 from horovod_ext.compression.join import JOIN_CHECK_BYTES
-from horovod_ext.compression.plan import k_of
-from horovod_ext.compression.powersgd import VALUE_DTYPES, PowerSGD, matrix_layout
-from horovod_ext.compression.sizes import PACKING_IDS
-from horovod_ext.compression.sparse_reduce import planned_bytes as sparse_planned_bytes
-from horovod_ext.compression.ternary import Ternary
-from horovod_ext.compression.topk import TopK
-from horovod_ext.compression.two_phase import TwoPhasePlan
+from horovod_ext.compressors.powersgd import PowerSGD
+from horovod_ext.compressors.transports.sparse_reduce import planned_bytes as sparse_planned_bytes
+from horovod_ext.compressors.ternary import Ternary
+from horovod_ext.compressors.topk import TopK
+from horovod_ext.compressors.transports.two_phase import TwoPhasePlan
 from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes, broadcast_wire_bytes
 from horovod_ext.consensus import LeaderSync
 
@@ -57,10 +54,12 @@ def fp16(sizes, n, **_):
 
 
 def ternary(sizes, n, packing="base3", min_size=TERNARY_MIN_SIZE, **_):
-    """TernGrad by allgather: every tensor's scale and packed codes to every rank; small tensors dense."""
+    """TernGrad by allgather: every tensor's scale and packed codes (Ternary.payload_bytes; "entropy": its largest
+    size) to every rank; small tensors dense."""
+    spec = Ternary(packing=packing, min_size=min_size)
     big = [s for s in sizes if s >= min_size]
     small = 4 * sum(s for s in sizes if s < min_size)
-    payload = sum(sizes_.ternary_payload_bytes(s, PACKING_IDS[packing]) for s in big)
+    payload = sum(spec.payload_bytes(s) for s in big)
     return [_allgather(payload, n), _allreduce(small, n), _join_check(n)]
 
 
@@ -77,7 +76,7 @@ def ternary_two_phase(sizes, n, packing="base3", min_size=TERNARY_MIN_SIZE, **_)
 
 def topk(sizes, n, ratio=TOPK_RATIO, transport="allgather", value_bits=16, **_):
     """Top-k with delta-coded indices: by allgather, or by sparse_reduce (alltoall, then allgather of the owners'
-    selections), as compression/sparse_reduce.py plans them."""
+    selections), as compressors/transports/sparse_reduce.py plans them."""
     cf = 1.0 / ratio
     plan = sparse_planned_bytes(sizes, cf, n, value_bits)
     if transport == "sparse_reduce":
@@ -132,18 +131,18 @@ def easgd(sizes, n, period=4, **_):
 def powersgd(shapes, n, rank=POWERSGD.rank, min_compression_rate=POWERSGD.min_compression_rate,
              value_dtype=POWERSGD.value_dtype, hook=False, **_):
     """Compression.powersgd once compressing (from start_iter): P (n x r) and Q (m x r) of every matrix
-    (powersgd.matrix_layout, the hook's _should_compress) in one allreduce each, the tensors that go dense by
+    (PowerSGD.layout and factor_bytes; the hook's _should_compress) in one allreduce each, the tensors that go dense by
     allreduce, and the join check. hook=True: PyTorch's DDP hook (benchmarks/baselines.py counts with it): the same
     factors, fp32, in one allreduce with the dense tensors, no join check."""
-    itemsize = VALUE_DTYPES[value_dtype][1]
+    spec = PowerSGD(rank=rank, min_compression_rate=min_compression_rate, value_dtype=value_dtype)
     p = q = dense = 0
     for shape in shapes:
-        layout = matrix_layout(shape, rank, min_compression_rate)
+        layout = spec.layout(shape)
         if layout is None:
-            dense += 4 * math.prod(shape)
+            dense += spec.payload_bytes(shape)
         else:
-            rows, cols, r = layout
-            p, q = p + itemsize * rows * r, q + itemsize * cols * r
+            p_bytes, q_bytes = spec.factor_bytes(layout)
+            p, q = p + p_bytes, q + q_bytes
     if hook:
         return [_allreduce(p + q + dense, n)]
     return [_allreduce(p, n), _allreduce(q, n), _allreduce(dense, n), _join_check(n)]

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from .collectives import seconds
 from .plans import plan, wire_bytes_per_step
 
-# Kernel throughput, elements per second on one CPU thread of the CI machine (benchmarks/RESULTS.md, "kernels",
-# 1-4M elements): (encode, decode of one payload, payloads a rank decodes per step: "ranks" or 1). Pass
+# Kernel throughput, elements per second on one CPU thread of the CI machine (benchmarks/RESULTS.md, section
+# "kernels", 1-4M elements): (encode, decode of one payload, payloads a rank decodes per step: "ranks" or 1). Pass
 # compression_seconds where yours differ (a GPU, or other sizes).
-THROUGHPUT = {"ternary": (0.42e9, 1.1e9, "ranks"),              # 1.6-1.8 GB/s encode, 4.5 GB/s decode (fp32)
+THROUGHPUT = {"ternary": (0.42e9, 1.1e9, "ranks"),              # base-3 encode and decode, fp32 elements
               "ternary_two_phase": (0.42e9, 1.1e9, 1),         # one re-encoded stream of chunk sums
-              "topk": (0.65e9, 4e9, "ranks"),                  # 1% of 4M elements in 6.6 ms; sparse adds
+              "topk": (0.65e9, 4e9, "ranks"),                  # encode: selection at 1%; decode: sparse adds
               "topk_sparse_reduce": (0.65e9, 4e9, 1),
               "adaptive_topk": (0.65e9, 4e9, "ranks")}
 

@@ -42,7 +42,7 @@ def project(shapes, stats, ranks, gbit, latency=DEFAULT_LATENCY, ranks_per_node=
     default the same), from a job's tensor shapes and compression_stats(). methods: default every one.
     overhead_seconds: a per-step software cost added to every method (predict.py), e.g. the job's own step on its
     link less its compute and the communication the model gives that link; it is the job's method's, and others'
-    differ (benchmarks/RESULTS.md measured 3-210 ms across methods on one 2-core host)."""
+    differ (benchmarks/RESULTS.md, section "Performance model validation")."""
     compute = compute_seconds_of(stats) if compute_seconds is None else compute_seconds
     intra = Link(intra_gbit, latency) if intra_gbit is not None else None
     cluster = Cluster(ranks, Link(gbit, latency), intra=intra, ranks_per_node=ranks_per_node,

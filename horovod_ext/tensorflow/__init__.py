@@ -11,10 +11,10 @@ from horovod.tensorflow import *  # noqa: F401,F403  (everything of horovod.tens
 from horovod_ext.consensus.init import make_init  # noqa: E402
 from horovod_ext.horovod_internals import framework_basics  # noqa: E402
 
-from .compression import Compression  # noqa: E402
-from .diloco import DiLoCoOptimizer  # noqa: E402
-from .gradient_tape import DistributedGradientTape  # noqa: E402
-from .leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402
-from .project import project  # noqa: E402
+from .compression import Compression  # noqa: E402,F401  (re-exported)
+from .diloco import DiLoCoOptimizer  # noqa: E402,F401  (re-exported)
+from .gradient_tape import DistributedGradientTape  # noqa: E402,F401  (re-exported)
+from .leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402,F401  (re-exported)
+from .project import project  # noqa: E402,F401  (re-exported)
 
 init = make_init(_horovod.init, framework_basics(_horovod))

@@ -12,7 +12,7 @@ import tensorflow as tf
 from horovod_ext.compression.backend import Backend
 from horovod_ext.compression.horovod_args import outside_process_set
 from horovod_ext.compression.generation import named
-from .ops import TFKernels
+from .kernels import TFKernels
 
 OPS = {"sum": hvd.Sum, "average": hvd.Average, "max": hvd.Max}
 DTYPES = {"float16": tf.float16, "float32": tf.float32, "float64": tf.float64, "int32": tf.int32,

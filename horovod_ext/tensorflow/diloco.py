@@ -39,7 +39,7 @@ from horovod_ext.consensus.agreement import build_on_every_rank
 from horovod_ext.consensus import diloco_accounting as accounting
 from horovod_ext.consensus.diloco import (NO_COMPRESSION, DiLoCoSettings, averaged_pseudo_gradient, elected,
                                           fragments_of, leader_transport, merged, outer_update, worker_process_sets)
-from .aggregator import GradientAggregator, variable_names
+from .optimizer import GradientAggregator, variable_names
 from .backend import barrier_over_every_rank, numpy_allgather
 from .elastic_state import assign_all, broadcast_variables, numpy_values
 from .wrapping import checked_named_tensors, wrap

@@ -6,7 +6,7 @@ from horovod.common.process_sets import global_process_set
 
 from horovod_ext.compression.horovod_args import check_groups
 
-from .aggregator import GradientAggregator
+from .optimizer import GradientAggregator
 
 _aggregators = {}
 

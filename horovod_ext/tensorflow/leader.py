@@ -39,7 +39,7 @@ from horovod_ext.consensus.backend import ParameterBackend
 from horovod_ext.consensus.leader import ELASTIC_EVALUATION, LEADER_EVALUATION, check_evaluation
 from horovod_ext.consensus.state import ParameterState
 from horovod_ext.consensus.step import ElasticStep, LeaderStep
-from .aggregator import variable_names
+from .optimizer import variable_names
 from .backend import (DTYPES, HostStateVariable, as_tuple, barrier_over_every_rank, collective_name,
                       numpy_allgather)
 from .elastic_state import assign_all, broadcast_variables, numpy_values

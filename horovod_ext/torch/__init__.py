@@ -14,12 +14,12 @@ from horovod.torch import *  # noqa: F401,F403  (everything of horovod.torch is 
 from horovod_ext.consensus.init import make_init  # noqa: E402
 from horovod_ext.horovod_internals import framework_basics  # noqa: E402
 import importlib  # noqa: E402
-from .compression import Compression  # noqa: E402
-from .functions import broadcast_optimizer_state  # noqa: E402
-from .project import project  # noqa: E402
-from .diloco import DiLoCoOptimizer  # noqa: E402
-from .leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402
-from .optimizer import DistributedOptimizer, complete_in_flight as _complete_in_flight  # noqa: E402
+from .compression import Compression  # noqa: E402,F401  (re-exported)
+from .functions import broadcast_optimizer_state  # noqa: E402,F401  (re-exported)
+from .project import project  # noqa: E402,F401  (re-exported)
+from .diloco import DiLoCoOptimizer  # noqa: E402,F401  (re-exported)
+from .leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402,F401  (re-exported)
+from .optimizer import DistributedOptimizer, complete_in_flight as _complete_in_flight  # noqa: E402,F401  (re-exported)
 
 # horovod.torch.elastic's names with horovod_ext's optimizers in the state; `from . import elastic` would return
 # the `elastic` the star import bound (Horovod's).

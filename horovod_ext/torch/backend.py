@@ -192,7 +192,8 @@ class TorchBackend(Backend):
     @staticmethod
     def all_finite(x):
         """No NaN or Inf in x. Its min and max (NaN propagates through both) are one vectorized pass without a
-        temporary: 40x faster than isfinite(x).all() on a 10.5M-element gradient."""
+        temporary, where isfinite(x).all() writes a boolean tensor of x's size first (the time of each:
+        benchmarks/RESULTS.md, section "Figures moved out of the package's docstrings (issue 67)")."""
         if isinstance(x, float):
             return math.isfinite(x)
         if x.numel() == 0:
@@ -231,7 +232,8 @@ class TorchBackend(Backend):
     @staticmethod
     def matmul(a, b, transpose_a=False, transpose_b=False):
         # A product with a few columns (M Q, M^T P) as the transpose of its transpose: on the CPU, bmm of a large
-        # operand against a narrow one is 3-8x faster in that layout (the values are the same sums)
+        # operand against a narrow one is faster in that layout (the values are the same sums; benchmarks/RESULTS.md,
+        # section "Figures moved out of the package's docstrings (issue 67)")
         if transpose_a:
             return torch.bmm(b if transpose_b else b.transpose(1, 2), a).transpose(1, 2)
         if not transpose_b:

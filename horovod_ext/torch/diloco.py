@@ -18,7 +18,6 @@ import itertools
 
 import horovod.torch as hvd
 import torch
-from horovod.common.process_sets import global_process_set
 
 from horovod_ext import __version__
 from horovod_ext.compression import CompressionStats

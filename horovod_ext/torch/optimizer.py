@@ -206,9 +206,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Bytes this rank sent vs dense, bits per element, bytes on the wire (ring formulas, see
         horovod_ext.compression.wire) and seconds compressing, decompressing and waiting on communication, for
         the last step and since the start. With adaptive_topk also the CF, both gains and the path of the last
-        step, "planned_cf" (what the next step sends), "log": one entry per step (step, cf, path, gain_min, gain_c, theta_min, candidate_cf, step_seconds)
-        to plot, and "throughput": the table the controller settles from ({cf sent: (mean gain x steps/s, steps)}),
-        with "theta_ideal", the CF it settled on (None while exploring)."""
+        step, "planned_cf" (what the next step sends), "log": one entry per step (step, cf, path, gain_min, gain_c,
+        theta_min, candidate_cf, step_seconds) to plot, and "throughput": the table the controller settles from
+        ({cf sent: (mean gain x steps/s, steps)}), with "theta_ideal", the CF it settled on (None while exploring)."""
         run = self._hx_run
         observations = run.observations()
         stats = self._hx_stats.as_dict()  # after the observations: GraVAC takes in its last readings there
@@ -278,7 +278,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     """Wrap a torch optimizer for data-parallel training over Horovod, with gradient compression.
 
     The signature is horovod.torch.DistributedOptimizer's. ``compression`` takes hvd.Compression.none (default),
-    fp16 (both by allreduce) or ternary (packed, by allgather; see horovod_ext.compression.Ternary).
+    fp16 (both by allreduce) or ternary (packed, by allgather; see horovod_ext.compressors.Ternary).
     ``op`` is hvd.Average (default) or hvd.Sum. ``op=hvd.Adasum`` with hvd.Compression.none or fp16 returns Horovod's
     own Adasum optimizer (on more than one rank it allreduces each parameter's change after a local step, not the
     gradients), as horovod.torch.DistributedOptimizer does; the payload compressors refuse it. ``num_groups`` and

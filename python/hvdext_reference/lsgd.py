@@ -1,8 +1,8 @@
 """Leader-based and elastic-averaging parameter updates: the definition, and the test oracle.
 
-LSGD (Teng, Gao, Chalus, Choromanska, Goldfarb, Weller; "Leader Stochastic Gradient Descent for Distributed
-Training of Deep Learning Models", NeurIPS 2019). Every worker i takes its own optimizer step and is pulled toward leaders,
-the workers with the lowest running-average training loss. With a local leader x_L of i's group and a global
+LSGD (Teng, Gao, Chalus, Choromanska, Goldfarb, Weller; "Leader Stochastic Gradient Descent for Distributed Training of
+Deep Learning Models", NeurIPS 2019). Every worker i takes its own optimizer step and is pulled toward leaders, the
+workers with the lowest running-average training loss. With a local leader x_L of i's group and a global
 leader x_G, at a step where both pulls are due:
 
     x_i <- x_i - lr * g_i - pull * (x_i - x_L) - global_pull * (x_i - x_G)

@@ -1,7 +1,7 @@
 """PowerSGD (Vogels, Karimireddy, Jaggi, "PowerSGD: Practical Low-Rank Gradient Compression for Distributed
 Optimization", NeurIPS 2019), Algorithm 1 with error feedback and warm start, as PyTorch's DDP hook runs it
 (torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py): the definition horovod_ext's method is tested
-against (horovod_ext/compression/powersgd.py).
+against (horovod_ext/compressors/powersgd.py).
 
 A tensor of shape (n, ...) is the n x m matrix M, m = numel / n; r = min(n, m, rank). Per step, on rank i:
 

@@ -1,6 +1,6 @@
 """sparse_reduce: top-k aggregation whose bytes per rank do not grow with the number of ranks (Ok-Topk's sparse
 allreduce, Li & Hoefler, PPoPP 2022, in horovod_ext's form), the definition the plan matches bit for bit
-(horovod_ext/compression/sparse_reduce.py).
+(horovod_ext/compressors/transports/sparse_reduce.py).
 
 The step's compressed tensors, in parameter order, form one index space [0, T); tensor t starts at o_t. Rank r has
 g_ef_r (the concatenation of its tensors' g + r) and selects per tensor as top-k does (topk.py): its positions

@@ -24,7 +24,8 @@ Per tensor g (float32, n elements), on each rank:
        codes' entropy), mode 1: the codes in base 3, where that is smaller (mostly non-zero codes).
 6. Decode N payloads and average (divisor N for Average, 1 for Sum):
        if every rank sent the same scale s:  out_k = float32(sum_r v_r,k) * s / divisor  (exact integer sum);
-       otherwise:                            out_k = (((s_0 v_0,k) + s_1 v_1,k) + ...) / divisor  (float32, in rank order).
+       otherwise:                            out_k = (((s_0 v_0,k) + s_1 v_1,k) + ...) / divisor
+                                             (float32, in rank order).
 """
 import math
 

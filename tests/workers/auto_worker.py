@@ -16,8 +16,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hvdrun import expect_error, write_result  # noqa: E402
 
-from horovod_ext.compression import auto_measure, auto_method  # noqa: E402
-from horovod_ext.compression.auto_choice import Link  # noqa: E402
+from horovod_ext.compressors.auto import measure as auto_measure, method as auto_method  # noqa: E402
+from horovod_ext.compressors.auto.choice import Link  # noqa: E402
 
 WINDOW, STEPS = 4, 12
 SMALL = 1024  # a slow run's min_size: smaller tensors (the biases) choose between none and fp16
@@ -86,7 +86,8 @@ def torch_run(slow, steps=STEPS, resume_at=None):
         if (step + 1) % WINDOW == 0:
             windows.append(choice_methods(opt.compression_stats()))
     stats = opt.compression_stats()
-    return {"windows": windows, "resumed": resumed, "checksum": float(sum(p.double().sum() for p in model.parameters())),
+    return {"windows": windows, "resumed": resumed,
+            "checksum": float(sum(p.double().sum() for p in model.parameters())),
             "gains": {n: e["gain"] for n, e in stats["choice"].items()}, "changes": stats["choice_changes"],
             "ratio": stats["total"]["ratio"]}
 

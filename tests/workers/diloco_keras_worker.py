@@ -246,8 +246,9 @@ def stream_model(seed=0):
 
 def stream_optimizer(name):
     case = STREAMING[name]
-    return hvd.DiLoCoOptimizer(EveryStepSGD(0.05), **STREAM_ARGUMENTS, merge_alpha=case["merge_alpha"], compression=case["compression"](),
-                               groups=groups() if case.get("groups") else None, outer=case.get("outer", "average"))
+    return hvd.DiLoCoOptimizer(EveryStepSGD(0.05), **STREAM_ARGUMENTS, merge_alpha=case["merge_alpha"],
+                               compression=case["compression"](), groups=groups() if case.get("groups") else None,
+                               outer=case.get("outer", "average"))
 
 
 def stream_steps(m, opt, step, first, last, leader=False):

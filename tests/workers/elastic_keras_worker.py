@@ -6,8 +6,8 @@
 METHOD: topk (DistributedOptimizer, top-k with error feedback; the default), lsgd (LeaderOptimizer, multi-leader:
 groups="node", each horovodrun host a node), easgd (ElasticAveragingOptimizer) or diloco (DiLoCoOptimizer, streaming:
 two fragments, one exchanged every 5 steps and applied a step later, so one is pending at every commit; the best
-worker's ternary pseudo-gradient as the outer step, groups="node"). The parameter-space optimizers' final weights are what every rank evaluates: the
-elected leader's (LSGD), EASGD's center or DiLoCo's outer parameters.
+worker's ternary pseudo-gradient as the outer step, groups="node"). The parameter-space optimizers' final weights are
+what every rank evaluates: the elected leader's (LSGD), EASGD's center or DiLoCo's outer parameters.
 
 Horovod's documented pattern: KerasState, CommitStateCallback (every 5 batches and each epoch's end),
 UpdateBatchStateCallback, UpdateEpochStateCallback, ``fit(epochs=EPOCHS - state.epoch)`` inside ``hvd.elastic.run``.

@@ -11,9 +11,10 @@ peers fail inside one), having first taken its host out of the hosts file. At ea
 the hosts localhost, 127.0.0.1 (after Horovod's blacklist cooldown) and a third name of this machine
 (tests/hvdrun.py third_host), then waits until Horovod has told it (the next commit resets).
 benchmarks/elastic_soak.py runs it at 3 ranks with a kill every 200 steps. Every rank that finishes writes its
-result: steps, commits, and per method parameters, statistics, bytes of the last step and the plan's bytes for the
-final N, accuracy on a held-out set. METHOD "horovod" (alone) is Horovod's own script (horovod.torch, its DistributedOptimizer), for
-the launcher `python -m horovod_ext.run`. KILL_AT = ADD_AT = -1 is the uninterrupted run a soak compares with.
+result: steps, commits, and per method parameters, statistics, bytes of the last step and the plan's bytes for the final
+N, accuracy on a held-out set. METHOD "horovod" (alone) is Horovod's own script (horovod.torch, its
+DistributedOptimizer), for the launcher `python -m horovod_ext.run`. KILL_AT = ADD_AT = -1 is the uninterrupted run a
+soak compares with.
 """
 import math
 import os
@@ -30,7 +31,7 @@ if __name__ == "__main__" and sys.argv[1] == "horovod":  # an unmodified Horovod
 else:
     import horovod_ext.torch as hvd  # noqa: E402
 from horovod_ext.compression.join import join_check_wire_bytes  # noqa: E402
-from horovod_ext.compression.two_phase import TwoPhasePlan, scale_sharing_bytes  # noqa: E402
+from horovod_ext.compressors.transports.two_phase import TwoPhasePlan, scale_sharing_bytes  # noqa: E402
 from horovod_ext.compression.wire import allreduce_wire_bytes  # noqa: E402
 from hvdrun import marker, write_hosts, write_result  # noqa: E402
 

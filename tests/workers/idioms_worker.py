@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import horovod.torch as horovod_torch  # noqa: E402
 import horovod_ext.torch as hvd  # noqa: E402
 from hvdrun import write_result  # noqa: E402
-from horovod_ext.compression.powersgd import Q_SUFFIX  # noqa: E402
+from horovod_ext.compressors.powersgd import Q_SUFFIX  # noqa: E402
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -214,7 +214,8 @@ def check_join(name):
     last = hvd.join()
     return {"last_joined": last, "steps": steps, "at_common": at_common, "final": snapshot(model, opt)["params"],
             "errors": errors, "dense_steps": opt.compression_stats().get("join_dense_steps", 0),
-            "residual_left": max([float(r.abs().max()) for key, r in opt.state_dict()["horovod_ext"]["residuals"].items()
+            "residual_left": max([float(r.abs().max())
+                                  for key, r in opt.state_dict()["horovod_ext"]["residuals"].items()
                                   if not key.endswith(Q_SUFFIX)] or [0.0])}
 
 

@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 from hvdext_reference import philox  # noqa: E402
 from hvdext_reference.powersgd import PowerSGD as Reference  # noqa: E402
 from hvdrun import write_result  # noqa: E402
-from horovod_ext.compression.powersgd import matrix_layout  # noqa: E402
+from horovod_ext.compressors.powersgd import matrix_layout  # noqa: E402
 from horovod_ext.compression.wire import tensor_key  # noqa: E402
 
 FRAMEWORK = sys.argv[1]

@@ -1,9 +1,9 @@
 """A seeded training script, as a Horovod user writes one (tests/test_seeds.py): the script seeds its framework
-(torch.manual_seed, keras.utils.set_random_seed) with each seed of argv[1:] in turn and leaves every compressor at its defaults (seed=None);
-the weights start from a fixed NumPy draw, so that the script's seed reaches the model only through the compressors'
-draws (ternary's stochastic rounding, PowerSGD's initial Q). Each rank records, per seed, framework and method, the
-digest of its final parameters' bits and the key the ranks agreed on. SEED_WORKER_FRAMEWORKS (default
-"torch,keras") picks the frameworks."""
+(torch.manual_seed, keras.utils.set_random_seed) with each seed of argv[1:] in turn and leaves every compressor at its
+defaults (seed=None); the weights start from a fixed NumPy draw, so that the script's seed reaches the model only
+through the compressors' draws (ternary's stochastic rounding, PowerSGD's initial Q). Each rank records, per seed,
+framework and method, the digest of its final parameters' bits and the key the ranks agreed on. SEED_WORKER_FRAMEWORKS
+(default "torch,keras") picks the frameworks."""
 import hashlib
 import os
 import sys

@@ -48,8 +48,9 @@ def check_mean_of_decoded(compression, steps=3):
             scale = None
             if compression.shared_scale:
                 scale = max(ref.local_scale(gathered[r], compression.clip)[1] for r in range(SIZE))
-            payloads = [ref.encode(gathered[r], clip=compression.clip, packing=compression.for_device("cpu").packing, seed=seed,
-                                   step=step, tensor=tensor_key(name), rank=r, scale=scale) for r in range(SIZE)]
+            payloads = [ref.encode(gathered[r], clip=compression.clip, packing=compression.for_device("cpu").packing,
+                                   seed=seed, step=step, tensor=tensor_key(name), rank=r, scale=scale)
+                        for r in range(SIZE)]
             want = ref.decode_average(payloads, g.numel(), compression.for_device("cpu").packing, SIZE)
             if not np.array_equal(p.grad.reshape(-1).numpy(), want):
                 mismatches.append(f"step {step} {name}")
@@ -105,10 +106,12 @@ def bad_inputs():
         expect_error("inf", lambda: train_steps(mlp(), ternary, poison=float("inf"))),
         expect_error("nan_shared", lambda: train_steps(mlp(), hvd.Compression.ternary(min_size=0, shared_scale=True),
                                                        poison=float("nan"))),
-        expect_error("mismatch_clip", lambda: train_steps(mlp(), hvd.Compression.ternary(min_size=0, clip=2.5 if RANK == 0 else 3.0))),
+        expect_error("mismatch_clip",
+                     lambda: train_steps(mlp(), hvd.Compression.ternary(min_size=0, clip=2.5 if RANK == 0 else 3.0))),
         expect_error("mismatch_compressor", lambda: train_steps(mlp(), ternary if RANK == 0 else hvd.Compression.fp16)),
         expect_error("mismatch_shared", lambda: train_steps(mlp(), hvd.Compression.ternary(shared_scale=RANK > 0))),
-        expect_error("complex", lambda: train_steps(WithExtra(torch.nn.Parameter(torch.zeros(4, dtype=torch.complex64))), ternary)),
+        expect_error("complex", lambda: train_steps(
+            WithExtra(torch.nn.Parameter(torch.zeros(4, dtype=torch.complex64))), ternary)),
         expect_error("empty", lambda: train_steps(WithExtra(torch.nn.Parameter(torch.zeros(0))), ternary)),
         expect_error("topk_nan", lambda: train_steps(mlp(), hvd.Compression.topk(ratio=0.1), poison=float("nan"))),
         expect_error("adaptive_inf", lambda: train_steps(mlp(), hvd.Compression.adaptive_topk(window=2),

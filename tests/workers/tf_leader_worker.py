@@ -138,7 +138,7 @@ def check_checkpoint():
     for _ in range(3):
         step(tf.constant(2.0 - RANK, tf.float64))
     path = tf.train.Checkpoint(horovod_ext=opt.horovod_ext).write(f"/tmp/hvdext_tf_leader_ckpt_{RANK}")
-    m2 = model(RANK)
+    _ = model(RANK)  # built as a resumed run builds its model (the restored state is the optimizer's)
     opt2 = hvd.LeaderOptimizer(keras.optimizers.SGD(0.1), period=2, groups=None)
     tf.train.Checkpoint(horovod_ext=opt2.horovod_ext).read(path).assert_consumed()
     s = opt2.horovod_ext

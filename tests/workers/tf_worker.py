@@ -13,7 +13,7 @@ import tensorflow as tf  # noqa: E402
 import horovod_ext.tensorflow as hvd  # noqa: E402
 import horovod_ext.tensorflow.keras as hvd_keras  # noqa: E402
 from horovod_ext.compression.wire import tensor_key  # noqa: E402
-from horovod_ext.tensorflow.aggregator import variable_names  # noqa: E402
+from horovod_ext.tensorflow.optimizer import variable_names  # noqa: E402
 from hvdext_reference import terngrad as ref  # noqa: E402
 from hvdrun import expect_error, write_result  # noqa: E402
 
@@ -61,8 +61,9 @@ def check_mean(compression, graph):
             scale = None
             if compression.shared_scale:
                 scale = max(ref.local_scale(gathered[r], compression.clip)[1] for r in range(SIZE))
-            payloads = [ref.encode(gathered[r], clip=compression.clip, packing=compression.for_device("cpu").packing, seed=seed,
-                                   step=agg_step, tensor=tensor_key(name), rank=r, scale=scale) for r in range(SIZE)]
+            payloads = [ref.encode(gathered[r], clip=compression.clip, packing=compression.for_device("cpu").packing,
+                                   seed=seed, step=agg_step, tensor=tensor_key(name), rank=r, scale=scale)
+                        for r in range(SIZE)]
             want = ref.decode_average(payloads, gathered.shape[1], compression.for_device("cpu").packing, SIZE)
             if not np.array_equal(a.numpy().reshape(-1), want):
                 mismatches.append(f"step {step} {name}")
@@ -96,7 +97,8 @@ def check_callbacks():
     everyone = hvd.allgather(tf.reshape(flat, [1, -1]))
     return {"identical": bool(tf.reduce_all(tf.equal(everyone, everyone[0])).numpy()), "lrs": lrs,
             "steps": opt.compression_stats()["steps"],
-            "rank_metric": [l["rank_metric"] for l in logs_seen], "loss": [l["loss"] for l in logs_seen]}
+            "rank_metric": [entry["rank_metric"] for entry in logs_seen],
+            "loss": [entry["loss"] for entry in logs_seen]}
 
 
 def tape_step(compression, variables=None, poison=None, graph=False):
@@ -127,7 +129,8 @@ def bad_inputs():
                                                     graph=True)),
         expect_error("inf_shared", lambda: tape_step(hvd.Compression.ternary(min_size=0, shared_scale=True, seed=3),
                                                      poison=np.inf)),
-        expect_error("mismatch", lambda: tape_step(hvd.Compression.ternary(min_size=0, clip=2.5 if RANK == 0 else 3.0))),
+        expect_error("mismatch",
+                     lambda: tape_step(hvd.Compression.ternary(min_size=0, clip=2.5 if RANK == 0 else 3.0))),
         expect_error("complex", lambda: tape_step(ternary, variables=m.trainable_variables
                                                   + [tf.Variable(tf.zeros([3], tf.complex64), name="cplx")])),
         expect_error("int", lambda: hvd.DistributedGradientTape(tf.GradientTape(), compression=ternary).aggregator

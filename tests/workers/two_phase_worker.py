@@ -7,7 +7,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import horovod_ext.torch as hvd  # noqa: E402
 from horovod_ext.compression.join import join_check_wire_bytes  # noqa: E402
-from horovod_ext.compression.two_phase import TwoPhasePlan, scale_sharing_bytes  # noqa: E402
+from horovod_ext.compressors.transports.two_phase import TwoPhasePlan, scale_sharing_bytes  # noqa: E402
 from hvdext_reference.two_phase import formula_wire_bytes  # noqa: E402
 from hvdrun import write_result  # noqa: E402
 

@@ -64,8 +64,8 @@ int64_t topk_coded_max_bytes(int64_t k, int64_t n, ValueType type);
 void topk_decode_average_coded(const uint8_t* gathered, int64_t bytes, int nranks, int64_t n, float divisor,
                                float* out);
 
-// sparse_reduce (horovod_ext/compression/sparse_reduce.py). Its index space is the concatenation of segments (the
-// step's tensors, in order), cut into regions [bounds[g], bounds[g+1]).
+// sparse_reduce (horovod_ext/compressors/transports/sparse_reduce.py). Its index space is the concatenation of
+// segments (the step's tensors, in order), cut into regions [bounds[g], bounds[g+1]).
 struct Segment {
   float* data;
   int64_t n;

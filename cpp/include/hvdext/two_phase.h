@@ -17,7 +17,7 @@ int two_phase_level_bits(int nranks);
 inline int64_t two_phase_stream_bytes(int64_t count, int bits) { return (count * bits + 7) / 8; }
 
 // Chunks (rank j owns flat elements [floor(j*T/N), floor((j+1)*T/N))) are planned in Python, by
-// horovod_ext/compression/two_phase.py, and passed here as counts and offsets.
+// horovod_ext/compressors/transports/two_phase.py, and passed here as counts and offsets.
 
 // received: nranks packed code streams of the same `count` elements (ternary_packed_bytes(count, packing) bytes
 // each, back to back: what one rank receives in phase 1). Writes the levels k + N of their exact sums as a

@@ -17,11 +17,11 @@ from horovod.tensorflow.keras import *  # noqa: F401,F403  (everything of horovo
 import horovod.tensorflow as _horovod  # noqa: E402
 from horovod_ext.consensus.init import make_init  # noqa: E402
 from horovod_ext.horovod_internals import framework_basics  # noqa: E402
-from horovod_ext.tensorflow.compression import Compression  # noqa: E402
-from horovod_ext.tensorflow.diloco import DiLoCoOptimizer  # noqa: E402
-from horovod_ext.tensorflow.leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402
-from horovod_ext.tensorflow.project import project  # noqa: E402
-from .optimizer import DistributedOptimizer  # noqa: E402
+from horovod_ext.tensorflow.compression import Compression  # noqa: E402,F401  (re-exported)
+from horovod_ext.tensorflow.diloco import DiLoCoOptimizer  # noqa: E402,F401  (re-exported)
+from horovod_ext.tensorflow.leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402,F401  (re-exported)
+from horovod_ext.tensorflow.project import project  # noqa: E402,F401  (re-exported)
+from .optimizer import DistributedOptimizer  # noqa: E402,F401  (re-exported)
 
 # `from . import callbacks` would return the `callbacks` the star import bound (Horovod's, for Keras 2).
 callbacks = importlib.import_module(".callbacks", __name__)

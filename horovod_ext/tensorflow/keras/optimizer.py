@@ -7,7 +7,7 @@ from horovod.common.process_sets import global_process_set
 from horovod.tensorflow.mpi_ops import Average
 
 from horovod_ext.compression.horovod_args import check_groups
-from horovod_ext.tensorflow.aggregator import GradientAggregator
+from horovod_ext.tensorflow.optimizer import GradientAggregator
 
 _counter = [0]
 
@@ -56,8 +56,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     averaged with ``average_aggregated_gradients``) and communicates and applies them every that many calls;
     ``sparse_as_dense``, ``gradient_predivide_factor``, ``device_dense``/``device_sparse``, ``scale_local_gradients``
     (with ``register_local_var``) have Horovod's meaning; ``num_groups``/``groups`` (explicit grouping) are refused
-    with an error that says what to do. ``compression_stats()`` reports bytes per step, and ``optimizer.horovod_ext`` holds the step counter,
-    seed and compressor state as tf.Variables (tf.train.Checkpoint(horovod_ext=optimizer.horovod_ext)).
+    with an error that says what to do. ``compression_stats()`` reports bytes per step, and ``optimizer.horovod_ext``
+    holds the step counter, seed and compressor state as tf.Variables
+    (tf.train.Checkpoint(horovod_ext=optimizer.horovod_ext)).
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         module = type(optimizer).__module__

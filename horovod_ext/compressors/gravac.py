@@ -78,12 +78,12 @@ import time
 
 from horovod_ext.in_flight import hold, release
 
-from .feedback import ErrorFeedback
-from .plan import Method, Record, count_dense, require_decoded, send_dense
-from .specs import CompressorSpec, check_choice, check_int, check_real
-from .sparse_reduce import SparseTransport
-from .topk import TOPK_MAX_ELEMENTS, AutoPacking, TopKCodec, check_fraction, check_values
-from .wire import allreduce_wire_bytes
+from horovod_ext.compression.feedback import ErrorFeedback
+from horovod_ext.compression.plan import Method, Record, count_dense, require_decoded, send_dense
+from horovod_ext.compression.specs import CompressorSpec, check_choice, check_int, check_real
+from horovod_ext.compression.wire import allreduce_wire_bytes
+from .topk import TOPK_MAX_ELEMENTS, AutoPacking, TopKCodec, check_fraction, check_values, payload_bytes_at
+from .transports.sparse_reduce import SparseTransport
 
 POLICIES = ("exponential", "geometric")
 NORM_BYTES = 32  # GraVAC's allreduce: |g_ef|^2, |C_min|^2, |C_c|^2 and the step time, float64
@@ -238,8 +238,8 @@ class GravacController:
         mean_cf = sum(cf * n for cf, n in self.totals["cf_steps"].items()) / steps if steps else None
         return {"log": [dict(e) for e in self.log], "throughput": self.throughput_table(),
                 "theta_ideal": self.theta_ideal, "planned": {"path": self.planned[0], "cf": self.planned[1]},
-                "totals": {"paths": dict(self.totals["paths"]), "cf_steps": dict(sorted(self.totals["cf_steps"].items())),
-                           "mean_cf": mean_cf}}
+                "totals": {"paths": dict(self.totals["paths"]),
+                           "cf_steps": dict(sorted(self.totals["cf_steps"].items())), "mean_cf": mean_cf}}
 
     def _end_window(self, gain_min):
         """The window's end (module docstring, 3.): settle, climb a rung, or step down one."""
@@ -500,7 +500,7 @@ class AdaptiveTopKMethod(SparseTransport, Method):
 class AdaptiveTopK(AutoPacking, CompressorSpec):
     """GraVAC (Tyagi & Swany, "GraVAC: Adaptive Compression for Communication-Efficient Distributed DL Training",
     IEEE CLOUD 2023), Algorithm 1: top-k with error feedback whose compression factor CF (dense size / sent size)
-    moves during training, driven by the measured compression gain. See horovod_ext.compression.gravac for the
+    moves during training, driven by the measured compression gain. See horovod_ext.compressors.gravac for the
     controller, its math and its tuning guide.
 
     Args:
@@ -518,13 +518,13 @@ class AdaptiveTopK(AutoPacking, CompressorSpec):
             payloads travel, as Compression.topk's ("auto" plans its bytes at min_cf).
 
     Defaults. epsilon 0.7 is the lower of the two values the paper reports (0.7, 0.9; the authors' code: 0.75):
-    with error feedback, top-k at CF 10 keeps a gain of about 0.7 to 0.9 on the models measured, each of which
-    trains at CF 10 as well as dense, so a higher epsilon sends dense what compresses without loss. omega 0.05 is the authors' code's. window 100 steps lets the CF climb one rung per window,
-    20, 40, 160 and 1000 after 100, 200, 300 and 400 steps at the earliest (the paper's 500 was chosen for runs of
-    tens of thousands of steps: on runs of a few hundred the CF could not move); it is two EWMA time constants
-    (1 / a = 100 / N steps) at 2 ranks and eight at 8, so a candidate is judged on readings that have mostly
-    forgotten its predecessor's. The measurements behind
-    them: benchmarks/RESULTS.md (GraVAC).
+    with error feedback, top-k at CF 10 keeps a gain between those two on the models measured, each of which
+    trains at CF 10 as well as dense, so a higher epsilon sends dense what compresses without loss. omega 0.05 is
+    the authors' code's. window 100 steps lets the CF climb one rung per window, 20, 40, 160 and 1000 after 100,
+    200, 300 and 400 steps at the earliest (the paper's 500 was chosen for runs of tens of thousands of steps: on
+    runs of a few hundred the CF could not move); it is two EWMA time constants (1 / a = 100 / N steps) at 2 ranks
+    and eight at 8, so a candidate is judged on readings that have mostly forgotten its predecessor's. The
+    measurements behind them: benchmarks/RESULTS.md, section "Measurements behind GraVAC's gain and defaults".
     """
 
     encodes_alone = False  # see CompressorSpec
@@ -549,3 +549,9 @@ class AdaptiveTopK(AutoPacking, CompressorSpec):
                          **check_values("adaptive_topk", value_dtype, packing, transport, rebalance_every))
 
     error_feedback = True
+
+    def payload_bytes(self, shape, cf=None):
+        """Top-k's payload at compression factor cf (topk.payload_bytes_at): the CF moves during training, so
+        the size is a step's at that CF; None (the default) stands for min_cf, where every run starts and where
+        transport="auto" plans its bytes."""
+        return payload_bytes_at(self, shape, self.min_cf if cf is None else cf)

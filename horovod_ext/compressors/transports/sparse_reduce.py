@@ -31,8 +31,8 @@ or this one, choose_transport) and the regions as their shared state.
 """
 import math
 
-from .plan import k_of
-from .wire import allgather_wire_bytes, allreduce_wire_bytes
+from horovod_ext.compression.plan import k_of
+from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes
 
 TRANSPORTS = ("auto", "allgather", "sparse_reduce")
 FRAME_OVERHEAD = 13  # a "delta" payload's fixed bytes: u32 length, CRC-32, value type, varint k, Rice parameter

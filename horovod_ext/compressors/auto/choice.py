@@ -38,7 +38,7 @@ Python and framework overhead per step, its collectives' negotiation), so each w
 assignment in force (the median interval between step ends, averaged over ranks). The next assignment is the one
 with the least estimate among the current one, the model's proposal and every assignment measured before that still
 qualifies: a measured assignment's estimate is its measured step (the mean over its windows timed in the last
-MEASURED_WINDOWS of auto_method, or its last timed window where it has none there: auto_method.kept_timings), any
+MEASURED_WINDOWS of method.py, or its last timed window where it has none there: method.kept_timings), any
 other's its predicted step times the largest measured / predicted among the measured ones (the model's error on an
 assignment not measured is unknown: the least favourable error seen keeps a prediction from displacing a measured
 step on the model's bias alone). It replaces the current one where its estimate is at least `margin` lower and,
@@ -121,8 +121,9 @@ def guard_gain(gain, held, in_force, windows_since):
 
     Off force an error-feedback candidate is measured on g plus the residual of the candidate in force (none at all
     once a carried residual was sent), not on its own residual, which builds up again once it is back in force: the
-    off-force gain overstates it (top-k 1% on the digits MLP: 0.52-0.55 off force, 0.30-0.42 in force). Without the
-    bound a tensor the guard moved off a candidate moves back onto it at the next window end, and off again."""
+    off-force gain overstates it (benchmarks/RESULTS.md, section "Compression.auto's guard in force: the gains, epsilon
+    0.4, and time to the target"). Without the bound a tensor the guard moved off a candidate moves back onto it at the
+    next window end, and off again."""
     if gain is None or held is None or in_force or windows_since > HELD_WINDOWS:
         return gain
     return min(gain, held)
@@ -280,8 +281,9 @@ def measured_choice(plans, current, measured, predicted, scale, margin):
     among those whose estimate is at least `margin` lower than `current`'s and, where both were timed, lower beyond
     the timings' noise (``beyond_noise``); else `current`. A measured assignment's estimate (`measured`: tuple ->
     seconds per timed window) is its mean timed step, any other's predicted(plan) * scale (ties: the earlier in
-    `plans`). On a shared host a window's median step moves 20-50% from window to window: two assignments within
-    that of each other are not told apart by a window or two, and each move costs (a residual moved or carried)."""
+    `plans`). On a shared host a window's median step moves from window to window by as much as methods differ
+    (benchmarks/RESULTS.md, section "Compression.auto, the step grid at 2 ranks, third run"): two assignments that
+    close are not told apart by a window or two, and each move costs (a residual moved or carried)."""
     def estimate(plan):
         key = tuple(plan)
         return statistics.fmean(measured[key]) if key in measured else predicted(plan) * scale

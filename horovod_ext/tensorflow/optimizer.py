@@ -1,5 +1,6 @@
 """Averages gradients across Horovod ranks with a compressor, for DistributedGradientTape and the Keras 3
-DistributedOptimizer alike (horovod_ext.torch's transports, in TensorFlow ops).
+DistributedOptimizer (keras/optimizer.py) alike: GradientAggregator, the twin of horovod_ext/torch/optimizer.py's
+DistributedOptimizer (the same TrainingRun and step driver over the TensorFlow backend).
 
 Works eagerly and inside tf.function: the settings check runs once, eagerly (tf.init_scope), the first time the
 gradients are traced or computed; the step counter and the seed live in tf.Variables (checkpointable with
@@ -20,7 +21,7 @@ from horovod_ext.compression.specs import (check_tensor, compression_name, descr
                                            resolved_for)
 from .backend import TFBackend, numpy_allgather
 from .elastic_state import assign_all, broadcast_variables, numpy_values
-from .ops import script_seed, seed_tensor
+from .kernels import script_seed, seed_tensor
 
 OP_NAMES = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Adasum: "Adasum"}
 
@@ -231,9 +232,9 @@ class GradientAggregator(tf.Module):
     def compression_stats(self):
         """Bytes per step as counted when the step was built (the same every step) times the steps taken, plus the
         bytes counted at each host decision (adaptive_topk's path and CF), as taken, plus the bytes of entropy-coded
-        payloads, as sent. With adaptive_topk also the
-        controller's observations ("log", "throughput", "theta_ideal", "planned") and "planned_cf". Seconds are not measured in TensorFlow (a
-        tf.function runs as one graph) and read 0."""
+        payloads, as sent. With adaptive_topk also the controller's observations ("log", "throughput", "theta_ideal",
+        "planned") and "planned_cf". Seconds are not measured in TensorFlow (a tf.function runs as one graph) and
+        read 0."""
         steps = int(self.step.numpy())
         fields = ("payload_bytes", "dense_bytes", "wire_bytes", "dense_wire_bytes", "elements", "compressed_elements")
         seconds = {"compress_seconds": 0.0, "decompress_seconds": 0.0, "comm_seconds": 0.0}

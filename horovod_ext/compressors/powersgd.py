@@ -3,14 +3,15 @@ semantics (torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook), for Horov
 
 Its factors are linear, so they go by allreduce and the bytes per rank do not grow with the number of ranks. The math
 is python/hvdext_reference/powersgd.py; the step over the backend contract is PowerSGDMethod below; the matrix
-products, the orthogonalization and the normal draw are backend primitives (compression/backend.py).
+products, the orthogonalization and the normal draw are backend primitives (horovod_ext/compression/backend.py).
 """
 import math
 
-from .feedback import with_feedback
-from .plan import Codec, DenseSplit, Method, Record, count_dense, send_dense
-from .specs import CompressorSpec, check_bool, check_choice, check_int, check_real
-from .wire import allreduce_wire_bytes, tensor_key
+from horovod_ext.compression.feedback import with_feedback
+from horovod_ext.compression.plan import Codec, DenseSplit, Method, Record, count_dense, send_dense
+from horovod_ext.compression.specs import (CompressorSpec, check_bool, check_choice, check_int, check_real,
+                                           shape_and_numel)
+from horovod_ext.compression.wire import allreduce_wire_bytes, tensor_key
 
 ORTHOGONALIZATIONS = ("gram_schmidt", "qr")
 VALUE_DTYPES = {"fp32": ("float32", 4), "fp16": ("float16", 2)}
@@ -73,7 +74,7 @@ class PowerSGDMethod(Method):
         super().__init__(spec, ctx, sizes)
         self.be = ctx.be
         self.codec = with_feedback(spec, Codec())  # M = g (+ e): what P Q^T approximates
-        self.wire_dtype, self.wire_itemsize = VALUE_DTYPES[spec.value_dtype]
+        self.wire_dtype = VALUE_DTYPES[spec.value_dtype][0]
         self.q = {}  # tensor name -> its Q's state (m * r float32)
         self.warm = False  # shared: every Q holds the last compressed step's factors
         self.agree = False  # a checkpoint's state was taken on: rank 0's Q goes to every rank before it is used
@@ -81,7 +82,7 @@ class PowerSGDMethod(Method):
 
     # ------------------------------------------------------------------------------------------------ launch
     def launch(self, be, item):
-        layout = matrix_layout(be.shape(item.grad), self.spec.rank, self.spec.min_compression_rate)
+        layout = self.spec.layout(be.shape(item.grad))
         if layout is None:
             return DenseSplit.launch(be, self.ctx, item)
         item.kind, item.work.layout = "matrix", layout
@@ -134,9 +135,11 @@ class PowerSGDMethod(Method):
         return {"payload_bytes": nbytes, "wire_bytes": allreduce_wire_bytes(nbytes, self.be.nranks)}
 
     def compressed_bytes(self, agree=False):
-        """P and Q, one buffer each (and, once after a checkpoint, Q's agreement in float32)."""
-        p = sum(n * r for _, n, m, r in self.step_items) * self.wire_itemsize
-        q = sum(m * r for _, n, m, r in self.step_items) * self.wire_itemsize
+        """P and Q, one buffer each (PowerSGD.factor_bytes), and, once after a checkpoint, Q's agreement in
+        float32 (q_elements, the state's)."""
+        factors = [self.spec.factor_bytes(layout) for _, *layout in self.step_items]
+        p = sum(f[0] for f in factors)
+        q = sum(f[1] for f in factors)
         agreed = 4 * sum(m * r for _, n, m, r in self.step_items) if agree else 0
         nranks = self.be.nranks
         return {"payload_bytes": p + q + agreed, "compressed_elements": sum(s[0] for s in self.step_items),
@@ -319,3 +322,22 @@ class PowerSGD(CompressorSpec):
 
     travels = "runs two allreduces per step (P, then Q from the reduced P); Horovod's own DistributedOptimizer " \
               "would allreduce one compressed tensor"
+
+    def layout(self, shape):
+        """(n, m, r) of a tensor of `shape` as its n x m matrix, or None where it goes dense (matrix_layout)."""
+        return matrix_layout(shape, self.rank, self.min_compression_rate)
+
+    def factor_bytes(self, layout):
+        """(P's bytes, Q's bytes) of a matrix of `layout` (n, m, r) on the wire: n r and m r values of value_dtype
+        ((n + m) r x 4 bytes in all with fp32, x 2 with fp16). They travel in two allreduces, each with the
+        factors of every matrix."""
+        n, m, r = layout
+        itemsize = VALUE_DTYPES[self.value_dtype][1]
+        return n * r * itemsize, m * r * itemsize
+
+    def payload_bytes(self, shape):
+        """Both factors of a tensor of `shape` (factor_bytes of its layout), or 4 * numel where it goes dense:
+        scalars and 1-D tensors, and matrices unless (n + m) r * min_compression_rate < n m (matrix_layout)."""
+        shape, numel = shape_and_numel(shape)
+        layout = self.layout(shape)
+        return 4 * numel if layout is None else sum(self.factor_bytes(layout))

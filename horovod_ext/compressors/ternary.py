@@ -4,12 +4,13 @@ The spec (arguments and checks), the codec (kernels that encode and decode one t
 core) and the method (its transports: allgather, or two-phase with a shared scale). The math is in
 cpp/include/hvdext/ternary.h and two_phase.h; its definition in python/hvdext_reference/terngrad.py, two_phase.py.
 """
-from . import sizes
-from .sizes import PACKING_IDS
-from .plan import Allgather, Codec, DenseSplit, EncodeRecord, count_dense, stream_of
-from .specs import CompressorSpec, SEED_LIMIT, check_bool, check_choice, check_int, check_real
-from .two_phase import TwoPhasePlan, choose_transport, scale_sharing_bytes
-from .wire import tensor_key
+from horovod_ext.compression import sizes
+from horovod_ext.compression.sizes import PACKING_IDS
+from horovod_ext.compression.plan import Allgather, Codec, DenseSplit, EncodeRecord, count_dense, stream_of
+from horovod_ext.compression.specs import (CompressorSpec, SEED_LIMIT, check_bool, check_choice, check_int,
+                                           check_real, check_resolved, shape_and_numel)
+from horovod_ext.compression.wire import tensor_key
+from .transports.two_phase import TwoPhasePlan, choose_transport, scale_sharing_bytes
 
 PACKINGS = ("auto", "entropy", "base3", "2bit")
 TRANSPORTS = ("auto", "allgather", "two_phase")
@@ -40,7 +41,8 @@ class TernaryCodec(Codec):
         self.packing = PACKING_IDS[spec.packing]
 
     def payload_bytes(self, numel):
-        return None if self.packing == ENTROPY else sizes.ternary_payload_bytes(numel, self.packing)
+        """The spec's (Ternary.payload_bytes); None for "entropy", whose size is counted as the step runs."""
+        return None if self.packing == ENTROPY else self.spec.payload_bytes(numel)
 
     def scale(self, be, item, flat):
         """This rank's (threshold, scale); scale = inf flags NaN/Inf."""
@@ -78,7 +80,7 @@ class TernaryMethod(Allgather):
     in launch(). With one, finish() first takes one allreduce(Max) of every compressed tensor's scale (a NaN/Inf
     anywhere makes it +inf: that tensor fails on every rank), then encodes by allgather, or by two-phase: an
     alltoall of packed code chunks, exact integer sums re-encoded at ceil(log2(2N+1)) bits, an allgather of those
-    (two_phase.py has the chunk plan and its bytes)."""
+    (transports/two_phase.py has the chunk plan and its bytes)."""
 
     def __init__(self, spec, ctx, sizes_):
         super().__init__(spec, ctx, sizes_)
@@ -187,9 +189,9 @@ class Ternary(CompressorSpec):
 
     Each gradient g is clipped to +-clip*sigma(g), scaled by s = max|clipped g| (with ``shared_scale=True`` the max
     over ranks, one batched allreduce(Max) per step), and every element becomes s*sign(g_k) with probability
-    |g_k|/s, else 0: unbiased, E[g~] = g. Codes travel entropy coded ("entropy", "auto"'s choice on the host: the positions of the
-    non-zero codes as Rice-coded gaps and a sign bit each, within about 2% of the codes' entropy; 0.6-1.1 bits per
-    element on typical gradients with clipping), or packed 5 per byte ("base3", 1.6 bits) or 4 per byte ("2bit"),
+    |g_k|/s, else 0: unbiased, E[g~] = g. Codes travel entropy coded ("entropy", "auto"'s choice on the host: the
+    positions of the non-zero codes as Rice-coded gaps and a sign bit each; its bits per element on real gradients:
+    benchmarks/RESULTS.md, section "Wire codings"), or packed 5 per byte ("base3", 1.6 bits) or 4 per byte ("2bit"),
     plus the 4-byte scale, by allgather; every rank decodes and averages all payloads (the same bits for every
     packing). An entropy-coded payload carries a CRC-32: a corrupted one fails the step on every rank.
 
@@ -236,3 +238,13 @@ class Ternary(CompressorSpec):
     @property
     def packing_id(self):
         return PACKING_IDS[self.packing]
+
+    def payload_bytes(self, shape):
+        """The float32 scale and the packed codes (sizes.ternary_payload_bytes: 4 + ceil(n / 4) bytes for "2bit",
+        4 + ceil(n / 5) for "base3"); for "entropy" its largest size (a payload that would code larger is sent in
+        base-3 mode: at most 14 bytes of framing, then ceil(n / 5)), the step counting the real one. Below
+        min_size, the tensor's float32 allreduce (4 n)."""
+        _, numel = shape_and_numel(shape)
+        if numel < self.min_size:
+            return 4 * numel
+        return sizes.ternary_payload_bytes(numel, PACKING_IDS[check_resolved(self, self.packing)])

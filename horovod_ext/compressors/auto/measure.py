@@ -5,18 +5,18 @@ traced step): the link's probe, each candidate's round trip on a gradient, and t
   x4 a size, 3 times each; after each size every rank takes the slowest rank's times (one allreduce(Max)), so every
   rank stops at the same size: at the largest gradient, or before a size whose predicted seconds
   (``next_size_seconds``) would take the probe's total on the slowest rank past probe_seconds.
-  auto_choice.Link.fit turns the samples into latency and seconds per byte per collective kind.
+  choice.Link.fit turns the samples into latency and seconds per byte per collective kind.
 - A round trip (``round_trip``): candidate c on x = g + r: its payload, the N payloads' decode (the rank's own payload
-  N times: the kernels' work at N ranks), what it sends of x, and the gain <x, C(x)> / (|x| |C(x)|) (auto_choice);
+  N times: the kernels' work at N ranks), what it sends of x, and the gain <x, C(x)> / (|x| |C(x)|) (choice);
   its seconds are the kernels' (the inner products wait for the device).
 """
 import math
 import statistics
 import time
 
-from .auto_choice import Link
-from .plan import Item
-from .powersgd import PowerSGD, matrix_layout
+from horovod_ext.compression.plan import Item
+from ..powersgd import PowerSGD
+from .choice import Link
 
 LINEAR = ("none", "fp16")  # Horovod's compressors, by allreduce
 FIELDS = 4  # per (tensor, candidate): sums of gains, samples, kernel seconds and payload bytes
@@ -48,7 +48,7 @@ def short_name(candidate):
 
 
 def probe_link(be, flat, probe_seconds, tag):
-    """auto_choice.Link of this job's allreduce and allgather (see the module docstring); flat: a float32 gradient."""
+    """choice.Link of this job's allreduce and allgather (see the module docstring); flat: a float32 gradient."""
     limit = int(be.size(flat))
     samples = {kind: [] for kind in ("allreduce", "allgather")}
     n, index, spent, last = 1024, 0, 0.0, None
@@ -111,9 +111,9 @@ def powersgd_round_trip(be, item, x, candidate, shape):
     """P Q^T of PowerSGD's step on M (x as n x m) from a warm Q, its factors' bytes, and the seconds spent warming Q
     (not the step's: in force, each step runs one power iteration from the last step's Q, Vogels et al. 2019). Q is
     warmed by WARM_ITERATIONS untimed iterations from x's first cols * r elements: a cold Q's one iteration understates
-    what a warm Q sends (the 10.5M MLP's first layer, on g: gain 0.41 from a cold Q, 0.48 after two more
-    iterations). x itself where the tensor goes dense (matrix_layout)."""
-    layout = matrix_layout(shape, candidate.rank, candidate.min_compression_rate)
+    what a warm Q sends (benchmarks/RESULTS.md, section "Compression.auto, the step grid at 2 ranks at epsilon 0.4").
+    x itself where the tensor goes dense (PowerSGD.layout)."""
+    layout = candidate.layout(shape)
     if layout is None:
         return x, 4.0 * item.numel, 0.0
     rows, cols, r = layout
@@ -133,7 +133,7 @@ def powersgd_round_trip(be, item, x, candidate, shape):
     warming = time.perf_counter() - warming
     p, q = power_iteration(q)
     approx = be.reshape(be.matmul(p, q, transpose_b=True), (-1,))
-    return approx, float((rows + cols) * r * (2 if candidate.value_dtype == "fp16" else 4)), warming
+    return approx, float(candidate.payload_bytes(shape)), warming
 
 
 class Measures:

@@ -2,13 +2,14 @@
 
 The spec (arguments and checks, and what top-k and GraVAC (gravac.py) share about them), the codec (select, extract
 and decode kernels; payload sizes from the C++ core) and the method: the generic allgather method with error
-feedback, or sparse_reduce (sparse_reduce.py, with the transport's choice). The math is in cpp/include/hvdext/topk.h, its definition
-in python/hvdext_reference/topk.py.
+feedback, or sparse_reduce (transports/sparse_reduce.py, with the transport's choice). The math is in
+cpp/include/hvdext/topk.h, its definition in python/hvdext_reference/topk.py.
 """
-from . import sizes
-from .plan import Allgather, Codec, DenseSplit, EncodeRecord, count_dense, k_of
-from .sparse_reduce import TRANSPORTS, SparseTransport
-from .specs import CompressorSpec, check_bool, check_choice, check_int, check_real
+from horovod_ext.compression import sizes
+from horovod_ext.compression.plan import Allgather, Codec, DenseSplit, EncodeRecord, count_dense, k_of
+from horovod_ext.compression.specs import (CompressorSpec, check_bool, check_choice, check_int, check_real,
+                                           check_resolved, shape_and_numel)
+from .transports.sparse_reduce import TRANSPORTS, SparseTransport
 
 VALUE_DTYPES = ("fp16", "fp32", "ternary")
 VALUE_DTYPE_IDS = {"fp16": 0, "fp32": 1, "ternary": 2}  # hvdext::ValueType
@@ -37,6 +38,17 @@ def check_values(name, value_dtype, packing, transport, rebalance_every):
                          f"value_dtype={value_dtype!r}")
     return {"value_dtype": value_dtype, "packing": packing, "transport": transport,
             "rebalance_every": check_int(f"{name} rebalance_every", rebalance_every, low=1)}
+
+
+def payload_bytes_at(spec, shape, cf):
+    """Top-k's payload of a tensor of `shape` at compression factor cf (Compression.topk's and adaptive_topk's
+    payload_bytes): with "int32" packing k = k_of(n, cf) int32 indices and k values (sizes.topk_payload_bytes:
+    k (4 + 2) bytes with fp16 values, k (4 + 4) with fp32); None with "delta" (Rice-coded gaps, whose size
+    depends on where the kept elements are: counted as the step runs; sparse_reduce.planned_bytes estimates it)."""
+    _, numel = shape_and_numel(shape)
+    if check_resolved(spec, spec.packing) == "delta":
+        return None
+    return sizes.topk_payload_bytes(k_of(numel, cf), VALUE_DTYPE_IDS[spec.value_dtype])
 
 
 class AutoPacking:
@@ -80,7 +92,8 @@ class TopKCodec(Codec):
         return k_of(numel, self.cf)
 
     def payload_bytes(self, numel):
-        return None if self.coded else sizes.topk_payload_bytes(self.k(numel), self.value_type)
+        """The spec's (TopK.payload_bytes; None for "delta", whose size is counted as the step runs)."""
+        return self.spec.payload_bytes(numel)
 
     def prepare(self, be, item, flat):
         """A copy of g: encode writes the remainder into what it is given."""
@@ -118,8 +131,8 @@ class TopKCodec(Codec):
 
 class TopKMethod(SparseTransport, Allgather):
     """Static top-k with error feedback: by allgather (Allgather: each payload started in launch()), or by
-    sparse_reduce (sparse_reduce.py): launch() selects each tensor's k as its gradient is ready, finish() runs the
-    step's one alltoall and one allgather over all of them."""
+    sparse_reduce (transports/sparse_reduce.py): launch() selects each tensor's k as its gradient is ready, finish()
+    runs the step's one alltoall and one allgather over all of them."""
 
     def __init__(self, spec, ctx, sizes_):
         super().__init__(spec, ctx, sizes_)
@@ -144,7 +157,8 @@ class TopKMethod(SparseTransport, Allgather):
         items = [i for i in items if i.kind == "payload"]
         if not items:
             return
-        averages, payload_bytes, wire_bytes = self.sparse.reduce(be, items, [i.work.candidates for i in items], "static")
+        averages, payload_bytes, wire_bytes = self.sparse.reduce(be, items, [i.work.candidates for i in items],
+                                                                 "static")
         self.ctx.count_runtime(payload_bytes=payload_bytes, wire_bytes=wire_bytes)
         for item, avg in zip(items, averages):
             be.write(item, avg)
@@ -191,3 +205,7 @@ class TopK(AutoPacking, CompressorSpec):
         super().__init__(ratio=check_fraction("topk ratio", ratio),
                          error_feedback=check_bool("topk error_feedback", error_feedback),
                          **check_values("topk", value_dtype, packing, transport, rebalance_every))
+
+    def payload_bytes(self, shape):
+        """payload_bytes_at compression factor 1 / ratio: k = k_of(n, 1 / ratio), about ratio n, at least 1."""
+        return payload_bytes_at(self, shape, 1.0 / self.ratio)

@@ -1,5 +1,5 @@
 """Compression.auto, declared once: each tensor's method, its parameter and its transport chosen online, by the least
-predicted step time among the candidates whose accuracy guard holds (auto_choice.py has the step model, the guard
+predicted step time among the candidates whose accuracy guard holds (choice.py has the step model, the guard
 and the solver; ../shared/AUTO.md the sources).
 
 How a run goes (AutoMethod, over the backend contract, for PyTorch and TensorFlow alike):
@@ -8,7 +8,7 @@ How a run goes (AutoMethod, over the backend contract, for PyTorch and TensorFlo
   step's last one is ready. Then a probe of this job's own collectives (an allreduce and an allgather of float32
   slices of the largest gradient, 4 KB upwards, x4 a size, 3 times each, up to the largest gradient or until the
   next size is predicted to take the probe past ``probe_seconds``; each size's time is the slowest rank's) fits
-  the link's latency and seconds per byte per collective kind (auto_choice.Link); each candidate is run on each gradient
+  the link's latency and seconds per byte per collective kind (choice.Link); each candidate is run on each gradient
   (encode, the N payloads' decode, what it sends) for its kernel seconds, payload bytes and gain; the ranks
   average what they measured (one allreduce), rank 0 takes the decision and every rank takes rank 0's (one
   allreduce in which the other ranks send zeros: exact). The step is then sent as decided. Nothing large is ever
@@ -19,11 +19,11 @@ How a run goes (AutoMethod, over the backend contract, for PyTorch and TensorFlo
   robin, the chosen candidates first; the step's own time, compute and overlap (the seconds between its first and
   last gradient, less the kernels run in between) are read from the step.
 - **At each window's end** the ranks average the window's measurements (one allreduce), rank 0 decides again
-  (auto_choice.decide: a tensor whose candidate's gain fell below epsilon moves to the nearest denser candidate
+  (choice.decide: a tensor whose candidate's gain fell below epsilon moves to the nearest denser candidate
   that keeps it; the optimum replaces the current choice only where it is predicted ``margin`` faster), and every
   rank takes rank 0's decision from the next step. Rank 0 prints one line when the choice changes. Each window
   also times the choice in force; timed steps overrule predicted ones, and the two best uniform choices (by
-  prediction) are each tried for one window after the first (auto_choice.decide_measured).
+  prediction) are each tried for one window after the first (choice.decide_measured).
 
 A tensor that moves keeps its error-feedback residual: into the new candidate's where that one keeps residuals,
 else sent once with the tensor's next gradient (dense, g + r, after which r = 0). Every candidate may take every
@@ -43,12 +43,12 @@ Payload compressors given as specs keep their settings; "auto" transports become
 a tensor's bytes on one collective; sparse_reduce and two-phase plan a step over a fixed set of tensors).
 adaptive_topk is refused: auto's guard already adapts top-k's ratio per tensor.
 """
-from .auto_measure import LINEAR, candidate_name
-from .auto_method import AutoMethod
-from .powersgd import PowerSGD
-from .specs import CompressorSpec, check_int, check_real
-from .ternary import Ternary
-from .topk import TopK
+from horovod_ext.compression.specs import CompressorSpec, check_int, check_real
+from ..powersgd import PowerSGD
+from ..ternary import Ternary
+from ..topk import TopK
+from .measure import LINEAR, candidate_name
+from .method import AutoMethod
 
 
 def default_candidates():
@@ -56,7 +56,7 @@ def default_candidates():
 
 
 def _registered():
-    from .registry import payload_compressors
+    from horovod_ext.compression.registry import payload_compressors
     return payload_compressors()
 
 
@@ -88,17 +88,18 @@ def check_candidate(candidate):
 
 class Auto(CompressorSpec):
     """Compression.auto: per tensor, the candidate (method, parameter, transport) with the least predicted step time
-    whose compression gain keeps epsilon; see horovod_ext.compression.auto.
+    whose compression gain keeps epsilon; see horovod_ext.compressors.auto.
 
     Args:
         candidates: names ("none", "fp16", "ternary", "topk", "powersgd") or specs (Compression.topk(ratio=0.001));
             "none" is always among them (it is what a tensor falls back to). Default: none, fp16, ternary, top-k
             10% and 1%, PowerSGD rank 4.
         epsilon: the least gain, the cosine between g + r and what a candidate sends of it, averaged over a window,
-            in (0, 1]. Default 0.4: with error feedback, in force, top-k 1% keeps 0.30-0.42 on the digits MLP and
-            CNN (falling as training goes on), where it needed about 1.5x the steps of top-k 10% (0.73-0.99) or
-            ternary (0.69-0.77) to reach dense's accuracy; in force on the nplm and the 10.5M MLP every candidate
-            but top-k 1% kept 0.46 or more on every tensor (benchmarks/RESULTS.md, "Compression.auto").
+            in (0, 1]. Default 0.4: between the gains top-k 1% keeps in force with error feedback on the digits MLP
+            and CNN, where it needed more steps than top-k 10% or ternary to reach dense's accuracy, and the gains
+            those two keep there; on the nplm and the 10.5M MLP every candidate but top-k 1% kept more than 0.4 on
+            every tensor (benchmarks/RESULTS.md, section "Compression.auto's guard in force: the gains, epsilon 0.4,
+            and time to the target").
         window: steps between decisions (>= 1); the first decision is taken at the first step.
         margin: how much faster (a fraction of the step) a new choice must be predicted to replace the current one,
             in [0, 1).
@@ -143,6 +144,11 @@ class Auto(CompressorSpec):
         super().__init__(candidates=tuple(kept), epsilon=epsilon, window=check_int("auto window", window, low=1),
                          margin=margin, min_size=check_int("auto min_size", min_size, low=0), measure_share=share,
                          probe_seconds=check_real("auto probe_seconds", probe_seconds, low=0.0))
+
+    def payload_bytes(self, shape):
+        """None: a tensor's bytes are those of the candidate chosen for it at run time (each candidate's
+        payload_bytes; AutoMethod prices them so)."""
+        return None
 
     def for_device(self, device):
         """Each payload candidate's packing="auto" made concrete for `device`."""

@@ -5,9 +5,9 @@ The step's compressed tensors, in parameter order, form one flat stream of T cod
 [bounds[j], bounds[j+1]), bounds[j] = floor(j*T/N). Phase 1 is one alltoall of packed code chunks, phase 2 one
 allgather of each rank's chunk sums re-encoded at b = ceil(log2(2N+1)) bits.
 """
-from . import sizes as sizes_
-from .sizes import PACKING_IDS
-from .wire import allgather_wire_bytes, allreduce_wire_bytes
+from horovod_ext.compression import sizes as sizes_
+from horovod_ext.compression.sizes import PACKING_IDS
+from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes
 
 
 def packed_bytes(count, packing):

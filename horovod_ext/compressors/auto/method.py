@@ -1,6 +1,6 @@
 """Compression.auto's step (AutoMethod), over the backend contract, for PyTorch and TensorFlow alike: every tensor
-travels by the method of the candidate chosen for it; measuring and deciding run eagerly on the host (auto.py has the
-run's story, auto_choice.py the model and solver, auto_measure.py the measurements).
+travels by the method of the candidate chosen for it; measuring and deciding run eagerly on the host (__init__.py has
+the run's story, choice.py the model and solver, measure.py the measurements).
 
 Each candidate's method (registry.method_for: the static compressor's own plan, bytes, kernels and error feedback)
 is made once, over every tensor, with two proxies: its backend names its collectives and residuals after the
@@ -29,14 +29,12 @@ import sys
 import time
 import types
 
-from .auto_choice import (KINDS, TRIALS, Link, Option, confirmed, decide_measured, guard_gain, guarded,
-                          predicted_step)
-from .auto_measure import (LINEAR, WARM_ITERATIONS, Measures, floats, probe_link, round_trip, sent_dense,
-                           short_name)
-from .context import ERROR_PREFIXES
-from .plan import DenseSplit, Item, Method, Record, count_dense
-from .powersgd import PowerSGD, matrix_layout
-from .wire import allreduce_wire_bytes
+from horovod_ext.compression.context import ERROR_PREFIXES
+from horovod_ext.compression.plan import DenseSplit, Item, Method, Record, count_dense
+from horovod_ext.compression.wire import allreduce_wire_bytes
+from ..powersgd import PowerSGD
+from .choice import KINDS, TRIALS, Link, Option, confirmed, decide_measured, guard_gain, guarded, predicted_step
+from .measure import LINEAR, WARM_ITERATIONS, Measures, floats, probe_link, round_trip, sent_dense, short_name
 
 MEASURED_WINDOWS = 10  # a window's timed step counts for this many windows (then only its assignment's last one)
 MEASURE_SEED = 0x6175746F  # the measurements' random draws (ternary's), apart from any step's
@@ -118,9 +116,10 @@ class BranchContext:
 def kept_timings(measured, windows):
     """The timed windows (assignment, seconds, window) that count: those of the last MEASURED_WINDOWS windows, and of
     an assignment with none among them its last one. An assignment's estimate is the mean of what counts of it
-    (auto_choice.measured_choice): a timing ages out where newer ones of the same assignment exist, and an assignment
-    timed once stays known, so that it is not tried again on the model's estimate alone (on the digits MLP at
-    100 Mbit/s auto went back at step 280 to top-k 1%, timed slower in its trial, once that timing had expired)."""
+    (choice.measured_choice): a timing ages out where newer ones of the same assignment exist, and an assignment
+    timed once stays known, so that it is not tried again on the model's estimate alone (an assignment timed slower
+    in its trial was otherwise taken again once its timing had expired: benchmarks/RESULTS.md, section "Figures
+    moved out of the package's docstrings (issue 67)")."""
     last = {}
     for entry in measured:
         last[entry[0]] = entry
@@ -141,7 +140,7 @@ class AutoRecord(Record):
 
 
 class AutoMethod(Method):
-    """See the module docstring and auto.py."""
+    """See the module docstring and the package's (__init__.py)."""
 
     Record = AutoRecord
 
@@ -154,7 +153,7 @@ class AutoMethod(Method):
         self.shapes = {}
         self.subs = self.cbes = None  # per candidate: its method over every tensor, and its backend
         self.assignment = None  # candidate index per tensor (None: not decided yet)
-        self.link = self.link_ranks = None  # auto_choice.Link, and the N it was fitted at
+        self.link = self.link_ranks = None  # choice.Link, and the N it was fitted at
         self.gains = self.kernel = self.nbytes = None  # [t][c]: the agreed mean gain, kernel seconds, bytes
         self.held = None  # [t][c]: [gain, window] of the last window the candidate was in force on the tensor
         self.compute = self.overlap = 0.0
@@ -195,7 +194,7 @@ class AutoMethod(Method):
             for c in set(self.assignment))
 
     def _method_class(self, c):
-        from .registry import method_for
+        from horovod_ext.compression.registry import method_for
         spec = self.candidates[c]
         return method_for(self.be.linear_compressor(spec) if spec in LINEAR else spec)
 
@@ -209,7 +208,7 @@ class AutoMethod(Method):
                 self.shapes[item.name] = tuple(int(d) for d in be.shape(item.grad))
             self.index = {name: t for t, name in enumerate(self.names)}
         if self.subs is None:
-            from .registry import method_for
+            from horovod_ext.compression.registry import method_for
             self.subs, self.cbes = [], []
             for c, spec in enumerate(self.candidates):
                 spec = be.linear_compressor(spec) if spec in LINEAR else spec
@@ -228,12 +227,9 @@ class AutoMethod(Method):
             return "allreduce", 4.0 * n
         if cand == "fp16":
             return "allreduce", 2.0 * n
-        if isinstance(cand, PowerSGD):
-            layout = matrix_layout(self.shapes[self.names[t]], cand.rank, cand.min_compression_rate)
-            if layout is None:
-                return "allreduce", 4.0 * n
-            rows, cols, r = layout
-            return "factors", float((rows + cols) * r * (2 if cand.value_dtype == "fp16" else 4))
+        if isinstance(cand, PowerSGD):  # its factors, or 4 n where the tensor goes dense (PowerSGD.payload_bytes)
+            shape = self.shapes[self.names[t]]
+            return ("allreduce" if cand.layout(shape) is None else "factors"), float(cand.payload_bytes(shape))
         return "allgather", None
 
     def allowed(self, t, c):
@@ -257,7 +253,7 @@ class AutoMethod(Method):
 
     @property
     def exploring(self):
-        """Whether the windows are still those of the first choice and its trials (auto_choice.TRIALS)."""
+        """Whether the windows are still those of the first choice and its trials (choice.TRIALS)."""
         return self.timed_windows <= TRIALS
 
     # ------------------------------------------------------------------------------------- an eager step
@@ -478,7 +474,8 @@ class AutoMethod(Method):
         """This step's measurements: (tensor, candidate) pairs round robin, the chosen candidates first, while their
         kernel seconds fit in the budget (measure_share of the steps' time)."""
         self.pending = {}
-        pairs = [(t, self.assignment[t]) for t in range(len(self.sizes)) if self.candidates[self.assignment[t]] != "none"]
+        pairs = [(t, self.assignment[t]) for t in range(len(self.sizes))
+                 if self.candidates[self.assignment[t]] != "none"]
         pairs += [(t, c) for t in range(len(self.sizes)) for c in range(len(self.candidates))
                   if self.allowed(t, c) and self.candidates[c] != "none" and c != self.assignment[t]]
         spent = 0.0
@@ -557,7 +554,7 @@ class AutoMethod(Method):
         self.windows += 1
 
     def gain(self, t, c):
-        """The candidate's gain on the tensor as the guard reads it (auto_choice.guard_gain): bounded off force by its
+        """The candidate's gain on the tensor as the guard reads it (choice.guard_gain): bounded off force by its
         gain in force where it keeps residuals (a candidate without reads g alone, in force or not)."""
         held = self.held[t][c] if self.held is not None else None
         if self.subs is not None and not self.keeps_residuals(c):
@@ -566,7 +563,7 @@ class AutoMethod(Method):
         return guard_gain(self.gains[t][c], held and held[0], in_force, self.windows - held[1] if held else 0)
 
     def options(self):
-        """auto_choice.Option per tensor and candidate from the agreed measurements (not allowed: no gain)."""
+        """choice.Option per tensor and candidate from the agreed measurements (not allowed: no gain)."""
         out = []
         for t in range(len(self.sizes)):
             row = []
@@ -613,8 +610,8 @@ class AutoMethod(Method):
     def _move_residual(self, be, name, before, after):
         """The tensor's residual (held by `before`, or parked in an earlier error-feedback candidate) into `after`
         where it keeps residuals. Else, while the trials run (one window each), it stays where it is and is used
-        again if the tensor returns (a trial does not dump r at once: on the digits MLP top-k 1%'s r was 4x the
-        gradient's norm); after the trials it is carried."""
+        again if the tensor returns (a trial does not dump r at once: benchmarks/RESULTS.md, section
+        "Compression.auto, time to the target at 2 ranks, third run"); after the trials it is carried."""
         if isinstance(self.candidates[after], PowerSGD):
             self.subs[after].warm = False  # its Q of this tensor is stale: every Q is drawn afresh at its next step
         states = self.residual_states(name, but=after)
