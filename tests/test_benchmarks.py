@@ -9,6 +9,7 @@ import subprocess
 import sys
 import types
 
+import pytest
 
 from hvdrun import ROOT
 
