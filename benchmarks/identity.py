@@ -6,7 +6,12 @@ fixed seeds, and each rank reports the SHA-256 of its parameters.
 
     python benchmarks/identity.py --save before.json          # on the old commit
     python benchmarks/identity.py --compare before.json       # on the new one: a table, exit 1 if any differs
+
+PyTorch's configurations also run under other bucket_cap_mb (identity_worker.BUCKET_CAPS), keyed
+"torch/bucket_cap_mb=C/...": each must give the bits of its default-cap twin ("torch/..."), in the same run;
+without --compare, a line per configuration, and exit 1 if a bucketed one differs from its twin.
 """
+import re
 import argparse
 import glob
 import json
@@ -36,6 +41,14 @@ def measure(timeout=900):
     return table
 
 
+BUCKETED = re.compile(r"^torch/bucket_cap_mb=[^/]+/")
+
+
+def bucket_differences(table):
+    """The bucketed configurations whose bits differ from their default-cap twin's."""
+    return sorted(key for key in table if BUCKETED.match(key) and table[key] != table.get(BUCKETED.sub("torch/", key)))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--save", help="write the measured table to this JSON file")
@@ -48,13 +61,17 @@ def main():
     if not args.compare:
         for key, digests in sorted(table.items()):
             print(f"{key:40s} {' '.join(digests)}")
-        return 0
+        differ = bucket_differences(table)
+        print(f"{len(differ)} bucketed configurations differ from their default-cap twin: {differ}")
+        return 1 if differ else 0
     with open(args.compare) as f:
         before = json.load(f)
     differ = 0
     print("| configuration | ranks agree | before == after |\n|---|---|---|")
     for key in sorted(set(before) | set(table)):
         old, new = before.get(key), table.get(key)
+        if old is None and BUCKETED.match(key):  # a saved table from before buckets: against its twin
+            old = table.get(BUCKETED.sub("torch/", key))
         same = old == new
         differ += not same
         agree = new is not None and len(set(new)) == 1

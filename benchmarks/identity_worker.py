@@ -47,6 +47,10 @@ def compressors(hvd):
 
 
 LIFECYCLE = ("ternary", "ternary-two_phase-ef", "topk", "adaptive_topk-sparse_reduce", "powersgd")
+# PyTorch's buckets (compression/buckets.py) besides the default 25 MB, which holds this model in one bucket:
+# 0 (one tensor per bucket, no fusion), 0.01 (three buckets: the last layer with its bias and the next bias, the
+# middle weight alone, the first layer) and 1 (one bucket). Each is keyed "torch/bucket_cap_mb=C/...".
+BUCKET_CAPS = (0, 0.01, 1)
 
 
 def digest(arrays):
@@ -112,13 +116,13 @@ def run_torch(out):
             step(m2, opt2, x, y)
         return digest(p.detach().numpy() for p in m2.parameters())
 
-    def sparse_run(comp, sparse_as_dense):
+    def sparse_run(comp, sparse_as_dense, cap=25):
         """An embedding of sparse gradients (Horovod's sparse allreduce, or sent dense) beside a dense layer."""
         torch.manual_seed(0)
         embedding, head = torch.nn.Embedding(200, 8, sparse=True), torch.nn.Linear(8, 10)  # 1,600: compressed
         named = [("embedding.weight", embedding.weight)] + [(f"head.{n}", p) for n, p in head.named_parameters()]
         opt = hvd.DistributedOptimizer(torch.optim.SGD([p for _, p in named], lr=0.1), named, compression=comp,
-                                       sparse_as_dense=sparse_as_dense)
+                                       sparse_as_dense=sparse_as_dense, bucket_cap_mb=cap)
         for x, y in batches(rank):
             opt.zero_grad()
             tokens = torch.from_numpy(np.abs(x[:, :4] * 100).astype(np.int64) % 200)
@@ -145,17 +149,19 @@ def run_torch(out):
             step(m, opt, x, y)
         return digest(p.detach().numpy() for p in m.parameters())
 
-    for name, comp in compressors(hvd).items():
-        def make(m, comp=comp):
-            return hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
-                                            m.named_parameters(), compression=comp)
-        out[f"torch/{name}"] = train(make)
-        if name in LIFECYCLE:
-            out[f"torch/resume/{name}"] = resumed(make)
-            out[f"torch/reset/{name}"] = reset(make)
-    for name, as_dense in (("sparse", False), ("sparse_as_dense", True)):  # nn.Embedding(sparse=True)
-        for cname in ("none", "ternary"):
-            out[f"torch/{name}/{cname}"] = sparse_run(compressors(hvd)[cname], as_dense)
+    for cap in (25,) + BUCKET_CAPS:
+        key = "torch" if cap == 25 else f"torch/bucket_cap_mb={cap}"
+        for name, comp in compressors(hvd).items():
+            def make(m, comp=comp, cap=cap):
+                return hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                                m.named_parameters(), compression=comp, bucket_cap_mb=cap)
+            out[f"{key}/{name}"] = train(make)
+            if name in LIFECYCLE:
+                out[f"{key}/resume/{name}"] = resumed(make)
+                out[f"{key}/reset/{name}"] = reset(make)
+        for name, as_dense in (("sparse", False), ("sparse_as_dense", True)):  # nn.Embedding(sparse=True)
+            for cname in ("none", "ternary"):
+                out[f"{key}/{name}/{cname}"] = sparse_run(compressors(hvd)[cname], as_dense, cap)
     leaders = {
         "lsgd": dict(groups=None, period=2),
         "lsgd-node": dict(groups="node", period=2, global_period=4),

@@ -13,8 +13,9 @@ settings exchange):
 - waits: synchronize calls; blocked: those whose collective had not completed when called (poll), each a sleep of
   the training thread until Horovod's thread wakes it.
 
-Collectives and rounds do not depend on timing; blocked waits and the median step's seconds do. Rank 0 writes JSON
-to --json.
+Collectives and rounds do not depend on timing; blocked waits, the median step's seconds and the compression
+seconds (compress + decompress, from compression_stats(), per measured step) do. Each model and compressor runs at
+every --bucket-cap-mb (compression/buckets.py; 0: one collective per tensor). Rank 0 writes JSON to --json.
 """
 import argparse
 import json
@@ -86,22 +87,30 @@ COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compre
 
 
 def make_model(name):
-    """digits: the main job's MLP (64-256-128-10, 6 tensors); deep80: 80 Linear(128, 128) layers (160 tensors)."""
+    """digits: the main job's MLP (64-256-128-10, 6 tensors); deep80: 80 Linear(128, 128) layers (160 tensors);
+    wide2: deep80's elements and multiply-adds in 2 tensors (Linear(128, 80 * 128))."""
     if name == "digits":
         return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128),
                                    torch.nn.ReLU(), torch.nn.Linear(128, 10)), 64
+    if name == "wide2":
+        return torch.nn.Linear(128, 80 * 128), 128
     layers = []
     for _ in range(80):
         layers += [torch.nn.Linear(128, 128), torch.nn.ReLU()]
     return torch.nn.Sequential(*layers[:-1]), 128
 
 
-def run(model_name, compression, steps, warmup):
+def compression_seconds(opt):
+    total = opt.compression_stats()["total"]
+    return total["compress_seconds"] + total["decompress_seconds"]
+
+
+def run(model_name, compression, steps, warmup, cap):
     torch.manual_seed(0)
     model, features = make_model(model_name)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the counts, not the training, are measured
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                   compression=COMPRESSIONS[compression]())
+                                   compression=COMPRESSIONS[compression](), bucket_cap_mb=cap)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     gen = torch.Generator().manual_seed(hvd.rank())
     totals = {"collectives": 0, "rounds": 0, "waits": 0, "blocked": 0}
@@ -115,12 +124,16 @@ def run(model_name, compression, steps, warmup):
         F.cross_entropy(model(x)[:, :10], y).backward()
         opt.step()
         seconds.append(time.perf_counter() - start)
+        if step == warmup - 1:
+            spent = compression_seconds(opt)
         if step >= warmup:
             for field in totals:
                 totals[field] += getattr(COUNTER, field)
     tensors = sum(1 for p in model.parameters() if p.requires_grad)
     return {"model": model_name, "compression": compression, "tensors": tensors, "steps": steps,
+            "bucket_cap_mb": cap, "buckets": opt.compression_stats().get("buckets", tensors),
             "step_seconds": statistics.median(seconds[warmup:]),
+            "compression_seconds_per_step": (compression_seconds(opt) - spent) / steps,
             **{f"{field}_per_step": value / steps for field, value in totals.items()}}
 
 
@@ -130,11 +143,13 @@ def main():
     parser.add_argument("--compression", default=",".join(COMPRESSIONS))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--bucket-cap-mb", default="25", help="comma-separated caps, each a run")
     parser.add_argument("--json", required=True)
     args = parser.parse_args()
     hvd.init()
     torch.set_num_threads(1)
-    rows = [run(m, c, args.steps, args.warmup) for m in args.models.split(",") for c in args.compression.split(",")]
+    rows = [run(m, c, args.steps, args.warmup, float(cap)) for m in args.models.split(",")
+            for c in args.compression.split(",") for cap in args.bucket_cap_mb.split(",")]
     if hvd.rank() == 0:
         with open(args.json, "w") as f:
             json.dump({"ranks": hvd.size(), "rows": rows}, f, indent=1)

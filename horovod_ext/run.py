@@ -60,6 +60,9 @@ def parse_args(argv):
                              "DiLoCoOptimizer around the script's optimizer (PyTorch, Keras)")
     parser.add_argument("--optimizer-arg", action="append", default=[], metavar="NAME=VALUE",
                         help="an argument of the optimizer, e.g. inner_steps=50 (repeatable)")
+    parser.add_argument("--bucket-cap-mb", type=_literal, default=None, metavar="MB",
+                        help="PyTorch: megabytes of gradient per bucket, whose per-tensor collectives go as one "
+                             "(DistributedOptimizer's bucket_cap_mb; default 25; 0: one collective per tensor)")
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     args = parser.parse_args(argv)
@@ -67,6 +70,13 @@ def parse_args(argv):
         args.spec = build_compression(args.compression, name_values(args.compression_arg, "--compression-arg"))
         args.optimizer_kwargs = build_optimizer(args.optimizer,
                                                 name_values(args.optimizer_arg, "--optimizer-arg"))
+        if args.bucket_cap_mb is not None:
+            from horovod_ext.compression.buckets import check_bucket_cap_mb
+
+            check_bucket_cap_mb(args.bucket_cap_mb, where="--bucket-cap-mb")
+            if args.optimizer != "data_parallel":
+                raise ValueError("--bucket-cap-mb is an argument of DistributedOptimizer (--optimizer "
+                                 "data_parallel); DiLoCo sends its pseudo-gradients in one exchange")
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
     if not os.path.isfile(args.script):
@@ -191,7 +201,7 @@ def diloco_of(ext, arguments, original, optimizer_kwargs):
                                compression=arguments["compression"], **optimizer_kwargs)
 
 
-def torch_patch(module, choice, registry, kind="data_parallel", optimizer_kwargs=None):
+def torch_patch(module, choice, registry, kind="data_parallel", optimizer_kwargs=None, bucket_cap_mb=None):
     original = module.DistributedOptimizer
 
     def DistributedOptimizer(*args, **kwargs):
@@ -203,6 +213,8 @@ def torch_patch(module, choice, registry, kind="data_parallel", optimizer_kwargs
             diloco = diloco_of(ext, arguments, original, optimizer_kwargs or {})
             registry.add(ext.rank(), diloco)
             return diloco
+        if bucket_cap_mb is not None:
+            arguments["bucket_cap_mb"] = bucket_cap_mb
         optimizer = ext.DistributedOptimizer(**arguments)
         registry.add(ext.rank(), optimizer)
         return optimizer
@@ -231,13 +243,21 @@ def refuse_diloco(kind, what):
                          f"data_parallel)")
 
 
-def tensorflow_patch(module, choice, registry, kind="data_parallel"):
+def refuse_buckets(bucket_cap_mb, what):
+    if bucket_cap_mb is not None:
+        raise ValueError(f"--bucket-cap-mb fuses PyTorch's DistributedOptimizer's collectives; this script makes a "
+                         f"TensorFlow {what}, whose aggregator sends one collective per tensor (leave "
+                         f"--bucket-cap-mb out)")
+
+
+def tensorflow_patch(module, choice, registry, kind="data_parallel", bucket_cap_mb=None):
     original = module.DistributedGradientTape
 
     def DistributedGradientTape(*args, **kwargs):
         import horovod_ext.tensorflow as ext
 
         refuse_diloco(kind, "DistributedGradientTape")
+        refuse_buckets(bucket_cap_mb, "DistributedGradientTape")
         arguments = _bind(original, args, kwargs)
         arguments["compression"] = choice if not isinstance(choice, str) else getattr(ext.Compression, choice)
         tape = ext.DistributedGradientTape(**arguments)
@@ -248,12 +268,13 @@ def tensorflow_patch(module, choice, registry, kind="data_parallel"):
     module.DistributedGradientTape = DistributedGradientTape
 
 
-def keras_patch(module, choice, registry, kind="data_parallel", optimizer_kwargs=None):
+def keras_patch(module, choice, registry, kind="data_parallel", optimizer_kwargs=None, bucket_cap_mb=None):
     original = module.DistributedOptimizer
 
     def DistributedOptimizer(*args, **kwargs):
         import horovod_ext.tensorflow.keras as ext
 
+        refuse_buckets(bucket_cap_mb, "Keras DistributedOptimizer")
         arguments = _bind(original, args, kwargs)
         arguments["compression"] = choice if not isinstance(choice, str) else getattr(ext.Compression, choice)
         if kind == "diloco":
@@ -312,10 +333,11 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.patches.pop(name)(module)
 
 
-def install(choice, registry, kind="data_parallel", optimizer_kwargs=None):
-    patches = {"horovod.torch": lambda m: torch_patch(m, choice, registry, kind, optimizer_kwargs),
-               "horovod.tensorflow": lambda m: tensorflow_patch(m, choice, registry, kind),
-               "horovod.tensorflow.keras": lambda m: keras_patch(m, choice, registry, kind, optimizer_kwargs)}
+def install(choice, registry, kind="data_parallel", optimizer_kwargs=None, bucket_cap_mb=None):
+    patches = {"horovod.torch": lambda m: torch_patch(m, choice, registry, kind, optimizer_kwargs, bucket_cap_mb),
+               "horovod.tensorflow": lambda m: tensorflow_patch(m, choice, registry, kind, bucket_cap_mb),
+               "horovod.tensorflow.keras": lambda m: keras_patch(m, choice, registry, kind, optimizer_kwargs,
+                                                                 bucket_cap_mb)}
     for name in list(patches):
         if name in sys.modules:  # already imported (by a sitecustomize, say): patch it now
             patches.pop(name)(sys.modules[name])
@@ -326,7 +348,7 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     registry = Registry(args.compression if args.optimizer == "data_parallel" else
                         f"{args.compression} (pseudo-gradients of --optimizer {args.optimizer})")
-    install(args.spec, registry, args.optimizer, args.optimizer_kwargs)
+    install(args.spec, registry, args.optimizer, args.optimizer_kwargs, args.bucket_cap_mb)
     if (args.optimizer_kwargs or {}).get("groups") is not None:
         # DiLoCo's worker groups are process sets made after the script's hvd.init(): Horovod's dynamic ones
         os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"

@@ -93,6 +93,21 @@ def _allreduce_grad(c):
     return [c.be.wait(future), sent]
 
 
+def _allreduce_buffer(c):
+    be = c.be
+    return be.wait(be.allreduce_buffer(c.t([float(c.rank + 1)] * 3), "contract.allreduce_buffer"))
+
+
+def _bitcast(c):
+    """int32 read as bytes (little-endian), bytes at an offset that is not a whole int32 read back, and float32's
+    bits."""
+    be = c.be
+    as_bytes = be.bitcast(c.t([1, 258], "int32"), "uint8")
+    shifted = c.t([9, 1, 0, 0, 0, 2, 1, 0, 0], "uint8")[1:]
+    return [as_bytes, be.bitcast(shifted, "int32"), be.bitcast(c.t([1.0, -2.0]), "int32"),
+            be.bitcast(c.t([1, 0, 2, 0], "int32"), "int64")]
+
+
 def _allgather(c):
     return c.be.wait(c.be.allgather(c.t([float(c.rank)] * 2), "contract.allgather"))
 
@@ -380,6 +395,10 @@ CASES = {
               lambda r, n, v, c: equal(list(v), [2, 3])),
     "reshape": (lambda c: c.be.reshape(c.t([1.0, 2.0, 3.0, 4.0]), (2, -1)),
                 lambda r, n, v, c: close(v, [[1, 2], [3, 4]])),
+    "dtype_name": (lambda c: [c.be.dtype_name(c.t([1], d)) for d in ("float32", "uint8", "int64", "float16")],
+                   lambda r, n, v, c: equal(list(v), ["float32", "uint8", "int64", "float16"])),
+    "bitcast": (_bitcast, lambda r, n, v, c: close(v[0], [1, 0, 0, 0, 2, 1, 0, 0]) or close(v[1], [1, 258])
+                or close(v[2], [1065353216, -1073741824]) or close(v[3], [1, 2])),
     "split": (lambda c: c.be.split(c.t([1.0, 2.0, 3.0]), [1, 2]),
               lambda r, n, v, c: close(v[0], [1]) or close(v[1], [2, 3])),
     "cast": (lambda c: c.be.cast(c.be.cast(c.t([1.0 / 3.0, 70000.0]), "float16"), "float32"),
@@ -390,6 +409,7 @@ CASES = {
     "orthogonalize": (_orthogonalize, _expect_orthogonal),
     "allreduce": (_allreduce, lambda r, n, v, c: close(v, [[n * (n + 1) / 2], [(n + 1) / 2], [n]])),
     "allreduce_grad": (_allreduce_grad, lambda r, n, v, c: close(v[0], [(n + 1) / 2] * 3) or close(v[1], 12)),
+    "allreduce_buffer": (_allreduce_buffer, lambda r, n, v, c: close(v, [(n + 1) / 2] * 3)),
     "allreduce_sparse": (_allreduce_sparse, _expect_sparse_average),
     "densify": (_densify, lambda r, n, v, c: close(v[0], [[3, 4], [0, 0], [1, 2]])
                 or close(v[1], [[6, 8], [0, 0], [2, 4]]) or close(v[2:], [6, 4])),

@@ -83,12 +83,33 @@ def run_rank_local(args):
      ["'warmup' is not an argument of diloco; allowed: inner_steps, outer_lr, outer_momentum, nesterov"]),
     (["--optimizer-arg", "inner_steps=2", "tests/scripts/plain_torch.py"], ["data_parallel takes no"]),
     (["--optimizer", "lsgd", "tests/scripts/plain_torch.py"], ["invalid choice: 'lsgd'", "'data_parallel', 'diloco'"]),
+    (["--bucket-cap-mb", "-1", "tests/scripts/plain_torch.py"],
+     ["--bucket-cap-mb: bucket_cap_mb must be a number >= 0", "got -1"]),
+    (["--bucket-cap-mb", "big", "tests/scripts/plain_torch.py"], ["bucket_cap_mb must be a number >= 0", "'big'"]),
+    (["--optimizer", "diloco", "--bucket-cap-mb", "5", "tests/scripts/plain_torch.py"],
+     ["--bucket-cap-mb is an argument of DistributedOptimizer"]),
 ])
 def test_bad_flags_fail_before_the_script(args, fragments):
     proc = run_rank_local(args)
     assert proc.returncode == 2
     for fragment in fragments:
         assert fragment in proc.stderr, (fragment, proc.stderr)
+
+
+def test_bucket_cap_reaches_the_scripts_optimizer_and_keeps_its_bits():
+    """The launcher's --bucket-cap-mb becomes DistributedOptimizer's bucket_cap_mb: 0 (a collective per tensor) and
+    the default (one bucket) train the unmodified script to the same loss, to the printed digit."""
+    losses = [re.findall(r"final loss [-\d.e]+", launch("tests/scripts/plain_torch.py", "ternary", extra))
+              for extra in (["--bucket-cap-mb", "0"], [])]
+    assert losses[0] and losses[0] == losses[1], losses
+
+
+def test_bucket_cap_is_refused_for_a_tensorflow_script_on_every_rank():
+    with pytest.raises(AssertionError) as info:
+        horovodrun(2, "-m", "horovod_ext.run", "--compression", "ternary", "--bucket-cap-mb", "1",
+                   "tests/scripts/plain_tf.py", "--steps", 2, collect=False, timeout=300)
+    text = str(info.value)
+    assert text.count("--bucket-cap-mb fuses PyTorch's DistributedOptimizer's collectives") >= 2, text[-3000:]
 
 
 def test_bad_flag_fails_on_every_rank_under_horovodrun():

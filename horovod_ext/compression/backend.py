@@ -81,6 +81,15 @@ class Backend(abc.ABC):
         """The 1-D tensors of `parts` one after the other (the one part itself when there is one)."""
 
     @abc.abstractmethod
+    def dtype_name(self, x):
+        """x's dtype as a name: "float16", "float32", "float64", "int32", "int64" or "uint8"."""
+
+    @abc.abstractmethod
+    def bitcast(self, x, dtype):
+        """The bytes of 1-D x read as a 1-D tensor of `dtype` (a name as in stack; the sizes divide): a bucket's
+        int32 header travels among its payloads (buckets.py)."""
+
+    @abc.abstractmethod
     def sum(self, values):
         """The sum of a list of scalars or 0-d tensors."""
 
@@ -152,6 +161,11 @@ class Backend(abc.ABC):
         """Start the allreduce of item.grad with the user's op and gradient_predivide_factor, through a Horovod
         compressor's compress/decompress (None: Compression.none). Returns (future, the bytes compress() made of
         it)."""
+
+    @abc.abstractmethod
+    def allreduce_buffer(self, x, name):
+        """Start the allreduce of a flat tensor with the user's op and gradient_predivide_factor (what
+        allreduce_grad does to a gradient, on a bucket's gradients in one buffer). Returns a future."""
 
     @abc.abstractmethod
     def allreduce_sparse(self, item, name):

@@ -11,6 +11,7 @@ context (context.py) recorded, the same error on every rank (each is decided fro
 
 After either, the method drops what error feedback kept (Method.on_error), and the next step trains normally.
 """
+from .buckets import FusingBackend
 from .generation import ELASTIC
 from .join import JOIN_CHECK_BYTES, a_rank_joined, join_check_wire_bytes
 from .plan import Item, SparseGather
@@ -30,9 +31,14 @@ PAYLOAD_HELP = "payloads are checked on arrival; a corrupted one fails the step 
 
 class StepDriver:
     """The compressor's method (registry.method_for) over one backend and one step context (context.py), and the
-    step's join check and errors."""
+    step's join check and errors. ``buckets``: a buckets.BucketPlan of the tensors; where it fuses, the method runs
+    over a FusingBackend, which the driver tells when each tensor is launched."""
 
-    def __init__(self, compression, backend, context, sizes, tag):
+    def __init__(self, compression, backend, context, sizes, tag, buckets=None):
+        self.fusing = buckets is not None and buckets.fuses
+        if self.fusing:
+            backend = FusingBackend(backend, buckets, context)
+            context.stats.extra["buckets"] = len(buckets.members)
         self.be, self.ctx = backend, context
         context.use(backend)
         self.method = method_for(compression)(compression, context, sizes)
@@ -75,12 +81,17 @@ class StepDriver:
         """Start one gradient's communication: a sparse gradient by SparseGather, unless it is sent dense
         (sparse_as_dense, or a step in which some rank has joined, where every gradient goes dense)."""
         if item.sparse == "gather" and not self.dense:
-            return SparseGather.launch(self.be, self.ctx, item)
-        if item.sparse is not None:
-            self.be.densify(item)
-        if self.dense:
-            return self.method.launch_dense(self.be, item)
-        return self.method.launch(self.be, item)
+            SparseGather.launch(self.be, self.ctx, item)
+        else:
+            if item.sparse is not None:
+                self.be.densify(item)
+            if self.dense:
+                self.method.launch_dense(self.be, item)
+            else:
+                self.method.launch(self.be, item)
+        if self.fusing:
+            self.be.ready(item)  # the last of its bucket starts the bucket's collectives
+        return item
 
     def finish(self, items, step):
         """Finish every launched gradient; raise the step's recorded errors (see the module docstring)."""
@@ -113,3 +124,11 @@ class StepDriver:
     def abandon_step(self):
         """Launched gradients were dropped before finish() (a checkpoint was loaded)."""
         self.method.abandon_step()
+        if self.fusing:
+            self.be.forget()
+
+    def forget_in_flight(self):
+        """Drop, without waiting, every collective in flight or recorded (an elastic reset)."""
+        self.method.forget_in_flight()
+        if self.fusing:
+            self.be.forget()

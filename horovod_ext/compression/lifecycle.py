@@ -55,10 +55,11 @@ class TrainingRun:
     def agreed(self):
         return self.agreement is True
 
-    def agree(self, settings, allgather_blobs, backend, sizes):
+    def agree(self, settings, allgather_blobs, backend, sizes, buckets=None):
         """Exchange settings (raise SettingsMismatchError on every rank if they differ); take the agreed generation,
         the offer of the lowest rank that loaded a checkpoint, and (unless already set) the seed; make the method
-        for `backend` over tensors of `sizes` elements if there is none, and hand it what waits for it."""
+        for `backend` over tensors of `sizes` elements if there is none (their collectives fused by the
+        buckets.BucketPlan `buckets`, if given), and hand it what waits for it."""
         if self.agreement is True:
             return
         if isinstance(self.agreement, Exception):
@@ -78,7 +79,7 @@ class TrainingRun:
             given = getattr(self.compression, "seed", None)
             self.counters.seed = given if given is not None else proposals[0]["seed"]
         if self.driver is None:
-            self.driver = StepDriver(self.compression, backend, self.context, sizes, self.tag)
+            self.driver = StepDriver(self.compression, backend, self.context, sizes, self.tag, buckets)
         method = self.driver.method
         if offer is not None:
             method.load_shared_state(offer.get("method"))
@@ -160,7 +161,7 @@ class TrainingRun:
     def forget_in_flight(self):
         """Drop every collective in flight without waiting (Horovod failed under them, or is being reset)."""
         if self.driver is not None:
-            self.driver.method.forget_in_flight()
+            self.driver.forget_in_flight()
 
     def observations(self):
         """What compression_stats() adds for the method (GraVAC: its controller's log and table)."""

@@ -130,6 +130,17 @@ class TFBackend(Backend):
         return parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
 
     @staticmethod
+    def dtype_name(x):
+        return x.dtype.name
+
+    @staticmethod
+    def bitcast(x, dtype):
+        target = DTYPES[dtype]
+        if target.size > x.dtype.size:  # tf.bitcast takes the wider type's elements as a last axis of the narrower
+            x = tf.reshape(x, [-1, target.size // x.dtype.size])
+        return tf.reshape(tf.bitcast(x, target), [-1])
+
+    @staticmethod
     def sum(values):
         return tf.add_n(values) if values else tf.constant(0.0, tf.float64)
 
@@ -206,11 +217,14 @@ class TFBackend(Backend):
     def allreduce_grad(self, item, name, compression=None):
         compression = compression or hvd.Compression.none
         compressed, ctx = compression.compress(item.grad)
+        reduced = self.allreduce_buffer(compressed, name)
+        return compression.decompress(reduced, ctx), item.numel * compressed.dtype.size
+
+    def allreduce_buffer(self, x, name):
         scale = {} if self.predivide == 1.0 else {"prescale_factor": 1.0 / self.predivide,
                                                    "postscale_factor": self.predivide}
-        reduced = hvd.allreduce(compressed, op=self.op, name=name, ignore_name_scope=True,
-                                process_set=self.process_set, **scale)
-        return compression.decompress(reduced, ctx), item.numel * compressed.dtype.size
+        return hvd.allreduce(x, op=self.op, name=name, ignore_name_scope=True, process_set=self.process_set,
+                             **scale)
 
     def allreduce_sparse(self, item, name):
         g = item.grad

@@ -20,6 +20,7 @@ from .kernels import TorchKernels, as_float32
 OPS = {"sum": hvd.Sum, "average": hvd.Average, "max": hvd.Max}
 DTYPES = {"float16": torch.float16, "float32": torch.float32, "float64": torch.float64, "int32": torch.int32,
           "int64": torch.int64, "uint8": torch.uint8}
+NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 class Future:
@@ -166,6 +167,18 @@ class TorchBackend(Backend):
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     @staticmethod
+    def dtype_name(x):
+        return NAMES[x.dtype]
+
+    @staticmethod
+    def bitcast(x, dtype):
+        target = DTYPES[dtype]
+        width = max(x.element_size(), torch.empty(0, dtype=target).element_size())
+        if x.storage_offset() * x.element_size() % width or not x.is_contiguous():
+            x = x.clone()  # a view of another dtype starts on a whole element of the wider one
+        return x.view(target)
+
+    @staticmethod
     def sum(values):
         return sum(values, 0.0)
 
@@ -271,6 +284,11 @@ class TorchBackend(Backend):
             handle = hvd.allreduce_async_(compressed, name=name, op=self.grad_op, prescale_factor=self.prescale,
                                           postscale_factor=self.postscale, process_set=self.process_set)
         return Future(handle, lambda output: compression.decompress(output, ctx)), sent
+
+    def allreduce_buffer(self, x, name):
+        with stale_names_reset():
+            return Future(hvd.allreduce_async_(x, name=name, op=self.grad_op, prescale_factor=self.prescale,
+                                               postscale_factor=self.postscale, process_set=self.process_set))
 
     def allreduce_sparse(self, item, name):
         grad = item.grad  # sent as it is, duplicate indices included (Horovod does not coalesce it)

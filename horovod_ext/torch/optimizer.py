@@ -21,6 +21,7 @@ from horovod.common.process_sets import global_process_set
 
 from horovod_ext import __version__
 from horovod_ext.compression import CompressionStats, is_payload_compressor
+from horovod_ext.compression.buckets import BucketPlan, check_bucket_cap_mb
 from horovod_ext.compression.consistency import allgather_blobs, optimizer_settings
 from horovod_ext.compression.context import StepContext
 from horovod_ext.compression.lifecycle import HostCounters, TrainingRun
@@ -54,7 +55,7 @@ def _op_name(op):
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, process_set, sparse_as_dense=False):
+                 gradient_predivide_factor, process_set, sparse_as_dense=False, bucket_cap_mb=25):
         super(self.__class__, self).__init__(params)
         self._hx_id = next(_optimizer_ids)
         _LIVE_OPTIMIZERS.add(self)
@@ -62,6 +63,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hx_process_set = process_set
         self._hx_predivide = float(gradient_predivide_factor)
         self._hx_backward_passes = int(backward_passes_per_step)
+        self._hx_bucket_cap_mb = check_bucket_cap_mb(bucket_cap_mb)
 
         all_params = [p for group in self.param_groups for p in group["params"]]
         by_id = check_named_parameters(named_parameters, all_params, "DistributedOptimizer")
@@ -110,10 +112,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                       self._hx_process_set.size(), __version__,
                                       backward_passes_per_step=self._hx_backward_passes,
                                       gradient_predivide_factor=self._hx_predivide,
-                                      sparse_as_dense=self._hx_sparse_as_dense)
+                                      sparse_as_dense=self._hx_sparse_as_dense,
+                                      bucket_cap_mb=self._hx_bucket_cap_mb)
         blobs = lambda blob: allgather_blobs(blob, numpy_allgather(self._hx_process_set),  # noqa: E731
                                              f"horovod_ext.settings.{self._hx_id}")
-        run.agree(settings, blobs, self._hx_backend, [p.numel() for p in self._hx_params])
+        run.agree(settings, blobs, self._hx_backend, [p.numel() for p in self._hx_params], self._hx_buckets())
+
+    def _hx_buckets(self):
+        """The payload compressors' buckets (compression/buckets.py), per dtype and device, in the parameters' order
+        reversed; Horovod's own compressors (none, fp16) go to Horovod as they are, fused by its tensor fusion."""
+        if not is_payload_compressor(self._hx_run.compression):
+            return None
+        return BucketPlan([(p.numel() * p.element_size(), (str(p.dtype), str(p.device))) for p in self._hx_params],
+                          self._hx_bucket_cap_mb)
 
     def _hx_base_step(self, closure=None):
         """The wrapped optimizer's own step, without any collective (Horovod's state-creating step)."""
@@ -274,7 +285,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None, backward_passes_per_step=1,
                          op=None, gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                         sparse_as_dense=False, process_set=global_process_set):
+                         sparse_as_dense=False, process_set=global_process_set, bucket_cap_mb=25):
     """Wrap a torch optimizer for data-parallel training over Horovod, with gradient compression.
 
     The signature is horovod.torch.DistributedOptimizer's. ``compression`` takes hvd.Compression.none (default),
@@ -286,6 +297,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     tensor fusion batches the dense collectives. Sparse gradients
     (``nn.Embedding(sparse=True)``) travel as Horovod sends them, by allgather of indices and values, or densified
     (and then compressed like any dense gradient) with ``sparse_as_dense=True``.
+
+    ``bucket_cap_mb`` (default 25, as DDP's): a payload compressor's per-tensor collectives are fused into one per
+    bucket of at most that many megabytes of gradient (2**20 bytes), filled in reverse parameter order; each tensor
+    is still encoded on its own, so the averages are the same bits (horovod_ext/compression/buckets.py). 0 keeps
+    one collective per tensor.
     """
     if compression is None:
         compression = hvd.Compression.none
@@ -293,6 +309,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
         op = hvd.Average
     check_predivide(gradient_predivide_factor, op == hvd.Average)
     check_groups(num_groups, groups)
+    check_bucket_cap_mb(bucket_cap_mb)
     if int(backward_passes_per_step) < 1:
         raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}")
     if op == hvd.Adasum:
@@ -311,7 +328,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     body["step"].hooked = True
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), body)
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-                  gradient_predivide_factor, process_set, sparse_as_dense)
+                  gradient_predivide_factor, process_set, sparse_as_dense, bucket_cap_mb)
     wrapped.defaults = optimizer.defaults
     wrapped.state.update(optimizer.state)
     return wrapped

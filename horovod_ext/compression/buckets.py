@@ -1,0 +1,272 @@
+"""Gradient buckets: a step's per-tensor collectives fused into one collective per bucket, written once for every
+method and both frameworks.
+
+A model of 160 small tensors asks Horovod for 160 collectives a step where the same elements in two tensors ask
+for two: each costs an enqueue, a negotiation, a handle and a wait, whatever its size. As DDP's reducer does
+(25 MB buckets, filled in the reverse order of the parameters, which is about the order backward makes gradients
+ready), the plan here groups the tensors into buckets of at most ``bucket_cap_mb`` megabytes of gradient (2**20
+bytes), per dtype and device (``BucketPlan``); a tensor larger than the cap is a bucket of its own; 0 keeps one
+tensor per bucket (nothing is fused).
+
+The methods stay per tensor (each still encodes and decodes its own tensor, with its own scale, k and residual:
+TernGrad's per-layer scale and top-k's per-layer k are kept). What is fused is their collectives
+(``FusingBackend``, a backend that wraps the adapter's): a method's collective of one tensor, named by
+``backend.name(prefix, item)``, is recorded in its bucket's group (one group per bucket, kind of collective,
+prefix, dtype and op); the group is started as one collective when the bucket's last tensor has been launched
+(the step driver says so: communication still overlaps backward), or at the first wait of one of its tensors,
+whichever comes first. Step-level collectives (``step_name``, ``stable_name``) pass through unchanged.
+
+- an allgather group: every rank sends ``[h | x_1 | ... | x_m]``, its m payloads (in parameter order) behind a
+  header h of their m sizes (int32, read as the payloads' dtype: payloads whose size depends on their content,
+  entropy- or delta-coded, differ between ranks). Tensor i's result is rank 0's x_i, then rank 1's, ...: what
+  its own allgather gives, to the bit. The header's 4 m bytes (rounded up to whole elements) are counted, in
+  payload and wire bytes.
+- an allreduce group (op sum, average or max; or the gradient's own op and predivide factor): one allreduce of
+  the concatenated flats, split again. Each element's sum is over the same ranks; Horovod's own fusion buffer
+  already packs concurrent allreduces the same way.
+
+A group of one tensor runs that tensor's own collective, under its own name (what bucket_cap_mb=0 runs). Every
+rank fuses the same tensors under the same names: the plan follows the agreed parameter list and cap, a group is
+sorted by parameter position, and a flush happens at the same point of the same program on every rank.
+"""
+import math
+import numbers
+
+from .wire import allgather_wire_bytes
+
+MEGABYTE = 2 ** 20  # DDP's bucket_cap_mb is in MiB
+HEADER_DTYPE = "int32"
+ITEMSIZE = {"uint8": 1, "float16": 2, "float32": 4, "int32": 4, "float64": 8, "int64": 8}
+
+
+def check_bucket_cap_mb(value, where="DistributedOptimizer"):
+    """bucket_cap_mb as a float: a finite number >= 0, else ValueError naming the argument (on every rank: every
+    rank makes its optimizer with the same arguments)."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    if not ok:
+        raise ValueError(f"{where}: bucket_cap_mb must be a number >= 0 (megabytes of gradient per bucket, as in "
+                         f"DDP; 0 keeps one tensor per bucket), got {value!r}")
+    return float(value)
+
+
+class BucketPlan:
+    """Which tensors share a bucket. ``tensors``: (bytes, key) per tensor in parameter order, key being what a
+    bucket's tensors have alike (dtype and device). Buckets fill in reverse parameter order, as DDP's do; a tensor
+    that would take its bucket past cap_mb starts a new one.
+
+    ``bucket_of[i]``: tensor i's bucket; ``members[b]``: bucket b's tensors, in parameter order."""
+
+    def __init__(self, tensors, cap_mb):
+        self.cap_mb = check_bucket_cap_mb(cap_mb)
+        cap = self.cap_mb * MEGABYTE
+        self.bucket_of, self.members, filled, open_ = {}, [], [], {}
+        for index in reversed(range(len(tensors))):
+            nbytes, key = tensors[index]
+            bucket = open_.get(key)
+            if bucket is None or cap == 0 or filled[bucket] + nbytes > cap:
+                bucket = open_[key] = len(self.members)
+                self.members.append([])
+                filled.append(0)
+            self.members[bucket].append(index)
+            filled[bucket] += nbytes
+            self.bucket_of[index] = bucket
+        self.members = [tuple(sorted(m)) for m in self.members]
+
+    @property
+    def fuses(self):
+        """Whether any bucket holds more than one tensor (else the backend is used as it is)."""
+        return any(len(m) > 1 for m in self.members)
+
+    def shared(self, index):
+        """Tensor `index`'s bucket where it shares one, else None."""
+        bucket = self.bucket_of.get(index)
+        return bucket if bucket is not None and len(self.members[bucket]) > 1 else None
+
+
+class BucketName(str):
+    """A tensor's collective name that also carries the tensor and the prefix it was asked with."""
+
+    def __new__(cls, name, item, prefix):
+        made = super().__new__(cls, name)
+        made.item, made.prefix = item, prefix
+        return made
+
+
+class BucketLabel:
+    """What the backend names a bucket's collective after (its `name` takes an index and a name, as an Item's)."""
+
+    __slots__ = ("index", "name")
+
+    def __init__(self, index, name):
+        self.index, self.name = index, name
+
+
+class Entry:
+    """One tensor's part of a group: the future a method holds."""
+
+    __slots__ = ("group", "x", "name", "position")
+
+    def __init__(self, group, x, name):
+        self.group, self.x, self.name, self.position = group, x, name, None
+
+
+class Group:
+    """A bucket's collectives of one kind, prefix, dtype and op in a step: recorded, then started as one."""
+
+    __slots__ = ("bucket", "kind", "prefix", "dtype", "op", "entries", "future", "sizes", "header", "parts")
+
+    def __init__(self, bucket, kind, prefix, dtype, op):
+        self.bucket, self.kind, self.prefix, self.dtype, self.op = bucket, kind, prefix, dtype, op
+        self.entries, self.future, self.parts = [], None, None
+        self.sizes = None  # this rank's size of each tensor's part
+        self.header = (0, 0)  # an allgather's header: (its elements of the payloads' dtype, the int32 sizes it holds)
+
+
+class FusingBackend:
+    """The adapter's backend with a bucket's per-tensor collectives fused (see the module docstring). Every other
+    primitive is the wrapped backend's."""
+
+    def __init__(self, backend, plan, context):
+        self._be, self._plan, self._ctx = backend, plan, context
+        self._open = {}  # (bucket, kind, prefix, dtype, op) -> the group being recorded
+        self._ready = {}  # bucket -> its tensors launched this step
+        self._flushes = {}  # group key -> groups started under it this step (names them apart)
+
+    def __getattr__(self, name):
+        return getattr(self._be, name)
+
+    # ---------------------------------------------------------------------------------------------- recording
+    def name(self, prefix, item):
+        name = self._be.name(prefix, item)
+        if self._plan.shared(item.index) is None:
+            return name
+        return BucketName(name, item, prefix)
+
+    def _record(self, kind, x, name, op=None):
+        bucket = self._plan.shared(name.item.index)
+        key = (bucket, kind, name.prefix, self._be.dtype_name(x), op)
+        group = self._open.get(key)
+        if group is None:
+            group = self._open[key] = Group(*key)
+        entry = Entry(group, x, name)
+        group.entries.append(entry)
+        return entry
+
+    def allgather(self, x, name):
+        if not isinstance(name, BucketName):
+            return self._be.allgather(x, name)
+        return self._record("allgather", x, name)
+
+    def allreduce(self, x, name, op):
+        if not isinstance(name, BucketName):
+            return self._be.allreduce(x, name, op)
+        return self._record("allreduce", x, name, op)
+
+    def allreduce_grad(self, item, name, compression=None):
+        if not isinstance(name, BucketName) or compression is not None:  # a Horovod compressor: as it is
+            return self._be.allreduce_grad(item, name, compression)
+        return self._record("grad", self._be.reshape(item.grad, (-1,)), name), item.numel * item.itemsize
+
+    # ---------------------------------------------------------------------------------------------- starting
+    def ready(self, item):
+        """The step driver launched `item`: once its bucket's every tensor is launched, the bucket's groups start."""
+        bucket = self._plan.shared(item.index)
+        if bucket is None:
+            return
+        self._ready[bucket] = self._ready.get(bucket, 0) + 1
+        if self._ready[bucket] == len(self._plan.members[bucket]):
+            self._start([key for key in self._open if key[0] == bucket])
+
+    def _start(self, keys):
+        for key in keys:
+            group = self._open.pop(key)
+            group.entries.sort(key=lambda e: e.name.item.index)
+            for position, entry in enumerate(group.entries):
+                entry.position = position
+            if len(group.entries) == 1:
+                self._start_alone(group)
+            else:
+                self._start_fused(group, key)
+
+    def _start_alone(self, group):
+        entry = group.entries[0]
+        if group.kind == "allgather":
+            group.future = self._be.allgather(entry.x, str(entry.name))
+        elif group.kind == "allreduce":
+            group.future = self._be.allreduce(entry.x, str(entry.name), group.op)
+        else:
+            group.future = self._be.allreduce_buffer(entry.x, str(entry.name))
+        entry.x = None
+
+    def _start_fused(self, group, key):
+        be = self._be
+        seq = self._flushes[key] = self._flushes.get(key, 0) + 1
+        op = f".{group.op}" if group.op else ""
+        label = BucketLabel(group.bucket, f"bucket{group.bucket}.{seq}.{group.dtype}{op}")
+        name = be.name(f"{group.prefix}.{group.kind}", label)
+        parts = [entry.x for entry in group.entries]
+        group.sizes = [be.size(x) for x in parts]
+        buffer = be.concat(([self._header(group)] if group.kind == "allgather" else []) + parts)
+        if group.kind == "allgather":
+            group.future = be.allgather(buffer, name)
+        elif group.kind == "allreduce":
+            group.future = be.allreduce(buffer, name, group.op)
+        else:
+            group.future = be.allreduce_buffer(buffer, name)
+        for entry in group.entries:
+            entry.x = None
+
+    def _header(self, group):
+        """The group's sizes as int32, padded to whole elements of the payloads' dtype, read as that dtype; its
+        bytes are counted."""
+        itemsize = ITEMSIZE[group.dtype]
+        padded = list(group.sizes) + [0] * (-len(group.sizes) % max(1, itemsize // 4))
+        group.header = (len(padded) * 4 // itemsize, len(padded))
+        nbytes = 4 * len(padded)
+        self._ctx.count(payload_bytes=nbytes, wire_bytes=allgather_wire_bytes(nbytes, self._be.nranks))
+        return self._be.bitcast(self._be.stack(padded, HEADER_DTYPE), group.dtype)
+
+    # ---------------------------------------------------------------------------------------------- results
+    def wait(self, future):
+        if not isinstance(future, Entry):
+            return self._be.wait(future)
+        group = future.group
+        if group.future is None:  # still recorded: start every recorded group (the same point on every rank)
+            self._start(list(self._open))
+        if len(group.entries) == 1:
+            return self._be.wait(group.future)
+        if group.parts is None:
+            group.parts = self._split(group, self._be.wait(group.future))
+        return group.parts[future.position]
+
+    def _split(self, group, result):
+        """Each tensor's part of the group's result: an allreduce's by this rank's sizes; an allgather's by every
+        rank's header (rank r's block is its header, then its m payloads)."""
+        be, m = self._be, len(group.sizes)
+        if group.kind != "allgather":
+            return be.split(result, group.sizes)
+        elements, count = group.header
+        pieces, position = [[] for _ in range(m)], 0
+        for _ in range(be.nranks):
+            sizes = be.unstack(be.bitcast(result[position:position + elements], HEADER_DTYPE), count)[:m]
+            position = position + elements
+            for piece, size in zip(pieces, sizes):
+                piece.append(result[position:position + size])
+                position = position + size
+        return [be.concat(piece) for piece in pieces]
+
+    # ---------------------------------------------------------------------------------------------- a step
+    def end_step(self, dense):
+        """Start what is still recorded (a future carried into the next step), and begin counting anew."""
+        if self._open:
+            self._start(list(self._open))
+        self._ready.clear()
+        self._flushes.clear()
+        self._be.end_step(dense)
+
+    def forget(self):
+        """The step's launched gradients were dropped (a checkpoint was loaded, an elastic reset): nothing recorded
+        is started."""
+        self._open.clear()
+        self._ready.clear()
+        self._flushes.clear()

@@ -1,0 +1,148 @@
+"""Buckets (horovod_ext/compression/buckets.py) under horovodrun (tests/test_buckets.py): every method trains a
+seven-layer MLP at bucket_cap_mb 0 (one collective per tensor), 0.03 (several buckets) and 25 (one bucket), on
+fixed seeds; each rank records the digest of its parameters' bits and the Horovod collectives each step enqueued
+(counted where horovod.torch is called); each method runs again at 25 ("@25.again"): a fused step's bits do not
+depend on timing. Then a checkpoint saved under one cap is loaded under another (rank 0 loads,
+broadcast_parameters and broadcast_optimizer_state, as Horovod's examples do), and bad bucket_cap_mb values are
+given to DistributedOptimizer on every rank."""
+import hashlib
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import horovod.torch as hvd_module  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from hvdrun import write_result  # noqa: E402
+
+ENQUEUED = [0]
+
+
+def _counted(fn):
+    def counted(*args, **kwargs):
+        ENQUEUED[0] += 1
+        return fn(*args, **kwargs)
+    return counted
+
+
+for _name in ("allreduce_async", "allreduce_async_", "allgather_async", "alltoall", "sparse_allreduce_async"):
+    setattr(hvd_module, _name, _counted(getattr(hvd_module, _name)))
+
+import horovod_ext.torch as hvd  # noqa: E402  (after the counters)
+
+STEPS = 4
+CAPS = (0, 0.03, 25)
+WIDTHS = [32, 64, 64, 64, 48, 48, 16, 10]  # seven Linear layers: 14 tensors, the biases below min_size
+
+
+def methods():
+    C = hvd.Compression
+    return {
+        "ternary": C.ternary(seed=7),
+        "ternary-ef-2bit": C.ternary(seed=7, error_feedback=True, packing="2bit", min_size=0),
+        "ternary-shared": C.ternary(seed=7, shared_scale=True, transport="allgather", min_size=0),
+        "ternary-two_phase": C.ternary(seed=7, shared_scale=True, transport="two_phase", min_size=0),
+        "topk": C.topk(ratio=0.05),
+        "topk-int32": C.topk(ratio=0.05, packing="int32", value_dtype="fp32"),
+        "topk-sparse_reduce": C.topk(ratio=0.05, transport="sparse_reduce"),
+        "adaptive_topk": C.adaptive_topk(window=2, omega=0.0, epsilon=0.3),
+        "powersgd": C.powersgd(rank=2, start_iter=1, seed=5),
+        "auto": C.auto(candidates=["ternary"]),  # one candidate: its choices do not depend on timing
+    }
+
+
+def model():
+    torch.manual_seed(0)
+    layers = []
+    for a, b in zip(WIDTHS, WIDTHS[1:]):
+        layers += [torch.nn.Linear(a, b), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers[:-1])
+
+
+def data(rank):
+    rng = np.random.default_rng(500 + rank)
+    return [(torch.from_numpy(rng.standard_normal((16, WIDTHS[0])).astype(np.float32)),
+             torch.from_numpy(rng.integers(0, 10, 16))) for _ in range(STEPS)]
+
+
+def digest(m):
+    h = hashlib.sha256()
+    for p in m.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def optimizer(m, comp, cap):
+    return hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), m.named_parameters(),
+                                    compression=comp, bucket_cap_mb=cap)
+
+
+def step(m, opt, x, y):
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(m(x), y).backward()
+    opt.step()
+
+
+def train(comp, cap):
+    """The parameters' digest after STEPS steps, the collectives of the last step, compression_stats()."""
+    m = model()
+    opt = optimizer(m, comp, cap)
+    for x, y in data(hvd.rank()):
+        before = ENQUEUED[0]
+        step(m, opt, x, y)
+    stats = opt.compression_stats()
+    return {"digest": digest(m), "collectives": ENQUEUED[0] - before, "buckets": stats.get("buckets"),
+            "payload_bytes": stats["total"]["payload_bytes"]}
+
+
+def resumed(comp, saved_cap, loaded_cap):
+    """Half the steps under saved_cap, a checkpoint, a new model and optimizer under loaded_cap: rank 0 loads it and
+    broadcasts; the other half."""
+    batches, half = data(hvd.rank()), STEPS // 2
+    m = model()
+    opt = optimizer(m, comp, saved_cap)
+    for x, y in batches[:half]:
+        step(m, opt, x, y)
+    checkpoint = {"model": m.state_dict(), "optimizer": opt.state_dict()}
+    m2 = model()
+    opt2 = optimizer(m2, comp, loaded_cap)
+    if hvd.rank() == 0:
+        m2.load_state_dict(checkpoint["model"])
+        opt2.load_state_dict(checkpoint["optimizer"])
+    hvd.broadcast_parameters(m2.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt2, root_rank=0)
+    for x, y in batches[half:]:
+        step(m2, opt2, x, y)
+    return digest(m2)
+
+
+def bad_input():
+    """What DistributedOptimizer says to each bad bucket_cap_mb (every rank, before any collective)."""
+    said = {}
+    for value in (-1, "25", float("nan"), True, None):
+        try:
+            optimizer(model(), hvd.Compression.ternary, value)
+            said[repr(value)] = None
+        except ValueError as exc:
+            said[repr(value)] = str(exc)
+    return said
+
+
+def main():
+    hvd.init()
+    torch.set_num_threads(1)
+    runs = {f"{name}@{cap}": train(comp, cap) for name, comp in methods().items() for cap in CAPS}
+    runs.update({f"{name}@25.again": train(comp, 25) for name, comp in methods().items()})
+    lifecycle = {}
+    for name in ("ternary-ef-2bit", "topk", "adaptive_topk"):
+        comp = methods()[name]
+        for saved, loaded in ((0, 0), (25, 0), (0, 25), (0.03, 25)):
+            lifecycle[f"{name}@{saved}->{loaded}"] = resumed(comp, saved, loaded)
+    write_result(hvd.rank(), {"rank": hvd.rank(), "size": hvd.size(), "runs": runs, "lifecycle": lifecycle,
+                              "bad_input": bad_input()})
+
+
+if __name__ == "__main__":
+    main()
