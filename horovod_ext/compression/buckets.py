@@ -84,11 +84,13 @@ class BucketPlan:
 
 
 class BucketName(str):
-    """A tensor's collective name that also carries the tensor and the prefix it was asked with."""
+    """A tensor's collective name that also carries the tensor's position and the prefix it was asked with (not the
+    tensor: an Item holds its future, which holds this name, and a cycle would keep the gradient alive until the
+    garbage collector runs)."""
 
-    def __new__(cls, name, item, prefix):
+    def __new__(cls, name, index, prefix):
         made = super().__new__(cls, name)
-        made.item, made.prefix = item, prefix
+        made.index, made.prefix = index, prefix
         return made
 
 
@@ -111,13 +113,14 @@ class Entry:
 
 
 class Group:
-    """A bucket's collectives of one kind, prefix, dtype and op in a step: recorded, then started as one."""
+    """A bucket's collectives of one kind, prefix, dtype and op in a step: recorded, then started as one. Once
+    started it no longer holds its entries (each entry holds the group: no cycle outlives the step)."""
 
-    __slots__ = ("bucket", "kind", "prefix", "dtype", "op", "entries", "future", "sizes", "header", "parts")
+    __slots__ = ("bucket", "kind", "prefix", "dtype", "op", "entries", "alone", "future", "sizes", "header", "parts")
 
     def __init__(self, bucket, kind, prefix, dtype, op):
         self.bucket, self.kind, self.prefix, self.dtype, self.op = bucket, kind, prefix, dtype, op
-        self.entries, self.future, self.parts = [], None, None
+        self.entries, self.alone, self.future, self.parts = [], False, None, None
         self.sizes = None  # this rank's size of each tensor's part
         self.header = (0, 0)  # an allgather's header: (its elements of the payloads' dtype, the int32 sizes it holds)
 
@@ -140,10 +143,10 @@ class FusingBackend:
         name = self._be.name(prefix, item)
         if self._plan.shared(item.index) is None:
             return name
-        return BucketName(name, item, prefix)
+        return BucketName(name, item.index, prefix)
 
     def _record(self, kind, x, name, op=None):
-        bucket = self._plan.shared(name.item.index)
+        bucket = self._plan.shared(name.index)
         key = (bucket, kind, name.prefix, self._be.dtype_name(x), op)
         group = self._open.get(key)
         if group is None:
@@ -180,13 +183,17 @@ class FusingBackend:
     def _start(self, keys):
         for key in keys:
             group = self._open.pop(key)
-            group.entries.sort(key=lambda e: e.name.item.index)
+            group.entries.sort(key=lambda e: e.name.index)
             for position, entry in enumerate(group.entries):
                 entry.position = position
-            if len(group.entries) == 1:
+            group.alone = len(group.entries) == 1
+            if group.alone:
                 self._start_alone(group)
             else:
                 self._start_fused(group, key)
+            for entry in group.entries:
+                entry.x = entry.name = None
+            group.entries = None
 
     def _start_alone(self, group):
         entry = group.entries[0]
@@ -196,7 +203,6 @@ class FusingBackend:
             group.future = self._be.allreduce(entry.x, str(entry.name), group.op)
         else:
             group.future = self._be.allreduce_buffer(entry.x, str(entry.name))
-        entry.x = None
 
     def _start_fused(self, group, key):
         be = self._be
@@ -213,8 +219,6 @@ class FusingBackend:
             group.future = be.allreduce(buffer, name, group.op)
         else:
             group.future = be.allreduce_buffer(buffer, name)
-        for entry in group.entries:
-            entry.x = None
 
     def _header(self, group):
         """The group's sizes as int32, padded to whole elements of the payloads' dtype, read as that dtype; its
@@ -233,7 +237,7 @@ class FusingBackend:
         group = future.group
         if group.future is None:  # still recorded: start every recorded group (the same point on every rank)
             self._start(list(self._open))
-        if len(group.entries) == 1:
+        if group.alone:
             return self._be.wait(group.future)
         if group.parts is None:
             group.parts = self._split(group, self._be.wait(group.future))
