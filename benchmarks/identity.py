@@ -7,8 +7,9 @@ fixed seeds, and each rank reports the SHA-256 of its parameters.
     python benchmarks/identity.py --save before.json          # on the old commit
     python benchmarks/identity.py --compare before.json       # on the new one: a table, exit 1 if any differs
 
-PyTorch's configurations also run under other bucket_cap_mb (identity_worker.BUCKET_CAPS), keyed
-"torch/bucket_cap_mb=C/...": each must give the bits of its default-cap twin ("torch/..."), in the same run;
+PyTorch's configurations and TensorFlow's tapes also run under other bucket_cap_mb (identity_worker.BUCKET_CAPS),
+keyed "torch/bucket_cap_mb=C/..." ("tf-eager/bucket_cap_mb=C/..."): each must give the bits of its default-cap
+twin ("torch/...") in the same run;
 without --compare, a line per configuration, and exit 1 if a bucketed one differs from its twin.
 """
 import re
@@ -41,12 +42,12 @@ def measure(timeout=900):
     return table
 
 
-BUCKETED = re.compile(r"^torch/bucket_cap_mb=[^/]+/")
+BUCKETED = re.compile(r"^(torch|tf-eager)/bucket_cap_mb=[^/]+/")
 
 
 def bucket_differences(table):
     """The bucketed configurations whose bits differ from their default-cap twin's."""
-    return sorted(key for key in table if BUCKETED.match(key) and table[key] != table.get(BUCKETED.sub("torch/", key)))
+    return sorted(key for key in table if BUCKETED.match(key) and table[key] != table.get(BUCKETED.sub(r"\1/", key)))
 
 
 def main():
@@ -71,7 +72,7 @@ def main():
     for key in sorted(set(before) | set(table)):
         old, new = before.get(key), table.get(key)
         if old is None and BUCKETED.match(key):  # a saved table from before buckets: against its twin
-            old = table.get(BUCKETED.sub("torch/", key))
+            old = table.get(BUCKETED.sub(r"\1/", key))
         same = old == new
         differ += not same
         agree = new is not None and len(set(new)) == 1

@@ -47,9 +47,10 @@ def compressors(hvd):
 
 
 LIFECYCLE = ("ternary", "ternary-two_phase-ef", "topk", "adaptive_topk-sparse_reduce", "powersgd")
-# PyTorch's buckets (compression/buckets.py) besides the default 25 MB, which holds this model in one bucket:
-# 0 (one tensor per bucket, no fusion), 0.01 (three buckets: the last layer with its bias and the next bias, the
-# middle weight alone, the first layer) and 1 (one bucket). Each is keyed "torch/bucket_cap_mb=C/...".
+# Buckets (compression/buckets.py) besides the default 25 MB, which holds this model in one bucket: 0 (one tensor
+# per bucket, no fusion), 0.01 (three buckets: the last layer with its bias and the next bias, the middle weight
+# alone, the first layer) and 1 (one bucket). Keyed "torch/bucket_cap_mb=C/..." (every PyTorch configuration) and
+# "tf-eager/bucket_cap_mb=C/..." (DistributedGradientTape's, eagerly).
 BUCKET_CAPS = (0, 0.01, 1)
 
 
@@ -231,20 +232,25 @@ def run_tf(out):
         mode = "graph" if graph else "eager"
         for name in LIFECYCLE:
             out[f"tf-{mode}/reset/{name}"] = keras_lifecycle(compressors(hvd)[name], graph)
-        for name, comp in compressors(hvd).items():
-            vs = variables()
+        # tf-graph's tapes continue the aggregators of tf-eager's (one per compressor and options), whose default-cap
+        # one the sparse runs below also step: the bucketed twins run eagerly only (tests/test_buckets.py runs
+        # tf.function and Keras at every cap from fresh aggregators)
+        for cap in (25,) + (() if graph else BUCKET_CAPS):
+            key = f"tf-{mode}" if cap == 25 else f"tf-{mode}/bucket_cap_mb={cap}"
+            for name, comp in compressors(hvd).items():
+                vs = variables()
 
-            def step(x, y, comp=comp, vs=vs):
-                with tf.GradientTape() as tape:
-                    loss = loss_of(vs, x, y)
-                tape = hvd.DistributedGradientTape(tape, compression=comp)
-                for v, g in zip(vs, tape.gradient(loss, vs)):
-                    v.assign_sub(0.1 * g)
+                def step(x, y, comp=comp, vs=vs, cap=cap):
+                    with tf.GradientTape() as tape:
+                        loss = loss_of(vs, x, y)
+                    tape = hvd.DistributedGradientTape(tape, compression=comp, bucket_cap_mb=cap)
+                    for v, g in zip(vs, tape.gradient(loss, vs)):
+                        v.assign_sub(0.1 * g)
 
-            fn = tf.function(step) if graph else step
-            for x, y in batches(rank):
-                fn(tf.constant(x), tf.constant(y))
-            out[f"tf-{mode}/{name}"] = digest(v.numpy() for v in vs)
+                fn = tf.function(step) if graph else step
+                for x, y in batches(rank):
+                    fn(tf.constant(x), tf.constant(y))
+                out[f"{key}/{name}"] = digest(v.numpy() for v in vs)
         for name, as_dense in (("sparse", False), ("sparse_as_dense", True)):  # tf.gather: IndexedSlices
             for cname in ("none", "ternary"):
                 table, head = tf.Variable(variables()[0] * 1.0), tf.Variable(variables()[2][:, :10] * 1.0)  # 2,048, 640

@@ -12,6 +12,7 @@ import argparse
 import os
 
 from common import OUT_DIR, horovodrun_json, line_plot, machine, markdown_table, write_outputs
+from horovod_ext.compression.buckets import header_bytes
 from horovod_ext.compression.plan import k_of
 from horovod_ext.compression.join import join_check_wire_bytes
 from horovod_ext.compression.wire import allgather_wire_bytes
@@ -48,15 +49,17 @@ def wire_of(method, sizes, nranks, **arguments):
 
 
 def others(sizes, nranks):
-    """Every other compressor and optimizer: perfmodel's plans, and top-k with int32 indices (6 bytes a pair)."""
+    """Every other compressor and optimizer: perfmodel's plans, and top-k with int32 indices (6 bytes a pair) and
+    its buckets' headers (an int32 size a payload)."""
     join = join_check_wire_bytes(nranks)  # payload compressors' ranks-still-training check (hvd.join)
+    header = header_bytes(sizes, [True] * len(sizes))
     per_node = 8 if nranks > 8 else nranks // 2 if nranks % 2 == 0 else nranks
     return {"fp16": wire_of("fp16", sizes, nranks),
-            "topk": allgather_wire_bytes(6 * sum(k_of(n, 100) for n in sizes), nranks) + join,
+            "topk": allgather_wire_bytes(6 * sum(k_of(n, 100) for n in sizes) + header, nranks) + join,
             "topk_sparse": wire_of("topk_sparse_reduce", sizes, nranks, ratio=0.01),
-            "adaptive_cf10": allgather_wire_bytes(6 * sum(k_of(n, 10) for n in sizes), nranks)
+            "adaptive_cf10": allgather_wire_bytes(6 * sum(k_of(n, 10) for n in sizes) + header, nranks)
             + allreduce_wire_bytes(32, nranks) + join,
-            "adaptive_cf1000": allgather_wire_bytes(6 * sum(k_of(n, 1000) for n in sizes), nranks)
+            "adaptive_cf1000": allgather_wire_bytes(6 * sum(k_of(n, 1000) for n in sizes) + header, nranks)
             + allreduce_wire_bytes(32, nranks) + join,
             "lsgd": wire_of("lsgd", sizes, nranks),
             "multi_lsgd": wire_of("multi_lsgd", sizes, nranks, ranks_per_node=per_node),

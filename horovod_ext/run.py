@@ -61,7 +61,7 @@ def parse_args(argv):
     parser.add_argument("--optimizer-arg", action="append", default=[], metavar="NAME=VALUE",
                         help="an argument of the optimizer, e.g. inner_steps=50 (repeatable)")
     parser.add_argument("--bucket-cap-mb", type=_literal, default=None, metavar="MB",
-                        help="PyTorch: megabytes of gradient per bucket, whose per-tensor collectives go as one "
+                        help="megabytes of gradient per bucket, whose per-tensor collectives go as one "
                              "(DistributedOptimizer's bucket_cap_mb; default 25; 0: one collective per tensor)")
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
@@ -243,13 +243,6 @@ def refuse_diloco(kind, what):
                          f"data_parallel)")
 
 
-def refuse_buckets(bucket_cap_mb, what):
-    if bucket_cap_mb is not None:
-        raise ValueError(f"--bucket-cap-mb fuses PyTorch's DistributedOptimizer's collectives; this script makes a "
-                         f"TensorFlow {what}, whose aggregator sends one collective per tensor (leave "
-                         f"--bucket-cap-mb out)")
-
-
 def tensorflow_patch(module, choice, registry, kind="data_parallel", bucket_cap_mb=None):
     original = module.DistributedGradientTape
 
@@ -257,9 +250,10 @@ def tensorflow_patch(module, choice, registry, kind="data_parallel", bucket_cap_
         import horovod_ext.tensorflow as ext
 
         refuse_diloco(kind, "DistributedGradientTape")
-        refuse_buckets(bucket_cap_mb, "DistributedGradientTape")
         arguments = _bind(original, args, kwargs)
         arguments["compression"] = choice if not isinstance(choice, str) else getattr(ext.Compression, choice)
+        if bucket_cap_mb is not None:
+            arguments["bucket_cap_mb"] = bucket_cap_mb
         tape = ext.DistributedGradientTape(**arguments)
         registry.add(ext.rank(), tape.aggregator, timed=False)
         return tape
@@ -274,13 +268,14 @@ def keras_patch(module, choice, registry, kind="data_parallel", optimizer_kwargs
     def DistributedOptimizer(*args, **kwargs):
         import horovod_ext.tensorflow.keras as ext
 
-        refuse_buckets(bucket_cap_mb, "Keras DistributedOptimizer")
         arguments = _bind(original, args, kwargs)
         arguments["compression"] = choice if not isinstance(choice, str) else getattr(ext.Compression, choice)
         if kind == "diloco":
             optimizer = diloco_of(ext, arguments, original, optimizer_kwargs or {})
             registry.add(ext.rank(), optimizer, timed=False)
             return optimizer
+        if bucket_cap_mb is not None:
+            arguments["bucket_cap_mb"] = bucket_cap_mb
         optimizer = ext.DistributedOptimizer(**arguments)
         registry.add(ext.rank(), optimizer, timed=False)
         return optimizer

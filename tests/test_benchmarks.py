@@ -226,8 +226,10 @@ def test_step_counter_counts_a_collective_enqueued_after_a_wait_as_a_further_rou
 
 
 def test_rounds_table_prints_the_per_step_means():
-    row = {"model": "digits", "tensors": 6, "compression": "ternary", "collectives_per_step": 7.0,
-           "rounds_per_step": 2.0, "waits_per_step": 7.0, "blocked_per_step": 2.94, "step_seconds": 0.00594}
+    row = {"model": "digits", "tensors": 6, "compression": "ternary", "bucket_cap_mb": 0.03, "buckets": 3,
+           "collectives_per_step": 7.0, "rounds_per_step": 2.0, "waits_per_step": 7.0, "blocked_per_step": 2.94,
+           "compression_seconds_per_step": 0.001234, "step_seconds": 0.00594}
     got = table_rows(rounds.table([row]), "model")[0]
     assert (got["collectives/step"], got["dependent rounds/step"], got["blocked waits/step"], got["median step ms"]) \
         == ("7.0", "2.0", "2.9", "5.9")
+    assert (got["bucket_cap_mb"], got["buckets"], got["compression ms/step"]) == ("0.03", "3", "1.23")

@@ -1,6 +1,8 @@
 """Buckets (horovod_ext/compression/buckets.py): the plan's assignment, the argument's checks, and under horovodrun
-(tests/workers/buckets_worker.py, one launch per rank count) every method's bits at bucket_cap_mb 0, 0.03 and 25,
-the collectives a step asks of Horovod, checkpoints loaded under another cap, and bad input on every rank."""
+(one launch per framework and rank count) every method's bits at bucket_cap_mb 0, 0.03 and 25, the collectives a
+step asks of Horovod, checkpoints loaded under another cap, and bad input on every rank: PyTorch
+(tests/workers/buckets_worker.py) and TensorFlow's tape eagerly and in tf.function and Keras's DistributedOptimizer
+in tf.function (tests/workers/tf_buckets_worker.py)."""
 import math
 
 import pytest
@@ -68,9 +70,12 @@ def test_every_method_gives_the_bits_of_cap_zero_at_two_ranks(launch):
         methods = sorted({key.split("@")[0] for key in r["runs"]})
         assert len(methods) == 10
         for method in methods:
+            if method == "auto":  # its choices follow measured times, whatever the cap: the ranks agree below
+                continue
             digests = digests_of(r, method)
             assert len(set(digests.values())) == 1, (r["rank"], method, digests)
-    assert len({r["runs"]["ternary@25"]["digest"] for r in launch}) == 1  # and the ranks agree
+    for key in launch[0]["runs"]:  # the ranks agree, every method and cap, auto's included
+        assert len({r["runs"][key]["digest"] for r in launch}) == 1, key
 
 
 def test_allgathered_methods_give_the_bits_of_cap_zero_at_four_ranks(launch):
@@ -84,10 +89,11 @@ def test_allgathered_methods_give_the_bits_of_cap_zero_at_four_ranks(launch):
         for method in ALLGATHER_ONLY:
             digests = digests_of(r, method)
             assert len(set(digests.values())) == 1, (r["rank"], method, digests)
-        for method in ("ternary", "powersgd"):  # not auto: its measurements wait per tensor (unfused) at first
+        for method in ("ternary", "powersgd"):  # not auto: its choices follow measured times
             digests = digests_of(r, method)
             assert digests["25"] == digests["25.again"], (r["rank"], method, digests)
-    assert len({r["runs"]["ternary@25"]["digest"] for r in launch}) == 1
+    for key in launch[0]["runs"]:
+        assert len({r["runs"][key]["digest"] for r in launch}) == 1, key
 
 
 def test_a_bucket_asks_horovod_for_one_collective_per_kind(launch):
@@ -127,3 +133,46 @@ def test_bad_caps_raise_on_every_rank_before_any_collective(launch):
     for r in launch:
         for value, said in r["bad_input"].items():
             assert said is not None and "bucket_cap_mb" in said and ">= 0" in said, (r["rank"], value, said)
+
+
+# TensorFlow: at 4 ranks the methods whose every tensor travels by allgather (two processes a core: fewer runs)
+TF_AT_FOUR = "ternary-ef-2bit,topk"
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["np2", "np4"])
+def tf_launch(request):
+    hosts = "localhost:2,127.0.0.1:2" if request.param == 4 else None
+    args = [TF_AT_FOUR] if request.param == 4 else []
+    results, _ = horovodrun(request.param, "tests/workers/tf_buckets_worker.py", *args, timeout=900, hosts=hosts)
+    return results
+
+
+def test_tensorflow_gives_the_same_bits_under_every_cap(tf_launch):
+    """Eagerly, inside tf.function and through Keras: at 2 ranks every method, at 4 the allgathered ones."""
+    for r in tf_launch:
+        runs = r["runs"]
+        configurations = sorted({key.split("@")[0] for key in runs})
+        assert len(configurations) == (18 if r["size"] == 2 else 6), configurations
+        for configuration in configurations:
+            digests = {cap: runs[f"{configuration}@{cap}"]["digest"] for cap in ("0", "0.03", "25")}
+            assert len(set(digests.values())) == 1, (r["rank"], configuration, digests)
+            assert runs[f"{configuration}@25"]["buckets"] == 1 and runs[f"{configuration}@0.03"]["buckets"] == 3
+    assert len({r["runs"]["eager/topk@25"]["digest"] for r in tf_launch}) == 1
+
+
+def test_tensorflow_buckets_ask_horovod_for_one_collective_per_kind(tf_launch):
+    for r in tf_launch:
+        runs = r["runs"]
+        for method, fused in (("ternary", 3), ("topk", 2), ("ternary-ef-2bit", 2), ("ternary-shared", 3)):
+            if f"eager/{method}@0" not in runs:
+                continue
+            unfused = 16 if method == "ternary-shared" else 15
+            assert runs[f"eager/{method}@0"]["collectives"] == unfused, (method, runs[f"eager/{method}@0"])
+            assert runs[f"eager/{method}@25"]["collectives"] == fused, (method, runs[f"eager/{method}@25"])
+
+
+def test_tensorflow_bad_caps_raise_on_every_rank(tf_launch):
+    for r in tf_launch:
+        assert len(r["bad_input"]) == 8
+        for value, said in r["bad_input"].items():
+            assert said is not None and "bucket_cap_mb must be a number >= 0" in said, (r["rank"], value, said)

@@ -17,6 +17,8 @@ SHAPES = [(512, 64), (512,), (256, 512), (256,), (10, 256), (10,)]
 SIZES = [math.prod(s) for s in SHAPES]
 BIG = [n for n in SIZES if n >= 1024]
 SMALL = 4 * sum(n for n in SIZES if n < 1024)
+# one 25 MB bucket: its allgather carries a 4-byte size per payload (compression/buckets.py)
+HEADER_TERNARY, HEADER_TOPK = 4 * len(BIG), 4 * len(SIZES)
 
 
 def wire(method, n, **kw):
@@ -41,17 +43,23 @@ def test_bytes_equal_each_transports_plan(n):
     assert wire("fp16", n) == allreduce_wire_bytes(2 * sum(SIZES), n)
     for packing in ("base3", "2bit"):
         assert wire("ternary", n, packing=packing) == pytest.approx(
+            allgather_transport_bytes(BIG, n, packing) + (n - 1) * HEADER_TERNARY + allreduce_wire_bytes(SMALL, n)
+            + join, rel=1e-12)
+        assert wire("ternary", n, packing=packing, bucket_cap_mb=0) == pytest.approx(
             allgather_transport_bytes(BIG, n, packing) + allreduce_wire_bytes(SMALL, n) + join, rel=1e-12)
         assert wire("ternary_two_phase", n, packing=packing) == pytest.approx(
             TwoPhasePlan(BIG, n, packing).wire_bytes(0) + scale_sharing_bytes(len(BIG), n)
             + allreduce_wire_bytes(SMALL, n) + join, rel=1e-12)
     for ratio in (0.01, 0.001):
         planned = planned_bytes(SIZES, 1 / ratio, n)
-        assert wire("topk", n, ratio=ratio) == pytest.approx(planned["allgather"] + join, rel=1e-12)
+        assert wire("topk", n, ratio=ratio) == pytest.approx(planned["allgather"] + (n - 1) * HEADER_TOPK + join,
+                                                             rel=1e-12)
+        assert wire("topk", n, ratio=ratio, bucket_cap_mb=0) == pytest.approx(planned["allgather"] + join, rel=1e-12)
         assert wire("topk_sparse_reduce", n, ratio=ratio) == pytest.approx(planned["sparse_reduce"] + join,
                                                                            rel=1e-12)
     assert wire("adaptive_topk", n, cf=100) == pytest.approx(
-        planned_bytes(SIZES, 100, n)["allgather"] + join + allreduce_wire_bytes(32, n), rel=1e-12)
+        planned_bytes(SIZES, 100, n)["allgather"] + (n - 1) * HEADER_TOPK + join + allreduce_wire_bytes(32, n),
+        rel=1e-12)
     single = LeaderSync(groups=None, size=n)
     single.configure(["a"] * n, 0)
     assert wire("lsgd", n) == pytest.approx(optimizer_wire(single, n, 16), rel=1e-12)

@@ -122,8 +122,9 @@ def test_stats_fields_and_ratios():
     dense = sum(p.numel() * 4 for p in m.parameters())
     assert last["dense_bytes"] == dense and total["dense_bytes"] == 3 * dense
     compressed = 40 * 30 + 30 * 5
-    # packed payloads + scales, the dense biases, and the 4-byte count of ranks still training (hvd.join check)
-    payload = (4 + (40 * 30 + 4) // 5) + (4 + (30 * 5 + 4) // 5) + 4 * (30 + 5) + 4
+    # packed payloads + scales, their bucket's two int32 sizes (compression/buckets.py), the dense biases, and the
+    # 4-byte count of ranks still training (hvd.join check)
+    payload = (4 + (40 * 30 + 4) // 5) + (4 + (30 * 5 + 4) // 5) + 2 * 4 + 4 * (30 + 5) + 4
     assert last["payload_bytes"] == payload and last["compressed_elements"] == compressed
     assert last["compress_seconds"] > 0
 

@@ -83,6 +83,26 @@ class BucketPlan:
         return bucket if bucket is not None and len(self.members[bucket]) > 1 else None
 
 
+def header_elements(count, itemsize):
+    """(elements of the payloads' dtype, int32 sizes) of an allgather header of `count` sizes: padded to whole
+    elements of a dtype wider than 4 bytes."""
+    padded = count + (-count % max(1, itemsize // 4))
+    return padded * 4 // itemsize, padded
+
+
+def header_bytes(sizes, allgathered, cap_mb=25, itemsize=1):
+    """What the buckets' allgathers add per rank per step to the payloads of tensors of `sizes` float32 elements
+    (allgathered[i]: tensor i's payload goes by allgather; itemsize: the payloads' dtype's): 4 bytes a payload in
+    every bucket that fuses two or more (perfmodel's plans)."""
+    plan = BucketPlan([(4 * n, "float32") for n in sizes], cap_mb)
+    total = 0
+    for members in plan.members:
+        count = sum(1 for i in members if allgathered[i])
+        if count > 1:
+            total += 4 * header_elements(count, itemsize)[1]
+    return total
+
+
 class BucketName(str):
     """A tensor's collective name that also carries the tensor's position and the prefix it was asked with (not the
     tensor: an Item holds its future, which holds this name, and a cycle would keep the gradient alive until the
@@ -134,6 +154,7 @@ class FusingBackend:
         self._open = {}  # (bucket, kind, prefix, dtype, op) -> the group being recorded
         self._ready = {}  # bucket -> its tensors launched this step
         self._flushes = {}  # group key -> groups started under it this step (names them apart)
+        self._direct = 0  # > 0 while a graph's branch is built: its collectives cannot leave the branch
 
     def __getattr__(self, name):
         return getattr(self._be, name)
@@ -155,20 +176,37 @@ class FusingBackend:
         group.entries.append(entry)
         return entry
 
+    def _fuses(self, name):
+        return isinstance(name, BucketName) and not self._direct
+
     def allgather(self, x, name):
-        if not isinstance(name, BucketName):
-            return self._be.allgather(x, name)
+        if not self._fuses(name):
+            return self._be.allgather(x, str(name))
         return self._record("allgather", x, name)
 
     def allreduce(self, x, name, op):
-        if not isinstance(name, BucketName):
-            return self._be.allreduce(x, name, op)
+        if not self._fuses(name):
+            return self._be.allreduce(x, str(name), op)
         return self._record("allreduce", x, name, op)
 
     def allreduce_grad(self, item, name, compression=None):
-        if not isinstance(name, BucketName) or compression is not None:  # a Horovod compressor: as it is
-            return self._be.allreduce_grad(item, name, compression)
+        if not self._fuses(name) or compression is not None:  # a Horovod compressor: as it is
+            return self._be.allreduce_grad(item, str(name), compression)
         return self._record("grad", self._be.reshape(item.grad, (-1,)), name), item.numel * item.itemsize
+
+    def switch(self, index, branches):
+        """A graph's branches (tf.switch_case) return their own collectives' results: what a branch starts is not
+        fused (GraVAC's per-tensor path, Compression.auto's candidates in a traced step)."""
+        if not self._be.building_graph():
+            return self._be.switch(index, branches)
+        self._direct += 1
+        try:
+            return self._be.switch(index, branches)
+        finally:
+            self._direct -= 1
+
+    def allreduce_sparse(self, item, name):
+        return self._be.allreduce_sparse(item, str(name))  # sparse gradients are not bucketed
 
     # ---------------------------------------------------------------------------------------------- starting
     def ready(self, item):
@@ -223,9 +261,8 @@ class FusingBackend:
     def _header(self, group):
         """The group's sizes as int32, padded to whole elements of the payloads' dtype, read as that dtype; its
         bytes are counted."""
-        itemsize = ITEMSIZE[group.dtype]
-        padded = list(group.sizes) + [0] * (-len(group.sizes) % max(1, itemsize // 4))
-        group.header = (len(padded) * 4 // itemsize, len(padded))
+        group.header = header_elements(len(group.sizes), ITEMSIZE[group.dtype])
+        padded = list(group.sizes) + [0] * (group.header[1] - len(group.sizes))
         nbytes = 4 * len(padded)
         self._ctx.count(payload_bytes=nbytes, wire_bytes=allgather_wire_bytes(nbytes, self._be.nranks))
         return self._be.bitcast(self._be.stack(padded, HEADER_DTYPE), group.dtype)

@@ -4,11 +4,13 @@ real runs at 2 and 4 ranks).
 
 A plan is [Transfer(kind, payload, wire, members, every)]: a `kind` collective of `payload` bytes per rank among
 `members` ranks (None: all), `wire` bytes per rank on the wire, once every `every` steps (the periodic rounds of
-LSGD and EASGD are averaged over their period).
+LSGD and EASGD are averaged over their period). The payload compressors' plans take ``bucket_cap_mb`` (default 25,
+as DistributedOptimizer's): a bucket's allgather carries its payloads' int32 sizes (compression/buckets.py).
 """
 import math
 from dataclasses import dataclass
 
+from horovod_ext.compression.buckets import header_bytes
 from horovod_ext.compression.join import JOIN_CHECK_BYTES
 from horovod_ext.compressors.powersgd import PowerSGD
 from horovod_ext.compressors.transports.sparse_reduce import planned_bytes as sparse_planned_bytes
@@ -53,13 +55,14 @@ def fp16(sizes, n, **_):
     return [_allreduce(2 * sum(sizes), n)]
 
 
-def ternary(sizes, n, packing="base3", min_size=TERNARY_MIN_SIZE, **_):
+def ternary(sizes, n, packing="base3", min_size=TERNARY_MIN_SIZE, bucket_cap_mb=25, **_):
     """TernGrad by allgather: every tensor's scale and packed codes (Ternary.payload_bytes; "entropy": its largest
-    size) to every rank; small tensors dense."""
+    size) to every rank, with the buckets' headers; small tensors dense."""
     spec = Ternary(packing=packing, min_size=min_size)
     big = [s for s in sizes if s >= min_size]
     small = 4 * sum(s for s in sizes if s < min_size)
-    payload = sum(spec.payload_bytes(s) for s in big)
+    payload = sum(spec.payload_bytes(s) for s in big) + header_bytes(sizes, [s >= min_size for s in sizes],
+                                                                      bucket_cap_mb)
     return [_allgather(payload, n), _allreduce(small, n), _join_check(n)]
 
 
@@ -74,16 +77,17 @@ def ternary_two_phase(sizes, n, packing="base3", min_size=TERNARY_MIN_SIZE, **_)
             _allgather(plan.stream_sizes[0], n), _allreduce(4 * len(big), n), _allreduce(small, n), _join_check(n)]
 
 
-def topk(sizes, n, ratio=TOPK_RATIO, transport="allgather", value_bits=16, **_):
-    """Top-k with delta-coded indices: by allgather, or by sparse_reduce (alltoall, then allgather of the owners'
-    selections), as compressors/transports/sparse_reduce.py plans them."""
+def topk(sizes, n, ratio=TOPK_RATIO, transport="allgather", value_bits=16, bucket_cap_mb=25, **_):
+    """Top-k with delta-coded indices: by allgather (with the buckets' headers), or by sparse_reduce (alltoall, then
+    allgather of the owners' selections), as compressors/transports/sparse_reduce.py plans them."""
     cf = 1.0 / ratio
     plan = sparse_planned_bytes(sizes, cf, n, value_bits)
     if transport == "sparse_reduce":
         alltoall, owners = plan["sparse_reduce_alltoall"], plan["sparse_reduce_allgather"]
         return [Transfer("alltoall", alltoall * n / max(n - 1, 1), alltoall),
                 Transfer("allgather", owners / max(n - 1, 1), owners), _join_check(n)]
-    return [Transfer("allgather", plan["allgather"] / max(n - 1, 1), plan["allgather"]), _join_check(n)]
+    payload = plan["allgather"] / max(n - 1, 1) + header_bytes(sizes, [True] * len(sizes), bucket_cap_mb)
+    return [_allgather(payload, n), _join_check(n)]
 
 
 def adaptive_topk(sizes, n, cf=10.0, **kw):

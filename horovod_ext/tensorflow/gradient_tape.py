@@ -4,6 +4,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 from horovod.common.process_sets import global_process_set
 
+from horovod_ext.compression.buckets import check_bucket_cap_mb
 from horovod_ext.compression.horovod_args import check_groups
 
 from .optimizer import GradientAggregator
@@ -28,13 +29,15 @@ class DistributedGradientTape:
     Use as with Horovod: ``tape = hvd.DistributedGradientTape(tape, compression=hvd.Compression.ternary)``. The
     signature is Horovod 0.28.1's; ``sparse_as_dense``, ``gradient_predivide_factor``, ``device_dense``,
     ``device_sparse`` and ``scale_local_gradients`` have Horovod's meaning (see GradientAggregator); ``num_groups``
-    and ``groups`` (explicit grouping) are refused with an error that says what to do (tensor fusion batches here).
+    and ``groups`` (explicit grouping) are refused with an error that says what to do (tensor fusion batches here);
+    ``bucket_cap_mb`` (horovod-ext's, default 25) fuses a payload compressor's per-tensor collectives into one per
+    bucket (see GradientAggregator).
     Everything else of the wrapped tape (watch, stop_recording, ...) is reached through this object.
     """
 
     def __init__(self, gradtape, device_dense="", device_sparse="", compression=None, sparse_as_dense=False,
                  op=None, gradient_predivide_factor=1.0, num_groups=0, groups=None, process_set=global_process_set,
-                 scale_local_gradients=True):
+                 scale_local_gradients=True, bucket_cap_mb=25):
         if not isinstance(gradtape, tf.GradientTape):
             raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape, got {type(gradtape).__name__}")
         check_groups(num_groups, groups)
@@ -44,7 +47,8 @@ class DistributedGradientTape:
                                          sparse_as_dense=bool(sparse_as_dense),
                                          gradient_predivide_factor=gradient_predivide_factor,
                                          device_dense=device_dense, device_sparse=device_sparse,
-                                         scale_local_gradients=bool(scale_local_gradients))
+                                         scale_local_gradients=bool(scale_local_gradients),
+                                         bucket_cap_mb=check_bucket_cap_mb(bucket_cap_mb, "DistributedGradientTape"))
 
     def register_local_source(self, source):
         """Horovod's: the gradient of this source is not communicated (divided by the number of ranks if

@@ -13,6 +13,7 @@ from horovod.tensorflow.functions import broadcast_object
 
 from horovod_ext import __version__
 from horovod_ext.compression import CompressionStats, is_payload_compressor
+from horovod_ext.compression.buckets import BucketPlan, check_bucket_cap_mb
 from horovod_ext.compression.consistency import allgather_blobs, optimizer_settings
 from horovod_ext.compression.context import StepContext
 from horovod_ext.compression.horovod_args import check_predivide, outside_process_set
@@ -72,11 +73,15 @@ class GradientAggregator(tf.Module):
     allgather of values and indices, and stay IndexedSlices), ``gradient_predivide_factor`` (linear compressors:
     the sum of g / f, times f / size), ``device_dense`` / ``device_sparse`` (where the collectives are placed),
     ``scale_local_gradients`` (gradients of variables registered with register_local_var are not communicated and,
-    if True, are divided by the number of ranks)."""
+    if True, are divided by the number of ranks); and horovod-ext's ``bucket_cap_mb`` (compression/buckets.py: a
+    payload compressor's per-tensor collectives fused into one per bucket of at most that many MiB, the same
+    bits; 0 keeps one per tensor)."""
 
     def __init__(self, compression, op, process_set, name="horovod_ext_aggregator", sparse_as_dense=False,
-                 gradient_predivide_factor=1.0, device_dense="", device_sparse="", scale_local_gradients=True):
+                 gradient_predivide_factor=1.0, device_dense="", device_sparse="", scale_local_gradients=True,
+                 bucket_cap_mb=25):
         super().__init__(name=name)
+        self.bucket_cap_mb = check_bucket_cap_mb(bucket_cap_mb)
         if compression is None:
             compression = hvd.Compression.none
         if op is None:
@@ -125,11 +130,16 @@ class GradientAggregator(tf.Module):
         run.compression = resolved_for(run.compression, "cpu")
         tensors = [(n, tuple(g.shape.as_list()), g.dtype.name) for n, g in zip(names, grads)]
         settings = optimizer_settings(describe_compression(run.compression), OP_NAMES.get(self.op, str(self.op)),
-                                      tensors, self.process_set.size(), __version__)
+                                      tensors, self.process_set.size(), __version__,
+                                      bucket_cap_mb=self.bucket_cap_mb)
         blobs = lambda blob: allgather_blobs(blob, numpy_allgather(self.process_set),  # noqa: E731
                                              f"horovod_ext.settings.{self.name}")
+        buckets = None
+        if is_payload_compressor(run.compression):  # the TensorFlow ops run on the host: buckets per dtype
+            buckets = BucketPlan([(g.shape.num_elements() * g.dtype.size, g.dtype.name) for g in grads],
+                                 self.bucket_cap_mb)
         with tf.init_scope():
-            run.agree(settings, blobs, self.backend, [g.shape.num_elements() for g in grads])
+            run.agree(settings, blobs, self.backend, [g.shape.num_elements() for g in grads], buckets)
         self._agreed_names = names
 
     # ------------------------------------------------------------------------------------------ aggregation

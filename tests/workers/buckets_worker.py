@@ -5,36 +5,21 @@ fixed seeds; each rank records the digest of its parameters' bits and the Horovo
 depend on timing. Then a checkpoint saved under one cap is loaded under another (rank 0 loads,
 broadcast_parameters and broadcast_optimizer_state, as Horovod's examples do), and bad bucket_cap_mb values are
 given to DistributedOptimizer on every rank."""
-import hashlib
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import horovod.torch as hvd_module  # noqa: E402
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from bucket_cases import CAPS, STEPS, WIDTHS, CollectiveCount, batches, digest  # noqa: E402
 from hvdrun import write_result  # noqa: E402
 
-ENQUEUED = [0]
+COUNT = CollectiveCount(hvd_module, ("allreduce_async", "allreduce_async_", "allgather_async", "alltoall",
+                                     "sparse_allreduce_async"))
 
-
-def _counted(fn):
-    def counted(*args, **kwargs):
-        ENQUEUED[0] += 1
-        return fn(*args, **kwargs)
-    return counted
-
-
-for _name in ("allreduce_async", "allreduce_async_", "allgather_async", "alltoall", "sparse_allreduce_async"):
-    setattr(hvd_module, _name, _counted(getattr(hvd_module, _name)))
-
-import horovod_ext.torch as hvd  # noqa: E402  (after the counters)
-
-STEPS = 4
-CAPS = (0, 0.03, 25)
-WIDTHS = [32, 64, 64, 64, 48, 48, 16, 10]  # seven Linear layers: 14 tensors, the biases below min_size
+import horovod_ext.torch as hvd  # noqa: E402  (after the count)
 
 
 def methods():
@@ -49,7 +34,7 @@ def methods():
         "topk-sparse_reduce": C.topk(ratio=0.05, transport="sparse_reduce"),
         "adaptive_topk": C.adaptive_topk(window=2, omega=0.0, epsilon=0.3),
         "powersgd": C.powersgd(rank=2, start_iter=1, seed=5),
-        "auto": C.auto(candidates=["ternary"]),  # one candidate: its choices do not depend on timing
+        "auto": C.auto(candidates=["ternary"]),  # ternary or dense per tensor, by measured times
     }
 
 
@@ -62,16 +47,11 @@ def model():
 
 
 def data(rank):
-    rng = np.random.default_rng(500 + rank)
-    return [(torch.from_numpy(rng.standard_normal((16, WIDTHS[0])).astype(np.float32)),
-             torch.from_numpy(rng.integers(0, 10, 16))) for _ in range(STEPS)]
+    return [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches(rank)]
 
 
-def digest(m):
-    h = hashlib.sha256()
-    for p in m.parameters():
-        h.update(p.detach().numpy().tobytes())
-    return h.hexdigest()[:16]
+def bits(m):
+    return digest(p.detach().numpy() for p in m.parameters())
 
 
 def optimizer(m, comp, cap):
@@ -90,20 +70,20 @@ def train(comp, cap):
     m = model()
     opt = optimizer(m, comp, cap)
     for x, y in data(hvd.rank()):
-        before = ENQUEUED[0]
+        before = COUNT.calls
         step(m, opt, x, y)
     stats = opt.compression_stats()
-    return {"digest": digest(m), "collectives": ENQUEUED[0] - before, "buckets": stats.get("buckets"),
+    return {"digest": bits(m), "collectives": COUNT.calls - before, "buckets": stats.get("buckets"),
             "payload_bytes": stats["total"]["payload_bytes"]}
 
 
 def resumed(comp, saved_cap, loaded_cap):
     """Half the steps under saved_cap, a checkpoint, a new model and optimizer under loaded_cap: rank 0 loads it and
     broadcasts; the other half."""
-    batches, half = data(hvd.rank()), STEPS // 2
+    steps, half = data(hvd.rank()), STEPS // 2
     m = model()
     opt = optimizer(m, comp, saved_cap)
-    for x, y in batches[:half]:
+    for x, y in steps[:half]:
         step(m, opt, x, y)
     checkpoint = {"model": m.state_dict(), "optimizer": opt.state_dict()}
     m2 = model()
@@ -113,9 +93,9 @@ def resumed(comp, saved_cap, loaded_cap):
         opt2.load_state_dict(checkpoint["optimizer"])
     hvd.broadcast_parameters(m2.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt2, root_rank=0)
-    for x, y in batches[half:]:
+    for x, y in steps[half:]:
         step(m2, opt2, x, y)
-    return digest(m2)
+    return bits(m2)
 
 
 def bad_input():

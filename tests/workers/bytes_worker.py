@@ -1,6 +1,8 @@
 """compression_stats() byte counts, under horovodrun: argv[1] "torch" or "tf". Trains three steps of a model with
 tensors of 5003, 37 and 2048 elements for every compressor, packing and value dtype (TensorFlow: eagerly and inside
-tf.function) and records what compression_stats() reports; tests/test_bytes.py compares them with the plan."""
+tf.function) and records what compression_stats() reports; tests/test_bytes.py compares them with the plan. Each
+tensor's collective alone (bucket_cap_mb=0): the plan's bytes are per tensor; what a bucket adds (its allgather's
+sizes) is tests/test_buckets.py's."""
 import os
 import sys
 
@@ -73,7 +75,7 @@ def run_torch():
         params = [torch.nn.Parameter(torch.zeros(n)) for n in SIZES]
         opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1),
                                        named_parameters=[(f"w{i}", p) for i, p in enumerate(params)],
-                                       compression=spec_of(hvd, name, kwargs))
+                                       compression=spec_of(hvd, name, kwargs), bucket_cap_mb=0)
         log = []
         for step in range(STEPS):
             opt.zero_grad()
@@ -89,7 +91,7 @@ def make_step(tf, hvd, variables, tape_holder, compression):
     def step_fn(gs):
         with tf.GradientTape() as tape:
             loss = tf.add_n([tf.reduce_sum(v * g) for v, g in zip(variables, gs)])
-        tape = hvd.DistributedGradientTape(tape, compression=compression)
+        tape = hvd.DistributedGradientTape(tape, compression=compression, bucket_cap_mb=0)
         tape_holder["tape"] = tape
         for v, g in zip(variables, tape.gradient(loss, variables)):
             v.assign_sub(0.1 * g)

@@ -47,7 +47,7 @@ class LocalAccumulation(tf.Module):
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=None,
                          sparse_as_dense=False, gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=global_process_set, scale_local_gradients=True):
+                         process_set=global_process_set, scale_local_gradients=True, bucket_cap_mb=25):
     """Wrap a Keras 3 optimizer (keras.optimizers.SGD, Adam, ...) for data-parallel training with Horovod.
 
     Returns an optimizer of the same class and configuration whose apply()/apply_gradients() first average the
@@ -56,8 +56,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     averaged with ``average_aggregated_gradients``) and communicates and applies them every that many calls;
     ``sparse_as_dense``, ``gradient_predivide_factor``, ``device_dense``/``device_sparse``, ``scale_local_gradients``
     (with ``register_local_var``) have Horovod's meaning; ``num_groups``/``groups`` (explicit grouping) are refused
-    with an error that says what to do. ``compression_stats()`` reports bytes per step, and ``optimizer.horovod_ext``
-    holds the step counter, seed and compressor state as tf.Variables
+    with an error that says what to do; ``bucket_cap_mb`` (horovod-ext's, default 25) fuses a payload compressor's
+    per-tensor collectives into one per bucket (see GradientAggregator). ``compression_stats()`` reports bytes per
+    step, and ``optimizer.horovod_ext`` holds the step counter, seed and compressor state as tf.Variables
     (tf.train.Checkpoint(horovod_ext=optimizer.horovod_ext)).
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -74,7 +75,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     aggregator = GradientAggregator(compression, op, process_set, name=name or f"horovod_ext_keras_{_counter[0]}",
                                     sparse_as_dense=sparse_as_dense,
                                     gradient_predivide_factor=gradient_predivide_factor, device_dense=device_dense,
-                                    device_sparse=device_sparse, scale_local_gradients=scale_local_gradients)
+                                    device_sparse=device_sparse, scale_local_gradients=scale_local_gradients,
+                                    bucket_cap_mb=bucket_cap_mb)
     accumulation = LocalAccumulation(backward_passes_per_step, average_aggregated_gradients) \
         if backward_passes_per_step > 1 else None
     base = optimizer.__class__
