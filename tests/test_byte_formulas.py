@@ -16,6 +16,7 @@ from horovod_ext.compressors.gravac import AdaptiveTopK
 from horovod_ext.compressors.powersgd import PowerSGD, PowerSGDMethod
 from horovod_ext.compressors.ternary import Ternary, TernaryCodec
 from horovod_ext.compressors.topk import TopK, TopKCodec
+from horovod_ext.compression.buckets import header_bytes
 from horovod_ext.perfmodel import plan
 from hvdext_reference import powersgd as ref_powersgd
 from hvdext_reference import terngrad as ref_ternary
@@ -190,9 +191,14 @@ def test_autos_bytes_of_a_candidate_are_its_specs():
 @pytest.mark.parametrize("nranks", [2, 5])
 def test_perfmodels_ternary_payload_is_the_specs(packing, nranks):
     spec = Ternary(packing=packing)
-    allgather = plan("ternary", SHAPES, nranks, packing=packing)[0]
-    assert allgather.kind == "allgather"
-    assert allgather.payload == sum(spec.payload_bytes(s) for s in SHAPES if math.prod(s) >= spec.min_size)
+    payloads = sum(spec.payload_bytes(s) for s in SHAPES if math.prod(s) >= spec.min_size)
+    allgather = plan("ternary", SHAPES, nranks, packing=packing, bucket_cap_mb=0)[0]
+    assert allgather.kind == "allgather" and allgather.payload == payloads
+    # a bucket's allgather also carries an int32 size per payload (compression/buckets.py): the 30522 x 768
+    # embedding (94 MB) is a bucket of its own, the 9 other compressed tensors share one 25 MB bucket
+    big = [math.prod(s) >= spec.min_size for s in SHAPES]
+    assert header_bytes([math.prod(s) for s in SHAPES], big) == 4 * 9
+    assert plan("ternary", SHAPES, nranks, packing=packing)[0].payload == payloads + 4 * 9
 
 
 @pytest.mark.parametrize("spec", POWERSGD, ids=lambda s: s.describe())
