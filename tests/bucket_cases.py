@@ -10,6 +10,25 @@ CAPS = (0, 0.03, 25)  # one collective per tensor; three buckets; one bucket
 WIDTHS = [32, 64, 64, 64, 48, 48, 16, 10]  # seven Linear layers: 14 tensors, the biases below ternary's min_size
 
 
+def specs(C):
+    """Every method the bucket tests run, from a framework's hvd.Compression (TensorFlow runs TF_METHODS)."""
+    return {
+        "ternary": C.ternary(seed=7),
+        "ternary-ef-2bit": C.ternary(seed=7, error_feedback=True, packing="2bit", min_size=0),
+        "ternary-shared": C.ternary(seed=7, shared_scale=True, transport="allgather", min_size=0),
+        "ternary-two_phase": C.ternary(seed=7, shared_scale=True, transport="two_phase", min_size=0),
+        "topk": C.topk(ratio=0.05),
+        "topk-int32": C.topk(ratio=0.05, packing="int32", value_dtype="fp32"),
+        "topk-sparse_reduce": C.topk(ratio=0.05, transport="sparse_reduce"),
+        "adaptive_topk": C.adaptive_topk(window=2, omega=0.0, epsilon=0.3),
+        "powersgd": C.powersgd(rank=2, start_iter=1, seed=5),
+        "auto": C.auto(candidates=["ternary"]),  # ternary or dense per tensor, by measured times
+    }
+
+
+TF_METHODS = ("ternary", "ternary-ef-2bit", "ternary-shared", "topk", "adaptive_topk", "powersgd")
+
+
 class CollectiveCount:
     """The calls of `names` in Horovod's `module` since it was made."""
 

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import horovod.torch as hvd_module  # noqa: E402
 import torch  # noqa: E402
 
-from bucket_cases import CAPS, STEPS, WIDTHS, CollectiveCount, batches, digest  # noqa: E402
+from bucket_cases import CAPS, STEPS, WIDTHS, CollectiveCount, batches, digest, specs  # noqa: E402
 from hvdrun import write_result  # noqa: E402
 
 COUNT = CollectiveCount(hvd_module, ("allreduce_async", "allreduce_async_", "allgather_async", "alltoall",
@@ -23,19 +23,7 @@ import horovod_ext.torch as hvd  # noqa: E402  (after the count)
 
 
 def methods():
-    C = hvd.Compression
-    return {
-        "ternary": C.ternary(seed=7),
-        "ternary-ef-2bit": C.ternary(seed=7, error_feedback=True, packing="2bit", min_size=0),
-        "ternary-shared": C.ternary(seed=7, shared_scale=True, transport="allgather", min_size=0),
-        "ternary-two_phase": C.ternary(seed=7, shared_scale=True, transport="two_phase", min_size=0),
-        "topk": C.topk(ratio=0.05),
-        "topk-int32": C.topk(ratio=0.05, packing="int32", value_dtype="fp32"),
-        "topk-sparse_reduce": C.topk(ratio=0.05, transport="sparse_reduce"),
-        "adaptive_topk": C.adaptive_topk(window=2, omega=0.0, epsilon=0.3),
-        "powersgd": C.powersgd(rank=2, start_iter=1, seed=5),
-        "auto": C.auto(candidates=["ternary"]),  # ternary or dense per tensor, by measured times
-    }
+    return specs(hvd.Compression)
 
 
 def model():

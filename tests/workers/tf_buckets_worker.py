@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import horovod.tensorflow as hvd_module  # noqa: E402
 
-from bucket_cases import CAPS, WIDTHS, CollectiveCount, batches, digest  # noqa: E402
+from bucket_cases import CAPS, TF_METHODS, WIDTHS, CollectiveCount, batches, digest, specs  # noqa: E402
 from hvdrun import write_result  # noqa: E402
 
 COUNT = CollectiveCount(hvd_module, ("allreduce", "allgather", "alltoall"))
@@ -26,15 +26,8 @@ import horovod_ext.tensorflow.keras as hvdk  # noqa: E402
 
 
 def methods():
-    C = hvd.Compression
-    return {
-        "ternary": C.ternary(seed=7),
-        "ternary-ef-2bit": C.ternary(seed=7, error_feedback=True, packing="2bit", min_size=0),
-        "ternary-shared": C.ternary(seed=7, shared_scale=True, transport="allgather", min_size=0),
-        "topk": C.topk(ratio=0.05),
-        "adaptive_topk": C.adaptive_topk(window=2, omega=0.0, epsilon=0.3),
-        "powersgd": C.powersgd(rank=2, start_iter=1, seed=5),
-    }
+    all_ = specs(hvd.Compression)
+    return {name: all_[name] for name in TF_METHODS}
 
 
 def variables():
