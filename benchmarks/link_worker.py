@@ -20,7 +20,7 @@ from horovod_ext.compression.wire import allreduce_wire_bytes  # noqa: E402
 
 COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compression.fp16,
                 "ternary": lambda: hvd.Compression.ternary,  # entropy coded (the default)
-                "ternary-base3": lambda: hvd.Compression.ternary(packing="base3"),
+                "ternary-base3": lambda: hvd.Compression.ternary(packing="base3", transport="allgather"),
                 "ternary-shared": lambda: hvd.Compression.ternary(shared_scale=True, transport="allgather"),
                 "ternary-2phase": lambda: hvd.Compression.ternary(shared_scale=True, transport="two_phase"),
                 "ternary-2phase-base3": lambda: hvd.Compression.ternary(shared_scale=True, transport="two_phase",

@@ -38,7 +38,7 @@ def planned(sizes, nranks, packing="base3"):
     small = 4 * sum(n for n in sizes if n < MIN_SIZE)
     join = join_check_wire_bytes(nranks)  # payload compressors' ranks-still-training check (hvd.join)
     return {"ranks": nranks, "dense": wire_of("dense", sizes, nranks),
-            "allgather": wire_of("ternary", sizes, nranks, packing=packing),
+            "allgather": wire_of("ternary", sizes, nranks, packing=packing, transport="allgather"),
             "two_phase": wire_of("ternary_two_phase", sizes, nranks, packing=packing),
             "two_phase_formula": formula_wire_bytes(sum(big), nranks, packing)
             + scale_sharing_bytes(len(big), nranks) + allreduce_wire_bytes(small, nranks) + join}

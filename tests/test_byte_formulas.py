@@ -192,13 +192,15 @@ def test_autos_bytes_of_a_candidate_are_its_specs():
 def test_perfmodels_ternary_payload_is_the_specs(packing, nranks):
     spec = Ternary(packing=packing)
     payloads = sum(spec.payload_bytes(s) for s in SHAPES if math.prod(s) >= spec.min_size)
-    allgather = plan("ternary", SHAPES, nranks, packing=packing, bucket_cap_mb=0)[0]
+    allgather = plan("ternary", SHAPES, nranks, packing=packing, bucket_cap_mb=0, transport="allgather")[0]
     assert allgather.kind == "allgather" and allgather.payload == payloads
     # a bucket's allgather also carries an int32 size per payload (compression/buckets.py): the 30522 x 768
     # embedding (94 MB) is a bucket of its own, the 9 other compressed tensors share one 25 MB bucket
     big = [math.prod(s) >= spec.min_size for s in SHAPES]
     assert header_bytes([math.prod(s) for s in SHAPES], big) == 4 * 9
-    assert plan("ternary", SHAPES, nranks, packing=packing)[0].payload == payloads + 4 * 9
+    assert plan("ternary", SHAPES, nranks, packing=packing, transport="allgather")[0].payload == payloads + 4 * 9
+    # transport="auto" (the default) plans what the compressor takes: BERT's 94 MB embedding goes two-phase at 5
+    assert plan("ternary", SHAPES, nranks, packing=packing)[0].kind == ("allgather" if nranks == 2 else "alltoall")
 
 
 @pytest.mark.parametrize("spec", POWERSGD, ids=lambda s: s.describe())

@@ -42,22 +42,23 @@ def test_bytes_equal_each_transports_plan(n):
     assert wire("dense", n) == allreduce_wire_bytes(4 * sum(SIZES), n)
     assert wire("fp16", n) == allreduce_wire_bytes(2 * sum(SIZES), n)
     for packing in ("base3", "2bit"):
-        assert wire("ternary", n, packing=packing) == pytest.approx(
+        assert wire("ternary", n, packing=packing, transport="allgather") == pytest.approx(
             allgather_transport_bytes(BIG, n, packing) + (n - 1) * HEADER_TERNARY + allreduce_wire_bytes(SMALL, n)
             + join, rel=1e-12)
-        assert wire("ternary", n, packing=packing, bucket_cap_mb=0) == pytest.approx(
+        assert wire("ternary", n, packing=packing, bucket_cap_mb=0, transport="allgather") == pytest.approx(
             allgather_transport_bytes(BIG, n, packing) + allreduce_wire_bytes(SMALL, n) + join, rel=1e-12)
         assert wire("ternary_two_phase", n, packing=packing) == pytest.approx(
             TwoPhasePlan(BIG, n, packing).wire_bytes(0) + scale_sharing_bytes(len(BIG), n)
             + allreduce_wire_bytes(SMALL, n) + join, rel=1e-12)
     for ratio in (0.01, 0.001):
         planned = planned_bytes(SIZES, 1 / ratio, n)
-        assert wire("topk", n, ratio=ratio) == pytest.approx(planned["allgather"] + (n - 1) * HEADER_TOPK + join,
-                                                             rel=1e-12)
-        assert wire("topk", n, ratio=ratio, bucket_cap_mb=0) == pytest.approx(planned["allgather"] + join, rel=1e-12)
+        assert wire("topk", n, ratio=ratio, transport="allgather") == pytest.approx(
+            planned["allgather"] + (n - 1) * HEADER_TOPK + join, rel=1e-12)
+        assert wire("topk", n, ratio=ratio, bucket_cap_mb=0, transport="allgather") == pytest.approx(
+            planned["allgather"] + join, rel=1e-12)
         assert wire("topk_sparse_reduce", n, ratio=ratio) == pytest.approx(planned["sparse_reduce"] + join,
                                                                            rel=1e-12)
-    assert wire("adaptive_topk", n, cf=100) == pytest.approx(
+    assert wire("adaptive_topk", n, cf=100, transport="allgather") == pytest.approx(
         planned_bytes(SIZES, 100, n)["allgather"] + (n - 1) * HEADER_TOPK + join + allreduce_wire_bytes(32, n),
         rel=1e-12)
     single = LeaderSync(groups=None, size=n)
@@ -239,6 +240,45 @@ def test_shapes_files_and_models(tmp_path):
         shapes_of(3.5)
 
 
+def test_auto_transports_follow_the_compressors_choice():
+    """"ternary", "topk" and "adaptive_topk" are planned with the transport the compressor's transport="auto" takes
+    at each rank count (the compressors' own choose_transport): two-phase and sparse_reduce where their bytes per
+    rank, which do not grow with N as allgather's do, are clearly fewer; and the kernels' seconds follow."""
+    from horovod_ext.compressors.transports.sparse_reduce import choose_transport as choose_topk
+    from horovod_ext.compressors.transports.two_phase import choose_transport as choose_ternary
+    from horovod_ext.perfmodel.catalog import load
+    from horovod_ext.perfmodel.plans import transport_of
+
+    shapes = load("resnet50")["shapes"]
+    sizes = [math.prod(s) for s in shapes]
+    big = [n for n in sizes if n >= 1024]
+    cluster = Cluster(64, Link(10.0, 50e-6))
+    for n, ternary, topk in ((2, "allgather", "allgather"), (8, "two_phase", "sparse_reduce"),
+                             (64, "two_phase", "sparse_reduce")):
+        assert choose_ternary("auto", None, big, n, "base3") == ternary and choose_topk("auto", sizes, 100, n) == topk
+        assert transport_of("ternary", shapes, n) == (ternary, "ternary_two_phase" if n > 2 else "ternary")
+        assert transport_of("topk", shapes, n)[0] == topk == transport_of("adaptive_topk", shapes, n, cf=100)[0]
+        for method, scalable, transport in (("ternary", "ternary_two_phase", ternary),
+                                            ("topk", "topk_sparse_reduce", topk)):
+            same = scalable if transport != "allgather" else None
+            if same is not None:
+                assert plan(method, shapes, n) == plan(scalable, shapes, n)
+            else:
+                assert plan(method, shapes, n) == plan(method, shapes, n, transport="allgather")
+    assert transport_of("ternary", shapes, 64, shared_scale=False) == ("allgather", "ternary")  # needs the shared scale
+    assert transport_of("dense", shapes, 64) == (None, "dense")
+    at_64 = predict("ternary", shapes, 0.035, cluster)
+    assert at_64.transport == "two_phase" and at_64.wire_bytes == predict("ternary_two_phase", shapes, 0.035,
+                                                                          cluster).wire_bytes
+    assert at_64.compression_seconds == predict("ternary_two_phase", shapes, 0.035, cluster).compression_seconds
+    assert predict("dense", shapes, 0.035, cluster).transport is None
+    from horovod_ext.perfmodel.__main__ import label  # the command's rows name the transports across rank counts
+    row = [predict("ternary", shapes, 0.035, Cluster(n, Link(10.0, 50e-6))) for n in (2, 4, 8, 64)]
+    assert label("ternary", row) == "ternary (allgather from 2, two_phase from 4)"
+    assert label("dense", [predict("dense", shapes, 0.035, cluster)]) == "dense"
+    assert label("ternary", row[2:]) == "ternary (two_phase)"
+
+
 def test_command_prints_speedups_and_plots(tmp_path, capsys):
     from horovod_ext.perfmodel.__main__ import main
 
@@ -246,7 +286,9 @@ def test_command_prints_speedups_and_plots(tmp_path, capsys):
     assert main(["--model", "vgg16", "--ranks", "8,64,1024", "--gbit", "1,10", "--plot", str(png)]) == 0
     out = capsys.readouterr().out
     assert "1 Gbit/s" in out and "10 Gbit/s" in out and "| dense | 1.00 | 1.00 | 1.00 |" in out
-    assert all(f"| {m} |" in out for m in METHODS) and png.stat().st_size > 5000
+    rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ")]
+    assert all(m in rows or any(r.startswith(f"{m} (") for r in rows) for m in METHODS) and png.stat().st_size > 5000
+    assert "ternary (two_phase)" in rows and "topk (sparse_reduce)" in rows  # VGG-16 from 8 ranks on
     with pytest.raises(SystemExit):
         main(["--model", "vgg16", "--methods", "dense,zip"])
 
@@ -257,11 +299,15 @@ def test_command_takes_measured_compression_seconds(capsys):
     from horovod_ext.perfmodel.__main__ import main, scaled_compression
     from horovod_ext.perfmodel.predict import compression_seconds_of
 
-    elements = 1_000_000
-    at_8 = scaled_compression("ternary", 0.01, elements, 1, 8)
+    shapes = [(200, 1000)]
+    elements = 200_000
+    at_8 = scaled_compression("ternary", 0.01, shapes, 1, 8)  # 8 ranks: allgather (two-phase saves under 256 KB)
     assert at_8 == pytest.approx(0.01 * compression_seconds_of("ternary", elements, 8)
                                  / compression_seconds_of("ternary", elements, 1))
-    assert at_8 > 0.01 and scaled_compression("powersgd", 0.02, elements, 1, 64) == 0.02
+    assert at_8 > 0.01 and scaled_compression("powersgd", 0.02, shapes, 1, 64) == 0.02
+    at_64 = scaled_compression("ternary", 0.01, shapes, 1, 64)  # two-phase: one stream decoded, whatever N
+    assert at_64 == pytest.approx(0.01 * compression_seconds_of("ternary_two_phase", elements, 64)
+                                  / compression_seconds_of("ternary", elements, 1)) == pytest.approx(0.01)
 
     def step_ms(seconds):
         main(["--model", "resnet50", "--compute-seconds", "0.05", "--ranks", "8", "--gbit", "10",

@@ -10,7 +10,7 @@ from horovod_ext.torch.kernels import check_gradient
 
 def test_bare_and_configured():
     bare = Ternary()
-    assert (bare.clip, bare.shared_scale, bare.packing, bare.min_size, bare.seed) == (2.5, False, "auto", 1024, None)
+    assert (bare.clip, bare.shared_scale, bare.packing, bare.min_size, bare.seed) == (2.5, None, "auto", 1024, None)
     configured = bare(clip=None, packing="2bit", seed=3)
     assert configured.clip is None and configured.packing == "2bit" and configured.seed == 3
     assert bare == Ternary() and hash(bare) == hash(Ternary()) and bare != configured
@@ -21,7 +21,8 @@ def test_bare_and_configured():
     (dict(clip=0), "clip must be > 0.0"), (dict(clip=-1), "clip must be > 0.0"),
     (dict(clip=float("nan")), "clip must be a finite number or None"), (dict(clip="2"), "clip"),
     (dict(packing="3bit"), "one of ('auto', 'entropy', 'base3', '2bit')"), (dict(min_size=-1), "min_size must be >= 0"),
-    (dict(min_size=1.5), "min_size must be an integer"), (dict(shared_scale=1), "shared_scale must be True or False"),
+    (dict(min_size=1.5), "min_size must be an integer"),
+    (dict(shared_scale=1), "shared_scale must be True, False or None"),
     (dict(seed=-1), "seed must be in [0, 18446744073709551616)"), (dict(seed=2 ** 64), "seed"),
 ])
 def test_invalid_arguments_name_the_argument(kwargs, fragment):
@@ -87,8 +88,9 @@ def test_wire_formulas():
 def test_transport_argument():
     assert Ternary().transport == "auto"
     assert Ternary(shared_scale=True, transport="two_phase").transport == "two_phase"
-    with pytest.raises(ValueError, match="transport='two_phase' needs shared_scale=True: it sums the codes"):
-        Ternary(transport="two_phase")
+    assert Ternary(transport="two_phase").shared_scale is None  # the default: as the transport needs
+    with pytest.raises(ValueError, match=r"transport='two_phase' needs shared_scale=True \(or None"):
+        Ternary(shared_scale=False, transport="two_phase")
     with pytest.raises(ValueError, match=r"transport must be one of \('auto', 'allgather', 'two_phase'\)"):
         Ternary(transport="ring")
 

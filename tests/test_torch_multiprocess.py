@@ -100,6 +100,10 @@ def test_two_phase_equals_allgather_bit_for_bit(ranks):
             # counted from the tensors handed to alltoall/allgather; the formula rounds each chunk's bytes only
             assert check["wire_bytes"] == pytest.approx(check["plan_wire_bytes"], rel=1e-12)  # fractional ring bytes
             assert abs(check["wire_bytes"] - check["formula_wire_bytes"]) <= 2 * ranks
+        # transport="auto" follows the byte plans (two_phase.choose_transport, perfmodel's plans): two-phase, with
+        # the shared scale it needs, only where it saves enough (4 ranks, 4M elements); the same bits as asked for
+        assert r["auto"] == {"transport": "two_phase" if ranks == 4 else "allgather", "shared_scale": ranks == 4,
+                             "equal": True, "nonzero": True}, (r["rank"], r["auto"])
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

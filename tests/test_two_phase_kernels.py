@@ -84,6 +84,8 @@ def test_plan_pieces_cover_every_element_once():
 def test_auto_transport_by_bytes():
     sizes = [1_000_000, 500_000]
     assert choose_transport("auto", False, sizes, 8, "base3") == "allgather"  # no shared scale: no integer sums
-    assert choose_transport("auto", True, sizes, 2, "base3") == "allgather"
-    assert choose_transport("auto", True, sizes, 4, "base3") == "two_phase"
+    assert choose_transport("auto", True, sizes, 2, "base3") == "allgather"  # 431 KB against 300 KB
+    assert choose_transport("auto", True, sizes, 4, "base3") == "allgather"  # 788 KB against 900 KB: under 256 KB
+    for shared in (True, None):  # None: the scale is shared because two-phase is chosen
+        assert choose_transport("auto", shared, sizes, 8, "base3") == "two_phase"  # 1.08 MB against 2.1 MB
     assert choose_transport("allgather", True, sizes, 16, "base3") == "allgather"

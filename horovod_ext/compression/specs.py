@@ -140,9 +140,10 @@ def check_int(argument, value, low=None, high=None, allow_none=False):
     return value
 
 
-def check_bool(argument, value):
-    if not isinstance(value, bool):
-        raise ValueError(f"{argument} must be True or False, got {value!r}")
+def check_bool(argument, value, allow_none=False):
+    if not (isinstance(value, bool) or (allow_none and value is None)):
+        allowed = "True, False or None" if allow_none else "True or False"
+        raise ValueError(f"{argument} must be {allowed}, got {value!r}")
     return value
 
 

@@ -87,13 +87,15 @@ class TernaryMethod(Allgather):
         compressed = [n for n in self.sizes if n >= spec.min_size]
         self.transport = choose_transport(spec.transport, spec.shared_scale, compressed, ctx.nranks,
                                           FIXED_OF[spec.packing])
+        self.shared_scale = spec.shared_scale if spec.shared_scale is not None else self.transport == "two_phase"
         self.ctx.stats.extra["transport"] = self.transport
+        self.ctx.stats.extra["shared_scale"] = self.shared_scale
         self.plan = None
 
     def launch(self, be, item):
         if not self.compressed(item):
             return DenseSplit.launch(be, self.ctx, item)
-        if not self.spec.shared_scale:
+        if not self.shared_scale:
             return super().launch(be, item)
         item.kind = "payload"
         count_dense(self.ctx, item)
@@ -104,7 +106,7 @@ class TernaryMethod(Allgather):
 
     def finish(self, be, items):
         compressed = [i for i in items if i.kind == "payload"]
-        if self.spec.shared_scale and compressed:
+        if self.shared_scale and compressed:
             self._share_scales(be, compressed)
             if self.ctx.failed():
                 compressed = []
@@ -197,17 +199,21 @@ class Ternary(CompressorSpec):
 
     Args:
         clip: clip gradients to clip * std(g) before ternarizing (paper: 2.5); None disables clipping.
-        shared_scale: use the max of every rank's scale (TernGrad's "scaler sharing").
+        shared_scale: True: use the max of every rank's scale (TernGrad's "scaler sharing": one allreduce(Max) of
+            the step's scales, after backward); False: each rank its own; None (the default): as the transport
+            needs, shared under two_phase and not under allgather (compression_stats()["shared_scale"] says which).
         packing: "entropy" (variable size, about n H(codes) bits; coded on the CPU), "base3" (1.6 bits per element)
             or "2bit" (2 bits, simpler to decode), each encoded and decoded by the CUDA kernels on CUDA tensors;
             "auto" (the default): "entropy" for gradients on the host, "base3" for CUDA tensors, so that a GPU
             gradient never goes to the host and back (TensorFlow's ops run on the host: "entropy" there).
         min_size: tensors with fewer elements travel dense by allreduce (biases, norms); 0 compresses all.
         seed: key of the counter-based generator (with step, tensor, rank, element); None lets rank 0 draw one.
-        transport: "allgather" (every rank receives every payload: bytes per rank grow with N), "two_phase" (needs
-            shared_scale: an alltoall of code chunks, exact integer sums re-encoded at ceil(log2(2N+1)) bits, and an
+        transport: "allgather" (every rank receives every payload: bytes per rank grow with N), "two_phase" (a
+            shared scale: an alltoall of code chunks, exact integer sums re-encoded at ceil(log2(2N+1)) bits, and an
             allgather of those: bytes per rank grow with log N; with "entropy" both the chunks and the sums are
-            entropy coded), or "auto" (two_phase where it sends fewer bytes).
+            entropy coded), or "auto" (two_phase where it plans under 0.9x allgather's bytes per rank and at least
+            256 KB a step fewer, unless shared_scale=False: transports.clearly_fewer; perfmodel projects the same
+            choice). compression_stats()["transport"] says which ran.
         error_feedback: ternarize g + r and keep r = g + r - s * t for the next step (plan.ErrorFeedback; Seide et
             al. 2014, Karimireddy et al. 2019): what clipping and the random draws left out is sent later instead
             of lost. TernGrad itself has none (unbiased without it); residuals are in the optimizer's state.
@@ -219,15 +225,16 @@ class Ternary(CompressorSpec):
     codec = TernaryCodec
     packing_by_device = {"cpu": "entropy", "cuda": "base3"}
 
-    def __init__(self, clip=2.5, shared_scale=False, packing="auto", min_size=1024, seed=None, transport="auto",
+    def __init__(self, clip=2.5, shared_scale=None, packing="auto", min_size=1024, seed=None, transport="auto",
                  error_feedback=False):
         check_choice("ternary transport", transport, TRANSPORTS)
-        if transport == "two_phase" and shared_scale is not True:
-            raise ValueError("ternary transport='two_phase' needs shared_scale=True: it sums the codes of all ranks "
-                             "as integers, which is exact only when every rank uses the same scale")
+        if transport == "two_phase" and shared_scale is False:
+            raise ValueError("ternary transport='two_phase' needs shared_scale=True (or None, the default: as the "
+                             "transport needs): it sums the codes of all ranks as integers, which is exact only "
+                             "when every rank uses the same scale")
         super().__init__(
             clip=check_real("ternary clip", clip, low=0.0, allow_none=True),
-            shared_scale=check_bool("ternary shared_scale", shared_scale),
+            shared_scale=check_bool("ternary shared_scale", shared_scale, allow_none=True),
             packing=check_choice("ternary packing", packing, PACKINGS),
             min_size=check_int("ternary min_size", min_size, low=0),
             seed=check_int("ternary seed", seed, low=0, high=SEED_LIMIT, allow_none=True),

@@ -10,7 +10,7 @@ import sys
 
 from .catalog import NAMES, load
 from .collectives import Cluster, Link
-from .plans import METHODS
+from .plans import METHODS, transport_of
 from .predict import THROUGHPUT, compression_seconds_of, predict
 
 RANKS = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
@@ -37,13 +37,18 @@ def _measured(text):
     return out
 
 
-def scaled_compression(method, seconds, elements, measured_ranks, ranks):
+def scaled_compression(method, seconds, shapes, measured_ranks, ranks):
     """A method's kernel seconds per step measured at measured_ranks, at `ranks`: scaled as THROUGHPUT's encode and
-    per-payload decode scale (an allgather method decodes one payload per rank), constant for other methods."""
+    per-payload decode scale under the transport it takes at each (an allgather method decodes one payload per
+    rank, two-phase and sparse_reduce one stream), constant for other methods."""
     if method not in THROUGHPUT:
         return seconds
-    return seconds * compression_seconds_of(method, elements, ranks) / compression_seconds_of(method, elements,
-                                                                                              measured_ranks)
+    elements = sum(math.prod(s) if isinstance(s, (tuple, list)) else int(s) for s in shapes)
+
+    def model_seconds(n):
+        return compression_seconds_of(transport_of(method, shapes, n)[1], elements, n)
+
+    return seconds * model_seconds(ranks) / model_seconds(measured_ranks)
 
 
 def speedups(model, compute, gbits, ranks, latency, per_node, methods, hierarchical=False, kernel_speedup=1.0,
@@ -51,7 +56,6 @@ def speedups(model, compute, gbits, ranks, latency, per_node, methods, hierarchi
     """{gbit: {method: [Prediction per rank count]}}. measured: {method: kernel seconds per step at measured_ranks}
     in place of THROUGHPUT / kernel_speedup for those methods."""
     measured = measured or {}
-    elements = sum(math.prod(s) if isinstance(s, tuple) else int(s) for s in model["shapes"])
     out = {}
     for gbit in gbits:
         out[gbit] = {m: [] for m in methods}
@@ -60,11 +64,26 @@ def speedups(model, compute, gbits, ranks, latency, per_node, methods, hierarchi
             cluster = Cluster(n, Link(gbit, latency), intra=Link(max(gbit, 100.0), latency), ranks_per_node=g,
                               hierarchical=hierarchical)
             for m in methods:
-                kernels = (scaled_compression(m, measured[m], elements, measured_ranks, n) if m in measured
+                kernels = (scaled_compression(m, measured[m], model["shapes"], measured_ranks, n) if m in measured
                            else None)
                 out[gbit][m].append(predict(m, model["shapes"], compute, cluster, compression_seconds=kernels,
                                             kernel_speedup=kernel_speedup))
     return out
+
+
+def label(method, row):
+    """A method's name, with the transports it takes across the row's rank counts where it can take more than one
+    (e.g. "ternary (allgather from 2, two_phase from 8)")."""
+    transports = [(p.transport, p.ranks) for p in row if p.transport is not None]
+    if not transports:
+        return method
+    spans = []
+    for transport, n in transports:
+        if not spans or spans[-1][0] != transport:
+            spans.append((transport, n))
+    if len(spans) == 1:
+        return f"{method} ({spans[0][0]})"
+    return f"{method} (" + ", ".join(f"{t} from {n}" for t, n in spans) + ")"
 
 
 def markdown(model, compute, results, ranks):
@@ -78,7 +97,7 @@ def markdown(model, compute, results, ranks):
         order = sorted(by_method, key=lambda m: by_method[m][-1].step_seconds)
         for m in order:
             row = by_method[m]
-            lines.append(f"| {m} | " + " | ".join(f"{p.speedup_over_dense:.2f}" for p in row)
+            lines.append(f"| {label(m, row)} | " + " | ".join(f"{p.speedup_over_dense:.2f}" for p in row)
                          + f" | {row[-1].step_seconds * 1e3:.0f} |")
     return "\n".join(lines)
 

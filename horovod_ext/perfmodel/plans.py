@@ -14,9 +14,10 @@ from horovod_ext.compression.buckets import header_bytes
 from horovod_ext.compression.join import JOIN_CHECK_BYTES
 from horovod_ext.compressors.powersgd import PowerSGD
 from horovod_ext.compressors.transports.sparse_reduce import planned_bytes as sparse_planned_bytes
-from horovod_ext.compressors.ternary import Ternary
+from horovod_ext.compressors.transports.sparse_reduce import choose_transport as choose_topk_transport
+from horovod_ext.compressors.ternary import FIXED_OF as TERNARY_FIXED_OF, Ternary
 from horovod_ext.compressors.topk import TopK
-from horovod_ext.compressors.transports.two_phase import TwoPhasePlan
+from horovod_ext.compressors.transports.two_phase import TwoPhasePlan, choose_transport as choose_ternary_transport
 from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes, broadcast_wire_bytes
 from horovod_ext.consensus import LeaderSync
 
@@ -55,9 +56,22 @@ def fp16(sizes, n, **_):
     return [_allreduce(2 * sum(sizes), n)]
 
 
-def ternary(sizes, n, packing="base3", min_size=TERNARY_MIN_SIZE, bucket_cap_mb=25, **_):
-    """TernGrad by allgather: every tensor's scale and packed codes (Ternary.payload_bytes; "entropy": its largest
-    size) to every rank, with the buckets' headers; small tensors dense."""
+def ternary_transport(sizes, n, packing="base3", min_size=TERNARY_MIN_SIZE, transport="auto", shared_scale=None,
+                      **_):
+    """The transport Compression.ternary(transport=..., shared_scale=...) takes at n ranks: its own choice
+    (two_phase.choose_transport: two-phase where it plans clearly fewer bytes per rank than allgather)."""
+    return choose_ternary_transport(transport, shared_scale, [s for s in sizes if s >= min_size], n,
+                                    TERNARY_FIXED_OF[packing])
+
+
+def ternary(sizes, n, packing="base3", min_size=TERNARY_MIN_SIZE, bucket_cap_mb=25, transport="auto",
+            shared_scale=None, **_):
+    """TernGrad as Compression.ternary runs it at n ranks (ternary_transport): by allgather, every tensor's scale
+    and packed codes (Ternary.payload_bytes; "entropy": its largest size) to every rank, with the buckets'
+    headers; or two-phase (ternary_two_phase; with "entropy" the base-3 plan, its chunks' bound); small tensors
+    dense."""
+    if ternary_transport(sizes, n, packing, min_size, transport, shared_scale) == "two_phase":
+        return ternary_two_phase(sizes, n, packing=TERNARY_FIXED_OF[packing], min_size=min_size)  # entropy: its bound
     spec = Ternary(packing=packing, min_size=min_size)
     big = [s for s in sizes if s >= min_size]
     small = 4 * sum(s for s in sizes if s < min_size)
@@ -77,12 +91,19 @@ def ternary_two_phase(sizes, n, packing="base3", min_size=TERNARY_MIN_SIZE, **_)
             _allgather(plan.stream_sizes[0], n), _allreduce(4 * len(big), n), _allreduce(small, n), _join_check(n)]
 
 
-def topk(sizes, n, ratio=TOPK_RATIO, transport="allgather", value_bits=16, bucket_cap_mb=25, **_):
-    """Top-k with delta-coded indices: by allgather (with the buckets' headers), or by sparse_reduce (alltoall, then
-    allgather of the owners' selections), as compressors/transports/sparse_reduce.py plans them."""
+def topk_transport(sizes, n, ratio=TOPK_RATIO, transport="auto", value_bits=16, **_):
+    """The transport Compression.topk(transport=...) takes at n ranks: its own choice (sparse_reduce.choose_transport:
+    sparse_reduce where it plans clearly fewer bytes per rank than allgather)."""
+    return choose_topk_transport(transport, sizes, 1.0 / ratio, n, value_bits)
+
+
+def topk(sizes, n, ratio=TOPK_RATIO, transport="auto", value_bits=16, bucket_cap_mb=25, **_):
+    """Top-k with delta-coded indices as Compression.topk runs it at n ranks (topk_transport): by allgather (with
+    the buckets' headers), or by sparse_reduce (alltoall, then allgather of the owners' selections), as
+    compressors/transports/sparse_reduce.py plans them."""
     cf = 1.0 / ratio
     plan = sparse_planned_bytes(sizes, cf, n, value_bits)
-    if transport == "sparse_reduce":
+    if topk_transport(sizes, n, ratio, transport, value_bits) == "sparse_reduce":
         alltoall, owners = plan["sparse_reduce_alltoall"], plan["sparse_reduce_allgather"]
         return [Transfer("alltoall", alltoall * n / max(n - 1, 1), alltoall),
                 Transfer("allgather", owners / max(n - 1, 1), owners), _join_check(n)]
@@ -91,7 +112,8 @@ def topk(sizes, n, ratio=TOPK_RATIO, transport="allgather", value_bits=16, bucke
 
 
 def adaptive_topk(sizes, n, cf=10.0, **kw):
-    """GraVAC at compression factor cf: top-k's transfers, and its controller's 32-byte allreduce."""
+    """GraVAC at compression factor cf: top-k's transfers (its transport chosen at cf; the compressor chooses at
+    its min_cf), and its controller's 32-byte allreduce."""
     return topk(sizes, n, ratio=1.0 / cf, **kw) + [_allreduce(32, n)]
 
 
@@ -158,6 +180,24 @@ METHODS = {"dense": (dense, False), "fp16": (fp16, False), "ternary": (ternary, 
            "topk_sparse_reduce": (lambda s, n, **kw: topk(s, n, transport="sparse_reduce", **kw), False),
            "adaptive_topk": (adaptive_topk, False), "lsgd": (lsgd, False), "multi_lsgd": (multi_lsgd, False),
            "easgd": (easgd, False), "powersgd": (powersgd, True)}
+
+
+# method -> its transport's choice, and the plan of each transport it can take
+TRANSPORTS = {"ternary": (ternary_transport, {"two_phase": "ternary_two_phase"}),
+              "topk": (topk_transport, {"sparse_reduce": "topk_sparse_reduce"}),
+              "adaptive_topk": (lambda s, n, cf=10.0, **kw: topk_transport(s, n, ratio=1.0 / cf, **kw),
+                                {"sparse_reduce": "adaptive_topk_sparse_reduce"})}
+
+
+def transport_of(method, shapes, ranks, **arguments):
+    """(transport, the name its kernels' throughput is listed under) of `method` at `ranks` ranks: the payload
+    compressors' "auto" choice (or the transport= given); (None, method) for the others."""
+    if method not in TRANSPORTS:
+        return None, method
+    choose, names = TRANSPORTS[method]
+    transport = choose([math.prod(s) if isinstance(s, (tuple, list)) else int(s) for s in shapes], ranks,
+                       **arguments)
+    return transport, names.get(transport, method)
 
 
 def plan(method, shapes, ranks, **arguments):

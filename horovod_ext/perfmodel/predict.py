@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 from .collectives import seconds
-from .plans import plan, wire_bytes_per_step
+from .plans import plan, transport_of, wire_bytes_per_step
 
 # Kernel throughput, elements per second on one CPU thread of the CI machine (benchmarks/RESULTS.md, section
 # "kernels", 1-4M elements): (encode, decode of one payload, payloads a rank decodes per step: "ranks" or 1). Pass
@@ -26,7 +26,8 @@ THROUGHPUT = {"ternary": (0.42e9, 1.1e9, "ranks"),              # base-3 encode 
               "ternary_two_phase": (0.42e9, 1.1e9, 1),         # one re-encoded stream of chunk sums
               "topk": (0.65e9, 4e9, "ranks"),                  # encode: selection at 1%; decode: sparse adds
               "topk_sparse_reduce": (0.65e9, 4e9, 1),
-              "adaptive_topk": (0.65e9, 4e9, "ranks")}
+              "adaptive_topk": (0.65e9, 4e9, "ranks"),
+              "adaptive_topk_sparse_reduce": (0.65e9, 4e9, 1)}
 
 
 def compression_seconds_of(method, elements, ranks, kernel_speedup=1.0):
@@ -51,6 +52,7 @@ class Prediction:
     overhead_seconds: float = 0.0
     speedup_over_dense: float = None
     speedup_over_fp16: float = None
+    transport: str = None  # a payload compressor's transport at these ranks (plans.transport_of), else None
 
 
 def _check_seconds(name, value):
@@ -64,9 +66,10 @@ def step_of(method, shapes, compute_seconds, cluster, compression_seconds=None, 
     """The Prediction of one method, without speed-ups. compression_seconds: None takes THROUGHPUT's."""
     compute = _check_seconds("compute_seconds", compute_seconds)
     overhead = _check_seconds("overhead_seconds", overhead_seconds)
+    transport, kernels = transport_of(method, shapes, cluster.ranks, **arguments)
     if compression_seconds is None:
         elements = sum(math.prod(s) if isinstance(s, tuple) else int(s) for s in shapes)
-        compression_seconds = compression_seconds_of(method, elements, cluster.ranks, kernel_speedup)
+        compression_seconds = compression_seconds_of(kernels, elements, cluster.ranks, kernel_speedup)
     compression = _check_seconds("compression_seconds", compression_seconds)
     if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0.0 <= overlap <= 1.0:
         raise ValueError(f"overlap must be a fraction of compute in [0, 1], got {overlap!r}")
@@ -78,7 +81,7 @@ def step_of(method, shapes, compute_seconds, cluster, compression_seconds=None, 
     communication = sum(r["seconds"] for r in rows)
     step = compute + overhead + max(0.0, communication + compression - overlap * compute)
     return Prediction(method, cluster.ranks, step, compute, communication, compression,
-                      wire_bytes_per_step(transfers), rows, overhead)
+                      wire_bytes_per_step(transfers), rows, overhead, transport=transport)
 
 
 def predict(method, shapes, compute_seconds, cluster, compression_seconds=None, overlap=0.0, kernel_speedup=1.0,

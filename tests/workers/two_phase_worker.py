@@ -48,8 +48,42 @@ def grads_after(transport, steps, packing):
     return history, opt.compression_stats(), [p.numel() for p in model.parameters()]
 
 
+class Wide(torch.nn.Module):
+    """One tensor of 4M elements: where two-phase plans clearly fewer bytes than allgather at 4 ranks (about 0.53
+    against 0.6 bytes an element, 300 KB a step fewer), not at 2 or 3."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.w = torch.nn.Parameter(torch.randn(4000, 1000) * 0.01)
+
+    def forward(self, x):
+        return (self.w @ x).square().mean()
+
+
+def auto_against_explicit(steps=2):
+    """Compression.ternary at its defaults (transport="auto", shared_scale=None) against the transport and scale
+    its choice names, given explicitly: the same gradients to the bit."""
+    def run(compression):
+        model = Wide()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                       named_parameters=model.named_parameters(), compression=compression)
+        for step in range(steps):
+            gen = torch.Generator().manual_seed(100 * step + RANK)
+            opt.zero_grad()
+            model(torch.randn(1000, 4, generator=gen)).backward()
+            opt.step()
+        stats = opt.compression_stats()
+        return model.w.grad.clone(), stats["transport"], stats["shared_scale"]
+
+    grad, transport, shared = run(hvd.Compression.ternary(seed=3))
+    explicit, _, _ = run(hvd.Compression.ternary(seed=3, transport=transport, shared_scale=shared))
+    return {"transport": transport, "shared_scale": shared, "equal": torch.equal(grad, explicit),
+            "nonzero": bool(torch.count_nonzero(grad))}
+
+
 if __name__ == "__main__":
-    result = {"rank": RANK, "size": SIZE}
+    result = {"rank": RANK, "size": SIZE, "auto": auto_against_explicit()}
     for packing in ("base3", "2bit"):
         a, stats_a, sizes = grads_after("allgather", 4, packing)
         b, stats_b, _ = grads_after("two_phase", 4, packing)

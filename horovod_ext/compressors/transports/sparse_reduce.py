@@ -33,6 +33,7 @@ import math
 
 from horovod_ext.compression.plan import k_of
 from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes
+from . import clearly_fewer
 
 TRANSPORTS = ("auto", "allgather", "sparse_reduce")
 FRAME_OVERHEAD = 13  # a "delta" payload's fixed bytes: u32 length, CRC-32, value type, varint k, Rice parameter
@@ -60,25 +61,16 @@ def planned_bytes(sizes, cf, nranks, value_bits=16):
             "sparse_reduce_alltoall": alltoall, "sparse_reduce_allgather": owners}
 
 
-AUTO_SAVING = 0.9  # "auto" takes sparse_reduce only where it plans at most this fraction of allgather's bytes
-AUTO_MIN_SAVED_BYTES = 256 * 1024  # ... and saves at least this much per rank per step
-
-
 def choose_transport(requested, sizes, cf, nranks, value_bits=16):
-    """"auto": sparse_reduce where it plans clearly fewer bytes per rank than allgather, and enough fewer to pay
-    for its second collective round after backward (allgather's payloads leave during backward).
-
-    Clearly fewer: at most 0.9x, so from 3 ranks on (at 2 both send about K pairs). Enough: at least 256 KB per rank
-    per step, 20 ms at 100 Mbit/s, 2 ms at 1 Gbit/s, about what one more synchronized collective costs; below that
-    the step is latency-bound and the second round costs more than it saves (benchmarks/RESULTS.md,
-    sparse_reduce)."""
+    """"auto": sparse_reduce where it plans clearly fewer bytes per rank than allgather (transports.clearly_fewer:
+    under 0.9x, so from 3 ranks on, since at 2 both send about K pairs; and at least 256 KB per rank per step fewer,
+    20 ms at 100 Mbit/s, 2 ms at 1 Gbit/s, about what its second collective round after backward costs)."""
     if requested != "auto":
         return requested
     if nranks < 2 or not sizes:
         return "allgather"
     plan = planned_bytes(sizes, cf, nranks, value_bits)
-    if plan["sparse_reduce"] < AUTO_SAVING * plan["allgather"] and \
-            plan["allgather"] - plan["sparse_reduce"] >= AUTO_MIN_SAVED_BYTES:
+    if clearly_fewer(plan["sparse_reduce"], plan["allgather"]):
         return "sparse_reduce"
     return "allgather"
 

@@ -8,6 +8,7 @@ allgather of each rank's chunk sums re-encoded at b = ceil(log2(2N+1)) bits.
 from horovod_ext.compression import sizes as sizes_
 from horovod_ext.compression.sizes import PACKING_IDS
 from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes
+from . import clearly_fewer
 
 
 def packed_bytes(count, packing):
@@ -65,13 +66,15 @@ def allgather_transport_bytes(tensor_sizes, nranks, packing):
 
 
 def choose_transport(requested, shared_scale, sizes, nranks, packing):
-    """"auto": two_phase where it sends fewer bytes per rank than allgather (it needs a shared scale)."""
+    """"auto": two_phase where it plans clearly fewer bytes per rank than allgather (transports.clearly_fewer: from
+    4 ranks on for large models, where allgather's (N-1) payloads outgrow two-phase's log2(2N+1) bits an element),
+    unless shared_scale is False (two-phase sums codes of one scale: it needs the shared scale)."""
     if requested != "auto":
         return requested
-    if not shared_scale or nranks < 2 or not sizes:
+    if shared_scale is False or nranks < 2 or not sizes:
         return "allgather"
     two_phase = TwoPhasePlan(sizes, nranks, packing).wire_bytes(0)
-    return "two_phase" if two_phase < allgather_transport_bytes(sizes, nranks, packing) else "allgather"
+    return "two_phase" if clearly_fewer(two_phase, allgather_transport_bytes(sizes, nranks, packing)) else "allgather"
 
 
 def scale_sharing_bytes(ntensors, nranks):
