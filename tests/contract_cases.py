@@ -72,6 +72,15 @@ def _unstack(c):
     return list(c.be.unstack(c.t([1.0, 2.0, 3.0]), 3))
 
 
+def _all_true(c):
+    """Eagerly, truths of every kind read together: all_finite's, equal's, and Python bools."""
+    if c.graph:
+        return None
+    be = c.be
+    return be.all_true([be.all_finite(c.t([1.0, 2.0])), be.all_finite(c.t([float("nan")])), True,
+                        be.equal(be.stack([2], "int32")[0], -1), be.equal(be.stack([-1], "int32")[0], -1)])
+
+
 def _all_finite(c):
     be = c.be
     return [be.all_finite(c.t([1.0, 2.0])), be.all_finite(c.t([1.0, float("nan")])),
@@ -384,6 +393,7 @@ CASES = {
               lambda r, n, v, c: close(v, [2, -6])),
     "sum": (lambda c: c.be.sum([c.t(1.0, "float64"), c.t(2.5, "float64")]), lambda r, n, v, c: close(v, 3.5)),
     "all_finite": (_all_finite, lambda r, n, v, c: equal([bool(x) for x in v], [True, False, False, True])),
+    "all_true": (_all_true, lambda r, n, v, c: equal(v, None if c.graph else [True, False, True, False, True])),
     "size": (lambda c: c.be.size(c.t([1.0, 2.0, 3.0])), lambda r, n, v, c: close(v, 3)),
     "equal": (lambda c: c.be.equal(c.t([1.0, -1.0]), -1), lambda r, n, v, c: equal([bool(x) for x in v],
                                                                                      [False, True])),
@@ -459,7 +469,7 @@ def _require(c):
     ctx.require(be.equal(be.stack([-1], "int32")[0], -1), "'v' {}", be.stack([2], "int32")[0], error="payload")
     if c.graph:  # assertions: the failed one fails the step when it runs
         return ctx.guarded(c.t([1.0]))
-    return [list(e) for e in ctx.errors]
+    return [list(e) for e in ctx.settled_errors()]  # eagerly the truths are read here, together
 
 
 def _expect_require(rank, n, value, c):
@@ -485,6 +495,20 @@ def _failed(c):
     if not c.graph:
         ctx.require(False, "x")
     return [before, ctx.failed()]
+
+
+A_FAILED = ["nonfinite", "'a' 1"]
+
+
+def _settled_errors(c):
+    """Eagerly a tensor truth waits on the device until the errors are asked for, then is read with the others."""
+    ctx, be = c.context, c.be
+    if c.graph:
+        return None
+    ctx.require(be.all_finite(c.t([float("inf")])), "'a' {}", be.stack([1], "int32")[0])
+    ctx.require(be.all_finite(c.t([2.0])), "'b'")
+    waiting = [list(e) for e in ctx.errors]  # nothing read yet
+    return [waiting, [list(e) for e in ctx.settled_errors()], [list(e) for e in ctx.settled_errors()]]
 
 
 def _pending(c):
@@ -528,6 +552,7 @@ CONTEXT_CASES = {
                                                 "after the tensor") if c.graph else
                  equal(v, [["payload", "'dense/kernel': rank 1 sent a corrupted payload"]])),
     "failed": (_failed, lambda r, n, v, c: equal(v, [False, False] if c.graph else [False, True])),
+    "settled_errors": (_settled_errors, lambda r, n, v, c: equal(v, None if c.graph else [[], [A_FAILED], [A_FAILED]])),
     "guarded": (lambda c: c.context.guarded(c.t([3.0])), lambda r, n, v, c: close(v, [3])),
     "pending": (_pending, lambda r, n, v, c: equal(v[0], 2 if c.graph else 0) or close(v[1], [3])),
     "timed": (_timed, lambda r, n, v, c: None if (v > 0) == c.timed else f"timed={c.timed} but {v} s counted"),

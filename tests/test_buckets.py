@@ -125,6 +125,21 @@ def test_a_bucket_asks_horovod_for_one_collective_per_kind(launch):
         assert runs["powersgd@0"]["collectives"] == 10 and runs["powersgd@25"]["collectives"] == 4, runs["powersgd@25"]
 
 
+def test_host_reads_per_step_do_not_grow_with_the_tensors(launch):
+    """What a step reads back to the host, counted at torch.Tensor (on a GPU each is a wait for the device): the
+    join check's answer, each rank's header of the bucket's allgather, the shared scales, GraVAC's controller, and
+    the step's finiteness and decoding flags read together once (context.settled_errors), whether the model has
+    14 tensors or 2. Before the flags were read together, each tensor's finiteness check read its min and max
+    (2 reads a tensor)."""
+    for r in launch:
+        reads, n = r["host_reads"], r["size"]
+        for method in ("ternary", "ternary-shared", "topk", "adaptive_topk", "powersgd"):
+            # join check + a header per rank + the flags + (the shared scales) + (GraVAC: its readings, its decision,
+            # its payloads' sizes, the readings' finiteness)
+            bound = 1 + n + 1 + (method == "ternary-shared") + 4 * (method == "adaptive_topk")
+            assert reads[f"{method}@14"] <= bound and reads[f"{method}@2"] <= bound, (method, reads)
+
+
 def test_the_header_bytes_are_counted(launch):
     """A fused allgather carries its payloads' sizes (4 bytes a tensor a rank): 2-bit ternary's payload is fixed, so
     the difference is the header alone, 14 tensors (min_size=0) x 4 bytes x 4 steps."""

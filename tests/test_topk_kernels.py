@@ -18,12 +18,25 @@ def values(n, seed, kind="normal"):
     return (rng.standard_t(3, n) * 1e-2).astype(np.float32)
 
 
-@pytest.mark.parametrize("n", [1, 2, 7, 1000, 65537, 200003, 1 << 20])
+@pytest.mark.parametrize("n", [1, 2, 7, 1000, 4096, 16384, 40000, 65537, 200003, 1 << 20])  # sampled from 4096
 @pytest.mark.parametrize("fraction", [0.001, 0.01, 0.1, 0.5, 1.0])
 def test_select_equals_reference(n, fraction):
     for kind in ("normal", "ties"):
         x = values(n, n, kind)
         k = max(1, int(n * fraction))
+        got = ops.topk_select(torch.from_numpy(x), k).numpy()
+        np.testing.assert_array_equal(got, ref.select(x, k))
+
+
+@pytest.mark.parametrize("n", [4096, 16384, 200003])
+def test_select_is_exact_where_the_sample_misjudges(n):
+    """The sampled threshold (every n/16-th magnitude) only prunes candidates: a tensor whose large values all sit
+    between the sampled positions, or on them, still selects exactly the reference's top k."""
+    k = max(1, n // 100)
+    stride = n // min(16384, n // 16)
+    for offset in (1, 0):  # between the sampled positions (the sample sees none of them), on them
+        x = (np.random.default_rng(n).standard_normal(n) * 1e-3).astype(np.float32)
+        x[offset::stride][:2 * k] = np.linspace(1.0, 2.0, 2 * k, dtype=np.float32)
         got = ops.topk_select(torch.from_numpy(x), k).numpy()
         np.testing.assert_array_equal(got, ref.select(x, k))
 

@@ -128,16 +128,19 @@ namespace {
 void top_keys(const float* x, int64_t n, int64_t k, std::vector<uint64_t>& keys) {
   uint32_t threshold = 0;
   int64_t expected = n;  // candidates the threshold is expected to keep
-  constexpr int64_t kSample = 16384;
-  if (n > 4 * kSample && k < n / 4) {
-    // Deterministic strided sample; its rank-q magnitude keeps about 1.5 k + margin candidates.
-    std::vector<uint32_t> sample(kSample);
-    const int64_t stride = n / kSample;
-    for (int64_t j = 0; j < kSample; ++j) sample[j] = magnitude_bits(x, j * stride);
-    const int64_t q = std::min<int64_t>(kSample - 1, static_cast<int64_t>(1.5 * kSample * k / n) + 32);
+  constexpr int64_t kSample = 16384;   // the sample of a large tensor
+  constexpr int64_t kMinSampled = 4096;  // below this, every element is a candidate
+  if (n >= kMinSampled && k < n / 4) {
+    // Deterministic strided sample of min(kSample, n / 16) magnitudes; its rank-q magnitude keeps about
+    // 1.5 k + margin candidates (a layer of 16K elements at 1%: about 770 of them instead of all 16K).
+    const int64_t samples = std::min<int64_t>(kSample, n / 16);
+    std::vector<uint32_t> sample(static_cast<size_t>(samples));
+    const int64_t stride = n / samples;
+    for (int64_t j = 0; j < samples; ++j) sample[j] = magnitude_bits(x, j * stride);
+    const int64_t q = std::min<int64_t>(samples - 1, static_cast<int64_t>(1.5 * samples * k / n) + 32);
     std::nth_element(sample.begin(), sample.begin() + q, sample.end(), std::greater<uint32_t>());
     threshold = sample[q];
-    expected = (q + 1) * (n / kSample);
+    expected = (q + 1) * stride;
   }
   // Candidates by compaction. Where few pass (< 2%), a branch is predicted well and cheapest; where many pass, a
   // branch would mispredict every few elements, so the store is branch-free (store always, advance when kept).

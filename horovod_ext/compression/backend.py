@@ -95,7 +95,13 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def all_finite(self, x):
-        """A truth: no NaN or Inf in x (a Python float, or a tensor)."""
+        """A truth: no NaN or Inf in x (a Python float, or a tensor). Eagerly a tensor's truth stays where x is (no
+        host read: the step context reads its truths together, all_true); bool() of it reads it alone."""
+
+    @abc.abstractmethod
+    def all_true(self, truths):
+        """Eagerly: the truths (Python bools, all_finite's and equal's truths) as a list of Python bools, in one
+        host read per device for all those still on a device."""
 
     @abc.abstractmethod
     def size(self, x):

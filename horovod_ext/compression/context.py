@@ -6,10 +6,13 @@ construction and use it for:
 - the step's counter and random seed (``step``, ``seed``: ints eagerly, tensors while a graph is built), which the
   counter-based kernels take;
 - requirements (``require``, ``decoding``): a NaN/Inf gradient or a corrupted payload, decided from collective
-  results, so the same on every rank. Eagerly each failure is recorded in ``errors`` as (error, detail) and the
-  driver raises the step's records once the step is finished; while a graph is built (TensorFlow inside
-  tf.function) it becomes the backend's assertion op, which ``guarded`` makes a value wait for and the adapter
-  makes the step's outputs wait for (``pending``);
+  results, so the same on every rank. Eagerly a truth that is a tensor (a finiteness flag, a decoder's flag) stays
+  where it was computed (on the GPU for CUDA tensors) until the step's errors are asked for (``settled_errors``,
+  or ``failed``): then all of the step's truths are read in one host read (``backend.all_true``), however many
+  tensors the step has; each failure is recorded as (error, detail) and the driver raises the step's records once
+  the step is finished. While a graph is built (TensorFlow inside tf.function) a truth becomes the backend's
+  assertion op, which ``guarded`` makes a value wait for and the adapter makes the step's outputs wait for
+  (``pending``);
 - the statistics (``stats``: its ``extra`` dict of what the method chose, and the counted bytes and seconds).
 
 Bytes are counted three ways: ``count`` what is known when the step is made (the same every step),
@@ -40,7 +43,7 @@ class StepContext:
         self.be = None
         self.step = self.seed = None
         self.dense = False
-        self.errors, self.guards = [], []
+        self.errors, self.guards, self.deferred = [], [], []
         self.per_step = {}  # built_steps: bytes counted while the step is made (the same every step)
         self.decided_total, self.decided_last = {}, {}  # built_steps: bytes counted at host decisions
         self.runtime_total, self.runtime_last = {}, {}  # built_steps: bytes counted as the steps run
@@ -59,7 +62,7 @@ class StepContext:
         """A step begins (eagerly: runs; in a graph: is built): its counter and seed, whether it goes dense (a
         rank has joined). Forgets the last step's requirements and per-step counts."""
         self.step, self.seed, self.dense = step, seed, dense
-        self.errors, self.guards, self.runtime = [], [], []
+        self.errors, self.guards, self.runtime, self.deferred = [], [], [], []
         if self.built_steps:
             self.per_step = {}
             if not self.be.building_graph():
@@ -71,8 +74,11 @@ class StepContext:
         "{}" filled with `value`. `error` is what the driver raises for it: "nonfinite" (FloatingPointError) or
         "payload" (a corrupted payload: ValueError). In a graph: an assertion whose message says the same."""
         if not self.be.building_graph():
-            if not bool(truth):
-                self.errors.append((error, detail.replace("{}", str(int(value))) if value is not None else detail))
+            if isinstance(truth, bool):
+                if not truth:
+                    self._record(error, detail, value)
+            else:  # a tensor: read with the step's other truths, in one host read (settled_errors)
+                self.deferred.append((truth, detail, value, error))
             return
         head, _, tail = detail.partition("{}")
         data = [ERROR_PREFIXES[error] + head] + ([value, tail] if value is not None else [])
@@ -92,10 +98,23 @@ class StepContext:
         except self.be.kernel_errors as exc:
             self.errors.append(("payload", f"{item.name!r}: {getattr(exc, 'message', None) or exc}"))
 
+    def _record(self, error, detail, value):
+        self.errors.append((error, detail.replace("{}", str(int(value))) if value is not None else detail))
+
+    def settled_errors(self):
+        """The step's (error, detail) records so far, the truths still on the device read first: one host read
+        (backend.all_true) for all of them."""
+        if self.deferred:
+            deferred, self.deferred = self.deferred, []
+            for ok, (_, detail, value, error) in zip(self.be.all_true([d[0] for d in deferred]), deferred):
+                if not ok:
+                    self._record(error, detail, value)
+        return self.errors
+
     def failed(self):
         """Whether a requirement failed so far this step (False while a graph is built: its assertions run
-        later)."""
-        return bool(self.errors)
+        later). Eagerly this reads the truths recorded so far (settled_errors)."""
+        return bool(self.settled_errors())
 
     def guarded(self, x):
         """x, once every assertion recorded so far has passed (a graph); x itself eagerly."""

@@ -106,7 +106,7 @@ class StepDriver:
                 self.method.finish(self.be, items)
         finally:
             self.be.end_step(self.dense)  # after the deferred check: a dense step leaves step-level names as they are
-        errors = self.ctx.errors
+        errors = self.ctx.settled_errors()  # the step's one host read of its flags
         if errors:
             self.method.on_error(self.be)
             raise self.error(errors, step)

@@ -169,6 +169,17 @@ class TFBackend(Backend):
         return tf.reduce_all(tf.math.is_finite(x))
 
     @staticmethod
+    def all_true(truths):
+        """Eagerly: Python bools of the truths, the tensors among them stacked and read once."""
+        out = [None if tf.is_tensor(t) else bool(t) for t in truths]
+        positions = [i for i, value in enumerate(out) if value is None]
+        if positions:
+            values = tf.stack([tf.reshape(tf.cast(truths[i], tf.bool), []) for i in positions]).numpy().tolist()
+            for i, value in zip(positions, values):
+                out[i] = value
+        return out
+
+    @staticmethod
     def k_of(numel, cf, upper=None):
         return tf.clip_by_value(tf.cast(tf.math.ceil(numel / cf), tf.int32), 1, numel if upper is None else upper)
 

@@ -101,6 +101,19 @@ def drain(futures):
             pass
 
 
+class FiniteBounds:
+    """all_finite's truth, still on the tensor's device: its min and max (NaN propagates through both), finite
+    exactly where every element is. all_true reads the step's truths together; bool() reads this one alone."""
+
+    __slots__ = ("low", "high")
+
+    def __init__(self, low, high):
+        self.low, self.high = low, high
+
+    def __bool__(self):
+        return math.isfinite(float(self.low)) and math.isfinite(float(self.high))
+
+
 class TorchBackend(Backend):
     """Eager: collectives by Horovod handle, requirements collected as (error, message) and raised by the step
     driver once the step is finished. Collective names carry the reset generation (compression/generation.py),
@@ -204,7 +217,8 @@ class TorchBackend(Backend):
 
     @staticmethod
     def all_finite(x):
-        """No NaN or Inf in x. Its min and max (NaN propagates through both) are one vectorized pass without a
+        """No NaN or Inf in x, as FiniteBounds on x's device (no host read: all_true reads the step's truths
+        together). Its min and max (NaN propagates through both) are one vectorized pass without a
         temporary, where isfinite(x).all() writes a boolean tensor of x's size first (the time of each:
         benchmarks/RESULTS.md, section "Figures moved out of the package's docstrings (issue 67)")."""
         if isinstance(x, float):
@@ -213,8 +227,31 @@ class TorchBackend(Backend):
             return True
         if x.dtype == torch.bool or not (x.is_floating_point() or x.is_complex()):
             return True
-        low, high = torch.aminmax(x.reshape(-1))
-        return math.isfinite(float(low)) and math.isfinite(float(high))
+        return FiniteBounds(*torch.aminmax(x.reshape(-1)))
+
+    @staticmethod
+    def all_true(truths):
+        """Python bools of the truths, one host read per device: all_finite's bounds (per dtype) and equal's
+        boolean tensors become one boolean vector on their device, read at once."""
+        out = [None if isinstance(t, (FiniteBounds, torch.Tensor)) else bool(t) for t in truths]
+        bounds, flags = {}, {}  # (device, dtype) -> positions of FiniteBounds; device -> positions of tensors
+        for i, t in enumerate(truths):
+            if isinstance(t, FiniteBounds):
+                bounds.setdefault((t.low.device, t.low.dtype), []).append(i)
+            elif out[i] is None:
+                flags.setdefault(t.device, []).append(i)
+        per_device = {}  # device -> [(positions, boolean vector)]
+        for (device, _), positions in bounds.items():
+            pairs = torch.stack([b for i in positions for b in (truths[i].low, truths[i].high)])
+            per_device.setdefault(device, []).append((positions, torch.isfinite(pairs).view(-1, 2).all(1)))
+        for device, positions in flags.items():
+            per_device.setdefault(device, []).append(
+                (positions, torch.stack([truths[i].reshape(()).to(torch.bool) for i in positions])))
+        for parts in per_device.values():
+            values = torch.cat([vector for _, vector in parts]).tolist()
+            for i, value in zip((i for positions, _ in parts for i in positions), values):
+                out[i] = value
+        return out
 
     @staticmethod
     def k_of(numel, cf, upper=None):

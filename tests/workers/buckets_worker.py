@@ -4,7 +4,8 @@ fixed seeds; each rank records the digest of its parameters' bits and the Horovo
 (counted where horovod.torch is called); each method runs again at 25 ("@25.again"): a fused step's bits do not
 depend on timing. Then a checkpoint saved under one cap is loaded under another (rank 0 loads,
 broadcast_parameters and broadcast_optimizer_state, as Horovod's examples do), and bad bucket_cap_mb values are
-given to DistributedOptimizer on every rank."""
+given to DistributedOptimizer on every rank. Last, the host reads a step makes (every tensor-to-Python conversion,
+counted where torch.Tensor makes it) on the 14-tensor model and on one Linear layer, at the default cap."""
 import os
 import sys
 
@@ -86,6 +87,45 @@ def resumed(comp, saved_cap, loaded_cap):
     return bits(m2)
 
 
+class HostReads:
+    """The conversions of a tensor to Python values (item, tolist, bool, float, int, index, numpy), counted while
+    ``on``: what waits for a device's results when the tensors are on a GPU (tensors Python never reads stay
+    there)."""
+
+    CONVERSIONS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy")
+
+    def __init__(self):
+        self.on, self.reads = False, 0
+        for name in self.CONVERSIONS:
+            setattr(torch.Tensor, name, self._counted(getattr(torch.Tensor, name)))
+
+    def _counted(self, fn):
+        def counted(tensor, *args, **kwargs):
+            self.reads += self.on
+            return fn(tensor, *args, **kwargs)
+        return counted
+
+
+def host_reads():
+    """Host reads per step (the mean of the steps after the first, which agrees on the settings) of each method on
+    the 14-tensor model and on one Linear layer (2 tensors), in one bucket."""
+    reads = HostReads()
+    out = {}
+    for name in ("ternary", "ternary-shared", "topk", "adaptive_topk", "powersgd"):
+        for label, make in (("14", model), ("2", lambda: torch.nn.Linear(WIDTHS[0], WIDTHS[-1]))):
+            torch.manual_seed(0)
+            m = make()
+            opt = optimizer(m, methods()[name], 25)
+            steps = data(hvd.rank())
+            step(m, opt, *steps[0])
+            reads.on, reads.reads = True, 0
+            for x, y in steps[1:]:
+                step(m, opt, x, y)
+            reads.on = False
+            out[f"{name}@{label}"] = reads.reads / (len(steps) - 1)
+    return out
+
+
 def bad_input():
     """What DistributedOptimizer says to each bad bucket_cap_mb (every rank, before any collective)."""
     said = {}
@@ -109,7 +149,7 @@ def main():
         for saved, loaded in ((0, 0), (25, 0), (0, 25), (0.03, 25)):
             lifecycle[f"{name}@{saved}->{loaded}"] = resumed(comp, saved, loaded)
     write_result(hvd.rank(), {"rank": hvd.rank(), "size": hvd.size(), "runs": runs, "lifecycle": lifecycle,
-                              "bad_input": bad_input()})
+                              "bad_input": bad_input(), "host_reads": host_reads()})
 
 
 if __name__ == "__main__":
