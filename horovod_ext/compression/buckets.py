@@ -157,7 +157,12 @@ class FusingBackend:
         self._direct = 0  # > 0 while a graph's branch is built: its collectives cannot leave the branch
 
     def __getattr__(self, name):
-        return getattr(self._be, name)
+        """The wrapped backend's attribute; its methods and kernel table, which do not change, are kept on this
+        object once read (a step reads them thousands of times)."""
+        value = getattr(self._be, name)
+        if callable(value) or name == "kernels":
+            setattr(self, name, value)
+        return value
 
     # ---------------------------------------------------------------------------------------------- recording
     def name(self, prefix, item):

@@ -256,13 +256,14 @@ class Allgather(Method):
 
     def decode_all(self, be, items):
         gathered = [(item, be.wait(item.future)) for item in items]
-        for item, payloads in gathered:
-            with self.ctx.timed("decompress_seconds"), self.ctx.decoding(item):
-                avg, bad = self.codec.decode(be, item, payloads, be.output_buffer(item))
-                require_decoded(be, self.ctx, self.codec, item, bad)
-                be.write(item, avg)
-                if self.codec.nonfinite:
-                    self.ctx.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
+        with self.ctx.timed("decompress_seconds"):
+            for item, payloads in gathered:
+                with self.ctx.decoding(item):
+                    avg, bad = self.codec.decode(be, item, payloads, be.output_buffer(item))
+                    require_decoded(be, self.ctx, self.codec, item, bad)
+                    be.write(item, avg)
+                    if self.codec.nonfinite:
+                        self.ctx.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
 
 
 def count_payload(be, ctx, nbytes, payload):
