@@ -489,6 +489,15 @@ def _decoding(c):
     return [list(e) for e in ctx.errors]
 
 
+def _reject(c):
+    """A decoder of several tensors at once reports one tensor's payloads as decoding() does (eagerly)."""
+    ctx, item = c.context, c.item("dense/kernel", [1.0])
+    if c.graph:
+        return None
+    ctx.reject(item, "rank 1 sent a corrupted payload")
+    return [[list(e) for e in ctx.errors], ctx.failed()]
+
+
 def _failed(c):
     ctx = c.context
     before = ctx.failed()
@@ -552,6 +561,8 @@ CONTEXT_CASES = {
                                                 "after the tensor") if c.graph else
                  equal(v, [["payload", "'dense/kernel': rank 1 sent a corrupted payload"]])),
     "failed": (_failed, lambda r, n, v, c: equal(v, [False, False] if c.graph else [False, True])),
+    "reject": (_reject, lambda r, n, v, c: equal(v, None if c.graph else [
+        [["payload", "'dense/kernel': rank 1 sent a corrupted payload"]], True])),
     "settled_errors": (_settled_errors, lambda r, n, v, c: equal(v, None if c.graph else [[], [A_FAILED], [A_FAILED]])),
     "guarded": (lambda c: c.context.guarded(c.t([3.0])), lambda r, n, v, c: close(v, [3])),
     "pending": (_pending, lambda r, n, v, c: equal(v[0], 2 if c.graph else 0) or close(v[1], [3])),

@@ -13,6 +13,7 @@
 #include <vector>
 #include <type_traits>
 
+#include "hvdext/bucket.h"
 #include "hvdext/coding.h"
 #include "hvdext/random.h"
 #include "hvdext/ternary.h"
@@ -401,6 +402,41 @@ void topk_decode_average_coded(const torch::Tensor& gathered, int64_t nranks, in
                                     o);
 }
 
+// A bucket's allgather (compression/buckets.py) decoded in one call: codec "topk_coded" or "ternary" (packing);
+// outs: one CPU float32 tensor per tensor of the bucket. Returns each tensor's decoder flag and error message.
+std::tuple<std::vector<int64_t>, std::vector<std::string>> decode_bucket(
+    const std::string& codec, const torch::Tensor& result, int64_t nranks, int64_t header_bytes,
+    const std::vector<int64_t>& numels, int64_t packing, double divisor, std::vector<torch::Tensor> outs) {
+  if (outs.size() != numels.size()) throw std::invalid_argument("decode_bucket: one output per tensor");
+  const uint8_t* in = cpu_bytes(result, "bucket allgather");
+  std::vector<float*> out_data;
+  for (size_t j = 0; j < outs.size(); ++j) out_data.push_back(cpu_out(outs[j], numels[j]));
+  std::vector<hvdext::SegmentDecoded> decoded;
+  {
+    pybind11::gil_scoped_release release;
+    const int m = static_cast<int>(numels.size());
+    if (codec == "topk_coded") {
+      decoded = hvdext::topk_decode_average_coded_bucket(in, result.numel(), static_cast<int>(nranks), m,
+                                                         header_bytes, numels.data(), static_cast<float>(divisor),
+                                                         out_data.data());
+    } else if (codec == "ternary") {
+      if (packing < 0 || packing > 2) throw std::invalid_argument("decode_bucket: packing must be 0, 1 or 2");
+      decoded = hvdext::ternary_decode_average_bucket(in, result.numel(), static_cast<int>(nranks), m, header_bytes,
+                                                      numels.data(), static_cast<int>(packing),
+                                                      static_cast<float>(divisor), out_data.data());
+    } else {
+      throw std::invalid_argument("decode_bucket: codec must be 'topk_coded' or 'ternary', got '" + codec + "'");
+    }
+  }
+  std::vector<int64_t> flags;
+  std::vector<std::string> errors;
+  for (const auto& d : decoded) {
+    flags.push_back(d.flag);
+    errors.push_back(d.error);
+  }
+  return {flags, errors};
+}
+
 // sparse_reduce: the step's tensors (CPU, contiguous float32) as the segments of one index space.
 std::vector<hvdext::Segment> segments_of(const std::vector<torch::Tensor>& tensors, const char* what) {
   std::vector<hvdext::Segment> segs;
@@ -491,6 +527,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("two_phase_levels_decode", &two_phase_levels_decode, "the fixed level streams of N coded ones");
   m.def("topk_extract_coded", &topk_extract_coded, "the delta payload; leaves r = g_ef - sent there");
   m.def("topk_decode_average_coded", &topk_decode_average_coded, "scatter-add N delta payloads / divisor");
+  m.def("decode_bucket", &decode_bucket, "a bucket's allgather decoded per tensor in one call: (flags, errors)",
+        py::arg("codec"), py::arg("result"), py::arg("nranks"), py::arg("header_bytes"), py::arg("numels"),
+        py::arg("packing"), py::arg("divisor"), py::arg("outs"));
   m.def("topk_encode_regions", &topk_encode_regions, "sparse_reduce: one delta payload per region");
   m.def("topk_reduce_region", &topk_reduce_region, "sparse_reduce's owner: sum, keep the top q, code");
   m.def("topk_decode_regions_into", &topk_decode_regions_into, "sparse_reduce: region payloads at their offsets");

@@ -14,7 +14,9 @@ TernGrad's per-layer scale and top-k's per-layer k are kept). What is fused is t
 ``backend.name(prefix, item)``, is recorded in its bucket's group (one group per bucket, kind of collective,
 prefix, dtype and op); the group is started as one collective when the bucket's last tensor has been launched
 (the step driver says so: communication still overlaps backward), or at the first wait of one of its tensors,
-whichever comes first. Step-level collectives (``step_name``, ``stable_name``) pass through unchanged.
+whichever comes first. Step-level collectives (``step_name``, ``stable_name``) pass through unchanged. A method
+may take a fused allgather's whole result instead (``allgathered_buckets``: top-k's and ternary's decoders run
+over a bucket in one native call, each tensor by its own decoder).
 
 - an allgather group: every rank sends ``[h | x_1 | ... | x_m]``, its m payloads (in parameter order) behind a
   header h of their m sizes (int32, read as the payloads' dtype: payloads whose size depends on their content,
@@ -136,11 +138,12 @@ class Group:
     """A bucket's collectives of one kind, prefix, dtype and op in a step: recorded, then started as one. Once
     started it no longer holds its entries (each entry holds the group: no cycle outlives the step)."""
 
-    __slots__ = ("bucket", "kind", "prefix", "dtype", "op", "entries", "alone", "future", "sizes", "header", "parts")
+    __slots__ = ("bucket", "kind", "prefix", "dtype", "op", "entries", "alone", "future", "sizes", "header", "parts",
+                 "result")
 
     def __init__(self, bucket, kind, prefix, dtype, op):
         self.bucket, self.kind, self.prefix, self.dtype, self.op = bucket, kind, prefix, dtype, op
-        self.entries, self.alone, self.future, self.parts = [], False, None, None
+        self.entries, self.alone, self.future, self.parts, self.result = [], False, None, None, None
         self.sizes = None  # this rank's size of each tensor's part
         self.header = (0, 0)  # an allgather's header: (its elements of the payloads' dtype, the int32 sizes it holds)
 
@@ -282,8 +285,33 @@ class FusingBackend:
         if group.alone:
             return self._be.wait(group.future)
         if group.parts is None:
-            group.parts = self._split(group, self._be.wait(group.future))
+            group.parts = self._split(group, self._result(group))
         return group.parts[future.position]
+
+    def _result(self, group):
+        """A started group's collective result, waited for once."""
+        if group.result is None:
+            group.result = self._be.wait(group.future)
+        return group.result
+
+    def allgathered_buckets(self, items):
+        """[(result, header bytes, the items in the bucket's order)]: each fused allgather all of whose tensors are
+        among `items` (their futures its entries), waited for; a method decodes such a bucket in one call
+        (plan.Allgather.decode_all). The others' futures are waited for one by one, as before."""
+        groups = {}
+        for item in items:
+            entry = item.future
+            if isinstance(entry, Entry) and entry.group.kind == "allgather":
+                groups.setdefault(id(entry.group), (entry.group, []))[1].append(item)
+        out = []
+        for group, members in groups.values():
+            if group.future is None:  # still recorded: start every recorded group (the same point on every rank)
+                self._start(list(self._open))
+            if group.alone or len(members) != len(group.sizes):
+                continue
+            members.sort(key=lambda item: item.future.position)
+            out.append((self._result(group), group.header[0] * ITEMSIZE[group.dtype], members))
+        return out
 
     def _split(self, group, result):
         """Each tensor's part of the group's result: an allreduce's by this rank's sizes; an allgather's by every

@@ -96,7 +96,12 @@ class StepContext:
         try:
             yield
         except self.be.kernel_errors as exc:
-            self.errors.append(("payload", f"{item.name!r}: {getattr(exc, 'message', None) or exc}"))
+            self.reject(item, getattr(exc, "message", None) or exc)
+
+    def reject(self, item, message):
+        """Record that `item`'s payloads did not decode (a "payload" requirement naming the tensor), as decoding()
+        does for a kernel's rejection: what a decoder of several tensors at once reports per tensor."""
+        self.errors.append(("payload", f"{item.name!r}: {message}"))
 
     def _record(self, error, detail, value):
         self.errors.append((error, detail.replace("{}", str(int(value))) if value is not None else detail))

@@ -255,15 +255,38 @@ class Allgather(Method):
         self.decode_all(be, [i for i in items if i.kind == "payload"])
 
     def decode_all(self, be, items):
-        gathered = [(item, be.wait(item.future)) for item in items]
+        """Every payload item's average. A bucket whose allgather was fused (buckets.py) is decoded in one call
+        where the codec and the kernels can (Codec.decode_bucket: the bits of one call per tensor); every other
+        tensor by its own decode."""
+        buckets = be.allgathered_buckets(items) if hasattr(be, "allgathered_buckets") else []
+        decoded = set()
+        with self.ctx.timed("decompress_seconds"):
+            for result, header_bytes, members in buckets:
+                try:
+                    got = self.codec.decode_bucket(be, members, result, header_bytes,
+                                                   [be.output_buffer(item) for item in members])
+                except be.kernel_errors as exc:  # the bucket's header itself does not hold: every tensor fails
+                    got = [(None, None, getattr(exc, "message", None) or exc)] * len(members)
+                if got is None:
+                    continue
+                for item, (avg, bad, error) in zip(members, got):
+                    decoded.add(item.index)
+                    if error:
+                        self.ctx.reject(item, error)
+                    else:
+                        self._decoded(be, item, avg, bad)
+        gathered = [(item, be.wait(item.future)) for item in items if item.index not in decoded]
         with self.ctx.timed("decompress_seconds"):
             for item, payloads in gathered:
                 with self.ctx.decoding(item):
                     avg, bad = self.codec.decode(be, item, payloads, be.output_buffer(item))
-                    require_decoded(be, self.ctx, self.codec, item, bad)
-                    be.write(item, avg)
-                    if self.codec.nonfinite:
-                        self.ctx.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
+                    self._decoded(be, item, avg, bad)
+
+    def _decoded(self, be, item, avg, bad):
+        require_decoded(be, self.ctx, self.codec, item, bad)
+        be.write(item, avg)
+        if self.codec.nonfinite:
+            self.ctx.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
 
 
 def count_payload(be, ctx, nbytes, payload):
@@ -274,6 +297,16 @@ def count_payload(be, ctx, nbytes, payload):
     else:
         size = be.size(payload)
         ctx.count_runtime(payload_bytes=size, wire_bytes=size * (be.nranks - 1))
+
+
+def decode_bucket_by(be, codec_name, packing, items, result, header_bytes, outs):
+    """The kernels' one-call decode of a bucket (kernels.decode_bucket), or None where the backend has none (the
+    TensorFlow ops, CUDA tensors)."""
+    kernel = getattr(be.kernels, "decode_bucket", None)
+    if kernel is None:
+        return None
+    return kernel(codec_name, result, be.nranks, header_bytes, [item.numel for item in items], packing, be.divisor,
+                  outs)
 
 
 class Codec:
@@ -307,6 +340,12 @@ class Codec:
     def sent(self, be, item, payload):
         raise NotImplementedError(f"{type(self).__name__} returns no remainder from encode() and has no sent(): "
                                   f"it cannot run with error feedback")
+
+    def decode_bucket(self, be, items, result, header_bytes, outs):
+        """A fused bucket's allgather (buckets.FusingBackend.allgathered_buckets) decoded in one call: [(average,
+        flag, error message or "")] per tensor, the bits of decode() per tensor; or None where this codec or the
+        backend's kernels decode per tensor only (then decode() runs for each)."""
+        return None
 
     def prepare(self, be, item, flat):
         return flat

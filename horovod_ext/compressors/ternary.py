@@ -6,7 +6,8 @@ cpp/include/hvdext/ternary.h and two_phase.h; its definition in python/hvdext_re
 """
 from horovod_ext.compression import sizes
 from horovod_ext.compression.sizes import PACKING_IDS
-from horovod_ext.compression.plan import Allgather, Codec, DenseSplit, EncodeRecord, count_dense, stream_of
+from horovod_ext.compression.plan import (Allgather, Codec, DenseSplit, EncodeRecord, count_dense, decode_bucket_by,
+                                          stream_of)
 from horovod_ext.compression.specs import (CompressorSpec, SEED_LIMIT, check_bool, check_choice, check_int,
                                            check_real, check_resolved, shape_and_numel)
 from horovod_ext.compression.wire import tensor_key
@@ -67,6 +68,10 @@ class TernaryCodec(Codec):
         if self.packing == ENTROPY:  # a corrupted payload raises (the same on every rank: they hold the same bytes)
             return be.kernels.ternary_decode_average_entropy(gathered, be.nranks, item.numel, be.divisor, into)
         return be.kernels.ternary_decode_average(gathered, be.nranks, item.numel, self.packing, be.divisor, into)
+
+    def decode_bucket(self, be, items, result, header_bytes, outs):
+        """One call for the bucket, any packing (Codec.decode_bucket)."""
+        return decode_bucket_by(be, "ternary", self.packing, items, result, header_bytes, outs)
 
     def sent(self, be, item, payload):
         """s * t of this rank's own payload (exact: t is -1, 0 or 1), for error feedback."""

@@ -6,7 +6,8 @@ feedback, or sparse_reduce (transports/sparse_reduce.py, with the transport's ch
 cpp/include/hvdext/topk.h, its definition in python/hvdext_reference/topk.py.
 """
 from horovod_ext.compression import sizes
-from horovod_ext.compression.plan import Allgather, Codec, DenseSplit, EncodeRecord, count_dense, k_of
+from horovod_ext.compression.plan import (Allgather, Codec, DenseSplit, EncodeRecord, count_dense, decode_bucket_by,
+                                          k_of)
 from horovod_ext.compression.specs import (CompressorSpec, check_bool, check_choice, check_int, check_real,
                                            check_resolved, shape_and_numel)
 from .transports.sparse_reduce import TRANSPORTS, SparseTransport
@@ -115,6 +116,10 @@ class TopKCodec(Codec):
 
     def decode(self, be, item, gathered, into):
         return self.decode_k(be, item.numel, item.work.k, gathered, into)
+
+    def decode_bucket(self, be, items, result, header_bytes, outs):
+        """"delta" payloads: one call for the bucket (Codec.decode_bucket)."""
+        return decode_bucket_by(be, "topk_coded", 0, items, result, header_bytes, outs) if self.coded else None
 
     def sent(self, be, item, payload):
         """The values one payload stands for (one rank's, undivided): a payload another rank broadcast."""

@@ -1,0 +1,37 @@
+// A bucket's allgather decoded in one call (horovod_ext/compression/buckets.py fuses a bucket's per-tensor
+// allgathers into one): the result holds, for each of nranks ranks in order, a header of m int32 sizes (padded to
+// header_bytes) and then that rank's m payloads back to back. Tensor j's payloads from every rank, gathered back
+// to back, are exactly what its own allgather gives, so each is decoded by the tensor's own decoder: the averages
+// are the bits of one call per tensor. Definition: buckets.FusingBackend._split, then the per-tensor decoders.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "hvdext/common.h"
+
+namespace hvdext {
+
+// What became of one tensor: the decoder's flag (-1, or the first rank it reports), or, where its payloads were
+// corrupted, the decoder's message (error non-empty; flag -1).
+struct SegmentDecoded {
+  int flag = -1;
+  std::string error;
+};
+
+// decode(j, parts, bytes): tensor j's nranks payloads back to back; returns its flag. A CorruptPayload thrown by
+// it is caught and reported for that tensor alone. Throws CorruptPayload for all when a header's sizes pass the
+// result's end (the header itself corrupted).
+std::vector<SegmentDecoded> decode_bucket(const uint8_t* result, int64_t bytes, int nranks, int m, int64_t header_bytes,
+                                          const std::function<int(int, const uint8_t*, int64_t)>& decode);
+
+// The per-tensor decoders over a bucket: outs[j] receives tensor j's average (numels[j] floats).
+std::vector<SegmentDecoded> topk_decode_average_coded_bucket(const uint8_t* result, int64_t bytes, int nranks, int m,
+                                                             int64_t header_bytes, const int64_t* numels,
+                                                             float divisor, float* const* outs);
+std::vector<SegmentDecoded> ternary_decode_average_bucket(const uint8_t* result, int64_t bytes, int nranks, int m,
+                                                          int64_t header_bytes, const int64_t* numels, int packing,
+                                                          float divisor, float* const* outs);
+
+}  // namespace hvdext

@@ -1,0 +1,69 @@
+#include "hvdext/bucket.h"
+
+#include <cstring>
+
+#include "hvdext/coding.h"
+#include "hvdext/ternary.h"
+#include "hvdext/topk.h"
+
+namespace hvdext {
+
+std::vector<SegmentDecoded> decode_bucket(const uint8_t* result, int64_t bytes, int nranks, int m, int64_t header_bytes,
+                                          const std::function<int(int, const uint8_t*, int64_t)>& decode) {
+  if (nranks < 1 || m < 0 || header_bytes < 4 * static_cast<int64_t>(m))
+    throw std::invalid_argument("decode_bucket: nranks >= 1, m >= 0 and header_bytes >= 4 m");
+  // offsets[r * m + j], sizes[r * m + j]: rank r's payload of tensor j within the result
+  std::vector<int64_t> offsets(static_cast<size_t>(nranks) * m), sizes(offsets.size());
+  int64_t position = 0;
+  for (int r = 0; r < nranks; ++r) {
+    if (position + header_bytes > bytes) throw CorruptPayload("bucket header passes the end of the allgather");
+    std::vector<int32_t> header(static_cast<size_t>(m));
+    if (m > 0) std::memcpy(header.data(), result + position, sizeof(int32_t) * static_cast<size_t>(m));
+    position += header_bytes;
+    for (int j = 0; j < m; ++j) {
+      const int64_t size = header[static_cast<size_t>(j)];
+      if (size < 0 || position + size > bytes) throw CorruptPayload("bucket header's sizes pass the end of the allgather");
+      offsets[static_cast<size_t>(r) * m + j] = position;
+      sizes[static_cast<size_t>(r) * m + j] = size;
+      position += size;
+    }
+  }
+  std::vector<SegmentDecoded> out(static_cast<size_t>(m));
+  std::vector<uint8_t> parts;
+  for (int j = 0; j < m; ++j) {
+    parts.clear();
+    for (int r = 0; r < nranks; ++r) {
+      const size_t at = static_cast<size_t>(r) * m + j;
+      parts.insert(parts.end(), result + offsets[at], result + offsets[at] + sizes[at]);
+    }
+    try {
+      out[static_cast<size_t>(j)].flag = decode(j, parts.data(), static_cast<int64_t>(parts.size()));
+    } catch (const CorruptPayload& e) {
+      out[static_cast<size_t>(j)].error = e.what();
+    }
+  }
+  return out;
+}
+
+std::vector<SegmentDecoded> topk_decode_average_coded_bucket(const uint8_t* result, int64_t bytes, int nranks, int m,
+                                                             int64_t header_bytes, const int64_t* numels,
+                                                             float divisor, float* const* outs) {
+  return decode_bucket(result, bytes, nranks, m, header_bytes, [&](int j, const uint8_t* parts, int64_t size) {
+    topk_decode_average_coded(parts, size, nranks, numels[j], divisor, outs[j]);
+    return -1;
+  });
+}
+
+std::vector<SegmentDecoded> ternary_decode_average_bucket(const uint8_t* result, int64_t bytes, int nranks, int m,
+                                                          int64_t header_bytes, const int64_t* numels, int packing,
+                                                          float divisor, float* const* outs) {
+  const Packing p = static_cast<Packing>(packing);
+  return decode_bucket(result, bytes, nranks, m, header_bytes, [&](int j, const uint8_t* parts, int64_t size) {
+    if (p == Packing::kEntropy) return ternary_decode_average_entropy(parts, size, nranks, numels[j], divisor, outs[j]);
+    if (size != static_cast<int64_t>(nranks) * ternary_payload_bytes(numels[j], p))
+      throw CorruptPayload("ternary payloads of the wrong size in a bucket");
+    return ternary_decode_average(parts, nranks, numels[j], p, divisor, outs[j]);
+  });
+}
+
+}  // namespace hvdext
