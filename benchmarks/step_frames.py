@@ -18,8 +18,9 @@ import horovod_ext.torch as hvd
 from horovod_ext.torch import kernels
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(hvd.__file__)))  # the horovod_ext folder
-KERNELS = {"ternary": "ternary_encode_entropy,ternary_decode_average_entropy,ternary_encode,ternary_decode_average",
-           "topk": "topk_extract_coded,topk_decode_average_coded,topk_extract,topk_decode_average"}
+KERNELS = {"ternary": "ternary_encode_entropy,ternary_decode_average_entropy,ternary_encode,ternary_decode_average,"
+                      "decode_bucket",
+           "topk": "topk_extract_coded,topk_decode_average_coded,topk_extract,topk_decode_average,decode_bucket"}
 
 
 def ours(path):
