@@ -4,13 +4,12 @@ Prints, for each link, the speed-up over dense (float32 allreduce) of every comp
 ranks, with the step time at the largest, and writes TernGrad-style plots (speed-up against ranks, one line per
 method, one panel per link). Compute per step: --compute-seconds, else the model file's assumed value."""
 import argparse
-import math
 import os
 import sys
 
 from .catalog import NAMES, load
 from .collectives import Cluster, Link
-from .plans import METHODS, transport_of
+from .plans import METHODS, sizes_of, transport_of
 from .predict import THROUGHPUT, compression_seconds_of, predict
 
 RANKS = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
@@ -43,7 +42,7 @@ def scaled_compression(method, seconds, shapes, measured_ranks, ranks):
     rank, two-phase and sparse_reduce one stream), constant for other methods."""
     if method not in THROUGHPUT:
         return seconds
-    elements = sum(math.prod(s) if isinstance(s, (tuple, list)) else int(s) for s in shapes)
+    elements = sum(sizes_of(shapes))
 
     def model_seconds(n):
         return compression_seconds_of(transport_of(method, shapes, n)[1], elements, n)

@@ -182,6 +182,11 @@ METHODS = {"dense": (dense, False), "fp16": (fp16, False), "ternary": (ternary, 
            "easgd": (easgd, False), "powersgd": (powersgd, True)}
 
 
+def sizes_of(shapes):
+    """Elements per tensor of shapes given as tuples (or lists) or as sizes."""
+    return [math.prod(s) if isinstance(s, (tuple, list)) else int(s) for s in shapes]
+
+
 # method -> its transport's choice, and the plan of each transport it can take
 TRANSPORTS = {"ternary": (ternary_transport, {"two_phase": "ternary_two_phase"}),
               "topk": (topk_transport, {"sparse_reduce": "topk_sparse_reduce"}),
@@ -195,8 +200,7 @@ def transport_of(method, shapes, ranks, **arguments):
     if method not in TRANSPORTS:
         return None, method
     choose, names = TRANSPORTS[method]
-    transport = choose([math.prod(s) if isinstance(s, (tuple, list)) else int(s) for s in shapes], ranks,
-                       **arguments)
+    transport = choose(sizes_of(shapes), ranks, **arguments)
     return transport, names.get(transport, method)
 
 

@@ -13,11 +13,10 @@ buffer), which on a loaded host can exceed alpha's share. It is 0 unless measure
 less its compute, compression and the communication predicted for that link. Speed-ups compare with dense (float32
 allreduce) and fp16 on the same cluster, compute and overhead.
 """
-import math
 from dataclasses import dataclass, field
 
 from .collectives import seconds
-from .plans import plan, transport_of, wire_bytes_per_step
+from .plans import plan, sizes_of, transport_of, wire_bytes_per_step
 
 # Kernel throughput, elements per second on one CPU thread of the CI machine (benchmarks/RESULTS.md, section
 # "kernels", 1-4M elements): (encode, decode of one payload, payloads a rank decodes per step: "ranks" or 1). Pass
@@ -68,7 +67,7 @@ def step_of(method, shapes, compute_seconds, cluster, compression_seconds=None, 
     overhead = _check_seconds("overhead_seconds", overhead_seconds)
     transport, kernels = transport_of(method, shapes, cluster.ranks, **arguments)
     if compression_seconds is None:
-        elements = sum(math.prod(s) if isinstance(s, tuple) else int(s) for s in shapes)
+        elements = sum(sizes_of(shapes))
         compression_seconds = compression_seconds_of(kernels, elements, cluster.ranks, kernel_speedup)
     compression = _check_seconds("compression_seconds", compression_seconds)
     if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0.0 <= overlap <= 1.0:
