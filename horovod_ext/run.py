@@ -225,6 +225,18 @@ def torch_patch(module, choice, registry, kind="data_parallel", optimizer_kwargs
     module.DistributedOptimizer = DistributedOptimizer
     if "horovod.torch.optimizer" in sys.modules:
         sys.modules["horovod.torch.optimizer"].DistributedOptimizer = DistributedOptimizer
+    # hvd.join(): the optimizers first finish what is in flight and take a step they announced (horovod_ext.torch.join)
+    original_join = module.join
+
+    def join(device=-1):
+        from horovod_ext.torch.optimizer import complete_in_flight, take_announced_steps
+
+        complete_in_flight()
+        take_announced_steps()
+        return original_join(device)
+
+    join.__doc__ = original_join.__doc__
+    module.join = join
     # the resume pattern's broadcast_optimizer_state also carries horovod-ext's compressor state
     from horovod_ext.torch.functions import broadcast_optimizer_state
 

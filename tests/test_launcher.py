@@ -22,9 +22,9 @@ PER_STEP = re.compile(r"\(\d+ steps, rank 0\); per step ([\d.]+) ms, compute ([\
                       r"communication ([\d.]+) ms")
 
 
-def launch(script, compression, extra, steps=20, env=None):
+def launch(script, compression, extra, steps=20, env=None, extra_args=()):
     _, output = horovodrun(2, "-m", "horovod_ext.run", "--compression", compression, *extra, script,
-                           "--steps", steps, collect=False, timeout=300, env=env)
+                           "--steps", steps, *extra_args, collect=False, timeout=300, env=env)
     return output
 
 
@@ -104,6 +104,16 @@ def test_bucket_cap_reaches_the_scripts_optimizer_and_keeps_its_bits(script):
     losses = [re.findall(r"final loss [-\d.e]+", launch(script, "ternary", extra))
               for extra in (["--bucket-cap-mb", "0"], [])]
     assert losses[0] and losses[0] == losses[1], losses
+
+
+def test_unmodified_script_joins_with_uneven_data():
+    """horovod.torch.join() in an unmodified script is horovod_ext's under the launcher: a rank that runs out of
+    data first takes the step it announced (ternary: StepDriver.announce_next) with zero gradients, so that rank 1's
+    two more steps do not run an allgather against a joined rank (which Horovod fails)."""
+    output = launch("tests/scripts/plain_torch.py", "ternary", [], extra_args=["--uneven"])
+    assert "rank 0 joined, the last to join was rank 1" in output and "final loss" in output, output[-3000:]
+    (_, _, _, _, _, steps), = summaries(output)
+    assert int(steps) == 21  # rank 0's 20 steps and the one it announced, taken with zero gradients
 
 
 def test_bad_flag_fails_on_every_rank_under_horovodrun():

@@ -10,6 +10,7 @@ from horovod.torch import DistributedOptimizer  # the other import form the laun
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=20)
+parser.add_argument("--uneven", action="store_true", help="rank r takes 2r more steps; then hvd.join()")
 args = parser.parse_args()
 
 hvd.init()
@@ -23,12 +24,14 @@ optimizer = DistributedOptimizer(optimizer, named_parameters=model.named_paramet
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 gen = torch.Generator().manual_seed(hvd.rank())
-for step in range(args.steps):
+for step in range(args.steps + (2 * hvd.rank() if args.uneven else 0)):
     x = torch.randn(32, 64, generator=gen)
     y = (x[:, :10].argmax(1))
     optimizer.zero_grad()
     loss = F.cross_entropy(model(x), y)
     loss.backward()
     optimizer.step()
+if args.uneven:
+    print(f"plain_torch: rank {hvd.rank()} joined, the last to join was rank {hvd.join()}")
 if hvd.rank() == 0:
     print(f"plain_torch: final loss {loss.item():.4f}, horovod_ext optimizer {hasattr(optimizer, 'compression_stats')}")
