@@ -225,14 +225,13 @@ def torch_patch(module, choice, registry, kind="data_parallel", optimizer_kwargs
     module.DistributedOptimizer = DistributedOptimizer
     if "horovod.torch.optimizer" in sys.modules:
         sys.modules["horovod.torch.optimizer"].DistributedOptimizer = DistributedOptimizer
-    # hvd.join(): the optimizers first finish what is in flight and take a step they announced (horovod_ext.torch.join)
+    # hvd.join(): the optimizers first take in what their last step left in flight (horovod_ext.torch.join)
     original_join = module.join
 
     def join(device=-1):
-        from horovod_ext.torch.optimizer import complete_in_flight, take_announced_steps
+        from horovod_ext.torch.optimizer import complete_in_flight
 
         complete_in_flight()
-        take_announced_steps()
         return original_join(device)
 
     join.__doc__ = original_join.__doc__

@@ -45,47 +45,23 @@ class StepDriver:
         self.tag = tag  # makes the join check's collective name unique per optimizer
         self.dense = False  # this step goes dense: some rank has called hvd.join()
         self.check = None  # the join check in flight, for a method that decides at finish()
-        self.ahead = None  # the next step's join check, asked at this step's start (announce_next)
         self.name = compression_name(compression)
 
-    def begin(self, step, seed, announce=False):
+    def begin(self, step, seed):
         """A step begins (before its first launch): the join check, then the step context. Payload compressors
         cannot run while a rank is joined (join.py): one allreduce of 1 per step asks (eagerly). A method whose
         launch() is the same in a joined step (Method.join_decided_at_finish) reads the answer in finish(), so that
         the check overlaps backward instead of stopping it, except in Horovod's elastic mode (ELASTIC). The
-        check is asked before the step context begins: the answer decides whether the step goes dense. Where the
-        last step announced this one (announce_next), its check is already in flight, usually answered; with
-        ``announce``, this step announces the next."""
+        check is asked before the step context begins: the answer decides whether the step goes dense."""
         check = None
         if self.method.needs_join_check:
-            check = self.ahead if self.ahead is not None else self.be.ranks_training(self._check_name())
-        self.ahead = None
+            check = self.be.ranks_training(f"horovod_ext.training.{self.tag}")
         deferred = self.method.join_decided_at_finish and not ELASTIC
         self.check = check if check is not None and deferred else None
         self.dense = bool(check is not None and self.check is None and self.joined(check))
-        if announce:  # after this step's check was read: one check of a name in flight at a time
-            self.announce_next()
         self.ctx.begin(step, seed, self.dense)
         if check is not None:
             self.ctx.count(payload_bytes=JOIN_CHECK_BYTES, wire_bytes=join_check_wire_bytes(self.be.nranks))
-
-    def _check_name(self):
-        return f"horovod_ext.training.{self.tag}"
-
-    def announce_next(self):
-        """Tell the other ranks now that this rank trains the next step too: the next step's join check starts
-        beside this step's payloads and has arrived by the time the next step begins, instead of costing that step
-        a round before its first payload (join.py). Only for a method whose step on zero gradients is harmless
-        (Method.announces_ahead), and not under horovodrun's elastic mode, where the check waited for at the
-        step's start is how a rank learns of a failed peer. A rank that has announced a step and joins takes that
-        step with zero gradients first (the adapter's join)."""
-        if self.method.needs_join_check and self.method.announces_ahead and not ELASTIC and self.ahead is None:
-            self.ahead = self.be.ranks_training(self._check_name())
-
-    @property
-    def announced(self):
-        """This rank has told the others it trains the next step (announce_next)."""
-        return self.ahead is not None
 
     def joined(self, check):
         """Whether some rank has joined, from the check's answer; a joined step is counted."""
@@ -153,7 +129,6 @@ class StepDriver:
 
     def forget_in_flight(self):
         """Drop, without waiting, every collective in flight or recorded (an elastic reset)."""
-        self.ahead = None
         self.method.forget_in_flight()
         if self.fusing:
             self.be.forget()

@@ -10,14 +10,6 @@ joined:
 - one allreduce of JOIN_CHECK_BYTES per step (Sum of 1 per rank still training), started at the step's first
   launch; it is waited for there, or, for a method whose launch() starts nothing but allreduces
   (Method.join_decided_at_finish: PowerSGD), at finish(), so that it overlaps backward;
-- PyTorch's DistributedOptimizer asks the next step's check at the start of this one, beside this step's payloads
-  (StepDriver.announce_next; ternary, and top-k by allgather: Method.announces_ahead), so that the next step finds
-  its answer instead of waiting a round for it (under load that round was ternary's largest cost: RESULTS.md,
-  "#rounds"). The rank has then told the others it trains the next step; if it joins instead,
-  horovod_ext.torch.join() first takes that step with zero gradients and zero residuals (its own put back after),
-  so that the others' step runs as announced, this rank sending zeros as Horovod's join does. It takes the steps of
-  the optimizers stepped since the newest was made, in the order their steps began: an optimizer no rank steps any
-  more is left alone. Not in horovodrun's elastic mode (generation.ELASTIC), nor in TensorFlow;
 - a step in which fewer ranks train than the process set holds sends every gradient by allreduce (with error
   feedback g + r, after which r = 0), so the ranks still training apply exactly Horovod's own allreduce.
 

@@ -95,10 +95,6 @@ class Method:
     # launch() starts only allreduces and local work, so it serves a joined step too, which finish_dense() then
     # completes from what launch() made: the join check is read in finish() (driver.py)
     join_decided_at_finish = False
-    # the next step's join check may be asked at the end of this one (StepDriver.announce_next): a rank that joins
-    # having announced that step takes it with zero gradients, its state kept (join.py); True only where a zero
-    # step leaves the method's shared state as it was (not GraVAC's controller, PowerSGD's Q or auto's windows)
-    announces_ahead = False
     Record = Record  # the per-step record of one tensor (item.work)
 
     def __init__(self, spec, ctx, sizes):

@@ -87,8 +87,6 @@ class TernaryMethod(Allgather):
     alltoall of packed code chunks, exact integer sums re-encoded at ceil(log2(2N+1)) bits, an allgather of those
     (transports/two_phase.py has the chunk plan and its bytes)."""
 
-    announces_ahead = True  # a zero gradient sends zeros and changes no shared state (join.py)
-
     def __init__(self, spec, ctx, sizes_):
         super().__init__(spec, ctx, sizes_)
         compressed = [n for n in self.sizes if n >= spec.min_size]

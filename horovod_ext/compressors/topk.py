@@ -139,12 +139,6 @@ class TopKMethod(SparseTransport, Allgather):
     sparse_reduce (transports/sparse_reduce.py): launch() selects each tensor's k as its gradient is ready, finish()
     runs the step's one alltoall and one allgather over all of them."""
 
-    @property
-    def announces_ahead(self):
-        """By allgather a zero gradient sends zeros and changes no shared state (join.py); sparse_reduce's regions
-        would age and could rebalance on it."""
-        return self.sparse is None
-
     def __init__(self, spec, ctx, sizes_):
         super().__init__(spec, ctx, sizes_)
         self.choose(spec, self.sizes, 1.0 / spec.ratio)

@@ -20,7 +20,6 @@ from .project import project  # noqa: E402,F401  (re-exported)
 from .diloco import DiLoCoOptimizer  # noqa: E402,F401  (re-exported)
 from .leader import ElasticAveragingOptimizer, LeaderOptimizer  # noqa: E402,F401  (re-exported)
 from .optimizer import DistributedOptimizer, complete_in_flight as _complete_in_flight  # noqa: E402,F401  (re-exported)
-from .optimizer import take_announced_steps as _take_announced_steps  # noqa: E402
 
 # horovod.torch.elastic's names with horovod_ext's optimizers in the state; `from . import elastic` would return
 # the `elastic` the star import bound (Horovod's).
@@ -30,8 +29,6 @@ init = make_init(_horovod.init, framework_basics(_horovod))
 
 def join(device=-1):
     """horovod.torch.join(device), once every DistributedOptimizer has taken in what its last step left in flight
-    (optimizer.complete_in_flight) and taken, with zero gradients, a step it had told the other ranks it would take
-    (optimizer.take_announced_steps). Returns the id of the rank that joined last."""
+    (optimizer.complete_in_flight). Returns the id of the rank that joined last."""
     _complete_in_flight()
-    _take_announced_steps()
     return _horovod.join(device)

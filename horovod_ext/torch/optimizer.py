@@ -32,36 +32,7 @@ from .backend import TorchBackend, drain, numpy_allgather, timed_into
 from .kernels import check_gradient
 
 _optimizer_ids = itertools.count()
-
-
-class _Clock:
-    """Orders, in this process, when DistributedOptimizers were made and when their steps began: the same order on
-    every rank, so that every rank picks the same optimizers in take_announced_steps()."""
-
-    def __init__(self):
-        self.ticks = itertools.count()
-        self.newest = -1  # when the newest optimizer was made
-
-    def now(self):
-        return next(self.ticks)
-
-    def made(self):
-        self.newest = self.now()
-
-
-_CLOCK = _Clock()
 _LIVE_OPTIMIZERS = weakref.WeakSet()  # this process's optimizers that leave work in flight, for complete_in_flight()
-
-
-def take_announced_steps():
-    """hvd.join() calls it before Horovod's join: each DistributedOptimizer that told the other ranks this rank
-    trains its next step (StepDriver.announce_next) takes that step now with zero gradients
-    (_hx_take_announced_step), in the order their last steps began, as the other ranks take theirs. Only those
-    stepped since the newest optimizer was made: one made and stepped before it (a model trained earlier in the
-    script) is taken by no rank any more, and taking its step would wait for ranks that never take it."""
-    current = [o for o in list(_LIVE_OPTIMIZERS) if getattr(o, "_hx_began_at", -1) > _CLOCK.newest]
-    for optimizer in sorted(current, key=lambda o: o._hx_began_at):
-        optimizer._hx_take_announced_step()
 
 
 def complete_in_flight():
@@ -88,8 +59,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         self._hx_id = next(_optimizer_ids)
         _LIVE_OPTIMIZERS.add(self)
-        _CLOCK.made()
-        self._hx_began_at = -1  # when its last step began (_CLOCK)
         self._hx_op = op
         self._hx_process_set = process_set
         self._hx_predivide = float(gradient_predivide_factor)
@@ -119,7 +88,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                    self._hx_id, torch.initial_seed)
         self._hx_pending = {}
         self._hx_begun = False  # the driver has begun this step (at its first launch)
-        self._hx_joining = False  # this rank takes, with zero gradients, the step it announced, and joins
         self._hx_passes_left = {p: self._hx_backward_passes for p in self._hx_params}
         self._hx_should_synchronize = True
         self._hx_synchronized = False
@@ -177,11 +145,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         SparseAdam take only sparse gradients); compression/plan.py's SparseGather, picked by the step driver."""
         driver = self._hx_run.driver
         if not self._hx_begun:
-            # the step tells the others that this rank trains the next one too, unless it is the step a joining
-            # rank takes with zero gradients (_hx_take_announced_step)
-            driver.begin(self._hx_run.counters.step, self._hx_run.counters.seed, announce=not self._hx_joining)
+            driver.begin(self._hx_run.counters.step, self._hx_run.counters.seed)
             self._hx_begun = True
-            self._hx_began_at = _CLOCK.now()
         sparse = None
         if p.grad is not None and p.grad.is_sparse:
             sparse = "dense" if self._hx_sparse_as_dense else "gather"
@@ -275,34 +240,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------------------------------ elastic training
     def _hx_complete_in_flight(self):
         self._hx_run.complete_in_flight()
-
-    def _hx_take_announced_step(self):
-        """This rank announced its next step (StepDriver.announce_next) and joins instead: the other ranks have
-        started that step as one in which every rank trains, so this rank takes it with zero gradients and zero
-        residuals, sending zeros, as a joined rank contributes zeros to Horovod's allreduce (join.py). Nothing of
-        this rank changes but the step counter: its gradients and residuals are put back, and it does not step."""
-        driver = self._hx_run.driver
-        if driver is None or not driver.announced or self._hx_outside:
-            return
-        if self._hx_pending:
-            raise RuntimeError("hvd.join() was called after loss.backward() but before optimizer.step() or "
-                               "optimizer.synchronize(); finish the step first")
-        method, be = driver.method, driver.be
-        residuals = method.state(be)  # copies
-        grads = [p.grad for p in self._hx_params]
-        method.codec.reset_all(be)
-        self._hx_joining = True
-        try:
-            for p in self._hx_params:
-                p.grad = torch.zeros_like(p)
-            self.synchronize()
-            self._hx_stats.extra["join_zero_steps"] = self._hx_stats.extra.get("join_zero_steps", 0) + 1
-        finally:
-            self._hx_joining = False
-            for p, grad in zip(self._hx_params, grads):
-                p.grad = grad
-            method.load_state(be, residuals)
-            self._hx_synchronized = False
 
     def _hx_forget_in_flight(self):
         """Drop every collective in flight without waiting (Horovod failed under them, or is being reset); the

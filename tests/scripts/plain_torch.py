@@ -32,6 +32,7 @@ for step in range(args.steps + (2 * hvd.rank() if args.uneven else 0)):
     loss.backward()
     optimizer.step()
 if args.uneven:
-    print(f"plain_torch: rank {hvd.rank()} joined, the last to join was rank {hvd.join()}")
+    print(f"plain_torch: rank {hvd.rank()} joined (join from {hvd.join.__module__}), the last to join was rank "
+          f"{hvd.join()}")
 if hvd.rank() == 0:
     print(f"plain_torch: final loss {loss.item():.4f}, horovod_ext optimizer {hasattr(optimizer, 'compression_stats')}")

@@ -192,44 +192,28 @@ def check_stock_broadcast(folder):
 def check_join(name):
     """Rank r has 3 + 2r batches; a rank out of data calls hvd.join(), the others keep training. In a step where a
     rank has joined, the gradient applied is Horovod's allreduce of what the training ranks send (the joined ranks
-    contribute zeros, Average divides by the size): (g + r) / size, r the residual with error feedback, else 0.
-    Where the compressor announces each next step (ternary, top-k by allgather: StepDriver.announce_next), the
-    step after a rank's last is still compressed, that rank sending zeros: (g + r - r') / size at 2 ranks, r' the
-    residual after the step (g + r - r' is what this rank's payload stands for)."""
+    contribute zeros, Average divides by the size): (g + r) / size, r the residual with error feedback, else 0."""
     model, opt = make(name, seed=0)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     steps, common = 3 + 2 * RANK, 3
     train(model, opt, 0, common)
     at_common = snapshot(model, opt)["params"]
-    errors, dense, ternary_levels = [], [], []
+    errors = []
     for step in range(common, steps):
         x, y = batch(step)
         local = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), y), list(model.parameters()))
-        before = opt.state_dict()["horovod_ext"]["residuals"]  # this rank's error-feedback residuals
-        dense_before = opt.compression_stats().get("join_dense_steps", 0)
+        residuals = opt.state_dict()["horovod_ext"]["residuals"]  # this rank's error-feedback residuals
+        expected = [(g + residuals[n].view_as(g) if n in residuals else g) / SIZE
+                    for (n, _), g in zip(model.named_parameters(), local)]
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.synchronize()
-        dense.append(opt.compression_stats().get("join_dense_steps", 0) > dense_before)
-        after = opt.state_dict()["horovod_ext"]["residuals"] if not dense[-1] else {}
-        error = 0.0
-        for (n, p), g in zip(model.named_parameters(), local):
-            if not dense[-1] and name.startswith("ternary") and p.numel() >= opt._hx_run.compression.min_size:
-                # ternary without error feedback, the other rank sending zeros: size x the average is this rank's
-                # s * t, t in {-1, 0, 1}, of g's signs (a second nonzero payload would add other levels)
-                levels = (p.grad * SIZE).abs().unique()
-                ternary_levels.append(len(levels) == 2 and bool((p.grad * g >= 0).all()))
-                continue
-            own = g + before[n].view_as(g) - (after[n].view_as(g) if n in after else 0) if n in before else g
-            error = max(error, float((p.grad - own / SIZE).abs().max()))
-        errors.append(error)
+        errors.append(max(float((p.grad - e).abs().max()) for p, e in zip(model.parameters(), expected)))
         with opt.skip_synchronize():
             opt.step()
     last = hvd.join()
-    stats = opt.compression_stats()
     return {"last_joined": last, "steps": steps, "at_common": at_common, "final": snapshot(model, opt)["params"],
-            "errors": errors, "dense_steps": stats.get("join_dense_steps", 0), "dense": dense,
-            "zero_steps": stats.get("join_zero_steps", 0), "ternary_levels": ternary_levels,
+            "errors": errors, "dense_steps": opt.compression_stats().get("join_dense_steps", 0),
             "residual_left": max([float(r.abs().max())
                                   for key, r in opt.state_dict()["horovod_ext"]["residuals"].items()
                                   if not key.endswith(Q_SUFFIX)] or [0.0])}
