@@ -2,7 +2,7 @@
 communication hooks, for the link and time-to-accuracy workers (run under horovodrun, which gives rank and size).
 
 DDP runs with one bucket (bucket_cap_mb=200): with DDP's default 25 MB buckets the PowerSGD hook over Gloo failed on
-a shaped link ("Received data size doesn't match expected size"; see ../shared/FACTS.md).
+a shaped link ("Received data size doesn't match expected size", seen on this 2-core machine).
 """
 import os
 

@@ -5,7 +5,7 @@
 # it asks setup_plan.py itself (the active environment's frameworks).
 #
 # Horovod's last release does not build against torch >= 2.1 or TensorFlow 2.21 as it is. This script
-# downloads the sdist and edits it (see ../shared/FACTS.md; setup_plan.py's SOURCE_EDITS names the revision of
+# downloads the sdist and edits it (each edit below, with why; setup_plan.py's SOURCE_EDITS names the revision of
 # these edits in the wheel cache's key), then builds a wheel:
 #   - CMakeLists.txt and horovod/torch/CMakeLists.txt ask for C++14; torch >= 2.1 headers need C++17.
 #   - horovod/tensorflow/xla_mpi_ops.cc (the optional XLA lowering of Horovod's ops) includes an XLA header

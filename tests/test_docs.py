@@ -80,3 +80,18 @@ def test_the_figure_check_catches_an_unbacked_figure():
     assert unbacked_figures("fp16: 1.9x faster", results) == ["README.md:1: ['1.9x'] link no RESULTS.md section"]
     assert unbacked_figures("x ([R](benchmarks/RESULTS.md#gone)) 5%", results) == [
         "README.md:1: no RESULTS.md section anchored ['gone']"]
+
+
+def test_the_project_never_cites_the_shared_notes():
+    """What a maintainer needs is in docs/ and the code: no tracked file points outside the repository to the
+    shared planning notes (a path into the parent folder's shared/)."""
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    citing = []
+    for name in files:
+        try:
+            text = open(os.path.join(ROOT, name), encoding="utf-8").read()
+        except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
+            continue
+        if "../" + "shared/" in text:
+            citing.append(name)
+    assert citing == [], citing

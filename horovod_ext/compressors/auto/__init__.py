@@ -1,6 +1,6 @@
 """Compression.auto, declared once: each tensor's method, its parameter and its transport chosen online, by the least
 predicted step time among the candidates whose accuracy guard holds (choice.py has the step model, the guard
-and the solver; ../shared/AUTO.md the sources).
+and the solver; docs/compressors.md, "Compression.auto", the user's view).
 
 How a run goes (AutoMethod, over the backend contract, for PyTorch and TensorFlow alike):
 
