@@ -20,10 +20,10 @@ def grad(n, rank, j):
     return (np.random.default_rng(100 * rank + j).standard_t(3, n) * 1e-2).astype(np.float32)
 
 
-def topk_payload(g):
+def topk_payload(g, value_type=0):
     k = max(1, len(g) // 100)
     idx = ops.topk_select(torch.from_numpy(g), k)
-    return ops.topk_extract_coded(torch.from_numpy(g.copy()), idx, 0).numpy()
+    return ops.topk_extract_coded(torch.from_numpy(g.copy()), idx, value_type).numpy()
 
 
 def ternary_payload(g, rank, j, packing):
@@ -48,15 +48,16 @@ def bucket(payloads):
 
 def decode(codec, result, header, packing=0):
     outs = [torch.empty(n) for n in SIZES]
-    flags, errors = ops.decode_bucket(codec, torch.from_numpy(result), NRANKS, header, SIZES, packing, NRANKS * 1.0,
-                                      outs)
+    flags, errors, finite = ops.decode_bucket(codec, torch.from_numpy(result), NRANKS, header, SIZES, packing,
+                                              NRANKS * 1.0, outs)
+    decode.finite = finite  # whether each average is finite (top-k's decoder checks; ternary's says True)
     return [o.numpy() for o in outs], flags, errors
 
 
 def test_topk_bucket_equals_the_reference_and_the_per_tensor_kernel():
     payloads = [[topk_payload(grad(n, r, j)) for j, n in enumerate(SIZES)] for r in range(NRANKS)]
     outs, flags, errors = decode("topk_coded", *bucket(payloads))
-    assert flags == [-1] * len(SIZES) and errors == [""] * len(SIZES)
+    assert flags == [-1] * len(SIZES) and errors == [""] * len(SIZES) and decode.finite == [True] * len(SIZES)
     for j, n in enumerate(SIZES):
         gathered = np.concatenate([payloads[r][j] for r in range(NRANKS)])
         want = rtopk.decode_average_delta(gathered, NRANKS, n, np.float32(NRANKS))
@@ -64,6 +65,24 @@ def test_topk_bucket_equals_the_reference_and_the_per_tensor_kernel():
         ops.topk_decode_average_coded(torch.from_numpy(gathered), NRANKS, n, float(NRANKS), per_tensor)
         np.testing.assert_array_equal(outs[j], want)
         np.testing.assert_array_equal(outs[j], per_tensor.numpy())
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan, 3e38])
+def test_topk_bucket_reports_each_average_that_is_not_finite(bad):
+    """A NaN or Inf among one rank's values of tensor 1 (fp32 values), or two ranks' 3e38 summing past float32's
+    range: that tensor's average is not finite, as the reference's, and the others' are."""
+    grads = [[grad(n, r, j) for j, n in enumerate(SIZES)] for r in range(NRANKS)]
+    for r in ([0, 2] if bad == 3e38 else [2]):
+        grads[r][1][5] = np.float32(bad)
+    payloads = [[topk_payload(g, value_type=1) for g in mine] for mine in grads]
+    outs, flags, errors = decode("topk_coded", *bucket(payloads))
+    assert errors == [""] * len(SIZES)
+    want = [bool(np.isfinite(rtopk.decode_average_delta(np.concatenate([payloads[r][j] for r in range(NRANKS)]),
+                                                         NRANKS, n, np.float32(NRANKS))).all())
+            for j, n in enumerate(SIZES)]
+    assert want == [True, False, True, True]
+    assert decode.finite == want
+    assert [bool(np.isfinite(o).all()) for o in outs] == want
 
 
 @pytest.mark.parametrize("packing", ["entropy", "base3", "2bit"])

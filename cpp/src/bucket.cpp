@@ -8,6 +8,17 @@
 
 namespace hvdext {
 
+// No NaN or Inf among x's n floats: none has an all-ones exponent (integer compares, which vectorize).
+HVDEXT_VECTOR_CLONES bool all_finite(const float* x, int64_t n) {
+  uint32_t special = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof(bits));
+    special |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return special == 0;
+}
+
 std::vector<SegmentDecoded> decode_bucket(const uint8_t* result, int64_t bytes, int nranks, int m, int64_t header_bytes,
                                           const std::function<int(int, const uint8_t*, int64_t)>& decode) {
   if (nranks < 1 || m < 0 || header_bytes < 4 * static_cast<int64_t>(m))
@@ -48,10 +59,14 @@ std::vector<SegmentDecoded> decode_bucket(const uint8_t* result, int64_t bytes, 
 std::vector<SegmentDecoded> topk_decode_average_coded_bucket(const uint8_t* result, int64_t bytes, int nranks, int m,
                                                              int64_t header_bytes, const int64_t* numels,
                                                              float divisor, float* const* outs) {
-  return decode_bucket(result, bytes, nranks, m, header_bytes, [&](int j, const uint8_t* parts, int64_t size) {
-    topk_decode_average_coded(parts, size, nranks, numels[j], divisor, outs[j]);
-    return -1;
-  });
+  std::vector<SegmentDecoded> out =
+      decode_bucket(result, bytes, nranks, m, header_bytes, [&](int j, const uint8_t* parts, int64_t size) {
+        topk_decode_average_coded(parts, size, nranks, numels[j], divisor, outs[j]);
+        return -1;
+      });
+  for (int j = 0; j < m; ++j)
+    if (out[static_cast<size_t>(j)].error.empty()) out[static_cast<size_t>(j)].finite = all_finite(outs[j], numels[j]);
+  return out;
 }
 
 std::vector<SegmentDecoded> ternary_decode_average_bucket(const uint8_t* result, int64_t bytes, int nranks, int m,

@@ -403,8 +403,9 @@ void topk_decode_average_coded(const torch::Tensor& gathered, int64_t nranks, in
 }
 
 // A bucket's allgather (compression/buckets.py) decoded in one call: codec "topk_coded" or "ternary" (packing);
-// outs: one CPU float32 tensor per tensor of the bucket. Returns each tensor's decoder flag and error message.
-std::tuple<std::vector<int64_t>, std::vector<std::string>> decode_bucket(
+// outs: one CPU float32 tensor per tensor of the bucket. Returns each tensor's decoder flag, error message, and
+// whether its average is finite (checked for "topk_coded"; true for "ternary", whose flag covers NaN/Inf).
+std::tuple<std::vector<int64_t>, std::vector<std::string>, std::vector<bool>> decode_bucket(
     const std::string& codec, const torch::Tensor& result, int64_t nranks, int64_t header_bytes,
     const std::vector<int64_t>& numels, int64_t packing, double divisor, std::vector<torch::Tensor> outs) {
   if (outs.size() != numels.size()) throw std::invalid_argument("decode_bucket: one output per tensor");
@@ -430,11 +431,13 @@ std::tuple<std::vector<int64_t>, std::vector<std::string>> decode_bucket(
   }
   std::vector<int64_t> flags;
   std::vector<std::string> errors;
+  std::vector<bool> finite;
   for (const auto& d : decoded) {
     flags.push_back(d.flag);
     errors.push_back(d.error);
+    finite.push_back(d.finite);
   }
-  return {flags, errors};
+  return {flags, errors, finite};
 }
 
 // sparse_reduce: the step's tensors (CPU, contiguous float32) as the segments of one index space.
@@ -527,7 +530,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("two_phase_levels_decode", &two_phase_levels_decode, "the fixed level streams of N coded ones");
   m.def("topk_extract_coded", &topk_extract_coded, "the delta payload; leaves r = g_ef - sent there");
   m.def("topk_decode_average_coded", &topk_decode_average_coded, "scatter-add N delta payloads / divisor");
-  m.def("decode_bucket", &decode_bucket, "a bucket's allgather decoded per tensor in one call: (flags, errors)",
+  m.def("decode_bucket", &decode_bucket, "a bucket's allgather decoded per tensor in one call: (flags, errors, finite)",
         py::arg("codec"), py::arg("result"), py::arg("nranks"), py::arg("header_bytes"), py::arg("numels"),
         py::arg("packing"), py::arg("divisor"), py::arg("outs"));
   m.def("topk_encode_regions", &topk_encode_regions, "sparse_reduce: one delta payload per region");

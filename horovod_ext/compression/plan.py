@@ -266,15 +266,15 @@ class Allgather(Method):
                     got = self.codec.decode_bucket(be, members, result, header_bytes,
                                                    [be.output_buffer(item) for item in members])
                 except be.kernel_errors as exc:  # the bucket's header itself does not hold: every tensor fails
-                    got = [(None, None, getattr(exc, "message", None) or exc)] * len(members)
+                    got = [(None, None, getattr(exc, "message", None) or exc, None)] * len(members)
                 if got is None:
                     continue
-                for item, (avg, bad, error) in zip(members, got):
+                for item, (avg, bad, error, finite) in zip(members, got):
                     decoded.add(item.index)
                     if error:
                         self.ctx.reject(item, error)
                     else:
-                        self._decoded(be, item, avg, bad)
+                        self._decoded(be, item, avg, bad, finite)
         gathered = [(item, be.wait(item.future)) for item in items if item.index not in decoded]
         with self.ctx.timed("decompress_seconds"):
             for item, payloads in gathered:
@@ -282,11 +282,14 @@ class Allgather(Method):
                     avg, bad = self.codec.decode(be, item, payloads, be.output_buffer(item))
                     self._decoded(be, item, avg, bad)
 
-    def _decoded(self, be, item, avg, bad):
+    def _decoded(self, be, item, avg, bad, finite=None):
+        """The decoder's flag required, the average written, and (where the codec's flag does not cover NaN/Inf)
+        the average required finite: `finite` where the bucket's decoder reported it, else checked here."""
         require_decoded(be, self.ctx, self.codec, item, bad)
         be.write(item, avg)
         if self.codec.nonfinite:
-            self.ctx.require(be.all_finite(avg), f"{item.name!r} {self.codec.nonfinite}")
+            self.ctx.require(be.all_finite(avg) if finite is None else bool(finite),
+                             f"{item.name!r} {self.codec.nonfinite}")
 
 
 def count_payload(be, ctx, nbytes, payload):
@@ -343,8 +346,8 @@ class Codec:
 
     def decode_bucket(self, be, items, result, header_bytes, outs):
         """A fused bucket's allgather (buckets.FusingBackend.allgathered_buckets) decoded in one call: [(average,
-        flag, error message or "")] per tensor, the bits of decode() per tensor; or None where this codec or the
-        backend's kernels decode per tensor only (then decode() runs for each)."""
+        flag, error message or "", whether the average is finite)] per tensor, the bits of decode() per tensor; or
+        None where this codec or the backend's kernels decode per tensor only (then decode() runs for each)."""
         return None
 
     def prepare(self, be, item, flat):

@@ -199,14 +199,16 @@ class TorchKernels:
     @staticmethod
     def decode_bucket(codec, result, nranks, header_bytes, numels, packing, divisor, outs):
         """A fused bucket's allgather decoded in one call (compression/buckets.py's layout; codec "topk_coded" or
-        "ternary"): [(average, flag, error message or "")] per tensor, into outs where given (CPU float32); None on
-        a GPU, where each tensor is decoded on its own."""
+        "ternary"): [(average, flag, error message or "", whether the average is finite: None where unchecked)] per
+        tensor, into outs where given (CPU float32); None on a GPU, where each tensor is decoded on its own."""
         if result.is_cuda or any(out is not None and out.is_cuda for out in outs):
             return None
         outs = [out if out is not None else torch.empty(n, dtype=torch.float32) for out, n in zip(outs, numels)]
-        flags, errors = ops.decode_bucket(codec, result.contiguous(), nranks, header_bytes, list(numels), packing,
-                                          float(divisor), outs)
-        return list(zip(outs, flags, errors))
+        flags, errors, finite = ops.decode_bucket(codec, result.contiguous(), nranks, header_bytes, list(numels),
+                                                  packing, float(divisor), outs)
+        if codec != "topk_coded":  # only top-k's decoder checks its averages (ternary's flag covers NaN/Inf)
+            finite = [None] * len(outs)
+        return list(zip(outs, flags, errors, finite))
 
     # --------------------------------------------------------------------- sparse_reduce (CPU, in place)
     @staticmethod

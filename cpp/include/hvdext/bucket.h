@@ -14,11 +14,16 @@
 namespace hvdext {
 
 // What became of one tensor: the decoder's flag (-1, or the first rank it reports), or, where its payloads were
-// corrupted, the decoder's message (error non-empty; flag -1).
+// corrupted, the decoder's message (error non-empty; flag -1); finite: no NaN or Inf in its average (checked by the
+// decoders that report it, below; true where unchecked or not decoded).
 struct SegmentDecoded {
   int flag = -1;
   std::string error;
+  bool finite = true;
 };
+
+// No NaN or Inf among x's n floats.
+bool all_finite(const float* x, int64_t n);
 
 // decode(j, parts, bytes): tensor j's nranks payloads back to back; returns its flag. A CorruptPayload thrown by
 // it is caught and reported for that tensor alone. Throws CorruptPayload for all when a header's sizes pass the
@@ -26,7 +31,10 @@ struct SegmentDecoded {
 std::vector<SegmentDecoded> decode_bucket(const uint8_t* result, int64_t bytes, int nranks, int m, int64_t header_bytes,
                                           const std::function<int(int, const uint8_t*, int64_t)>& decode);
 
-// The per-tensor decoders over a bucket: outs[j] receives tensor j's average (numels[j] floats).
+// The per-tensor decoders over a bucket: outs[j] receives tensor j's average (numels[j] floats). Top-k's also
+// reports whether each average is finite (its values are fp16/fp32 from any rank: a NaN or Inf among them, or an
+// fp32 sum past the range, reaches the average), so that the step reads one flag per tensor from this call
+// instead of reducing each average again.
 std::vector<SegmentDecoded> topk_decode_average_coded_bucket(const uint8_t* result, int64_t bytes, int nranks, int m,
                                                              int64_t header_bytes, const int64_t* numels,
                                                              float divisor, float* const* outs);
