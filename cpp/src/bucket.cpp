@@ -56,6 +56,20 @@ std::vector<SegmentDecoded> decode_bucket(const uint8_t* result, int64_t bytes, 
   return out;
 }
 
+std::vector<std::vector<uint8_t>> topk_encode_coded_bucket(const float* const* g, float* const* g_ef,
+                                                           const int64_t* numels, const int64_t* ks, int m,
+                                                           ValueType type) {
+  std::vector<std::vector<uint8_t>> payloads(static_cast<size_t>(m));
+  std::vector<int32_t> idx;
+  for (int j = 0; j < m; ++j) {
+    if (g != nullptr) ef_accumulate(g[j], g_ef[j], numels[j]);
+    idx.resize(static_cast<size_t>(ks[j]));
+    topk_select(g_ef[j], numels[j], ks[j], idx.data());
+    payloads[static_cast<size_t>(j)] = topk_extract_coded(g_ef[j], idx.data(), ks[j], numels[j], type);
+  }
+  return payloads;
+}
+
 std::vector<SegmentDecoded> topk_decode_average_coded_bucket(const uint8_t* result, int64_t bytes, int nranks, int m,
                                                              int64_t header_bytes, const int64_t* numels,
                                                              float divisor, float* const* outs) {

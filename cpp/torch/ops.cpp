@@ -402,6 +402,42 @@ void topk_decode_average_coded(const torch::Tensor& gathered, int64_t nranks, in
                                     o);
 }
 
+// A bucket's top-k "delta" payloads in one call (hvdext::topk_encode_coded_bucket): g_ef, one CPU float32 tensor per
+// tensor (overwritten with its remainder); g, the gradients added into g_ef first (error feedback), or empty.
+std::vector<torch::Tensor> topk_encode_coded_bucket(const std::vector<torch::Tensor>& g,
+                                                    const std::vector<torch::Tensor>& g_ef,
+                                                    const std::vector<int64_t>& ks, int64_t value_type) {
+  const hvdext::ValueType t = to_value_type(value_type, true);
+  const size_t m = g_ef.size();
+  if (ks.size() != m || (!g.empty() && g.size() != m))
+    throw std::invalid_argument("topk_encode_coded_bucket: one k (and one gradient, where given) per tensor");
+  std::vector<const float*> g_data;
+  std::vector<float*> ef_data;
+  std::vector<int64_t> numels;
+  for (size_t j = 0; j < m; ++j) {
+    ef_data.push_back(const_cast<float*>(cpu_float_data(g_ef[j], "g_ef")));
+    numels.push_back(g_ef[j].numel());
+    if (!g.empty()) {
+      TORCH_CHECK(g[j].numel() == g_ef[j].numel(), "residual holds ", g_ef[j].numel(), " elements, the gradient ",
+                  g[j].numel());
+      g_data.push_back(cpu_float_data(g[j], "gradient"));
+    }
+  }
+  std::vector<std::vector<uint8_t>> bytes;
+  {
+    pybind11::gil_scoped_release release;
+    bytes = hvdext::topk_encode_coded_bucket(g.empty() ? nullptr : g_data.data(), ef_data.data(), numels.data(),
+                                             ks.data(), static_cast<int>(m), t);
+  }
+  std::vector<torch::Tensor> out;
+  for (const auto& b : bytes) {
+    auto payload = torch::empty({static_cast<int64_t>(b.size())}, torch::kUInt8);
+    if (!b.empty()) std::memcpy(payload.data_ptr<uint8_t>(), b.data(), b.size());
+    out.push_back(payload);
+  }
+  return out;
+}
+
 // A bucket's allgather (compression/buckets.py) decoded in one call: codec "topk_coded" or "ternary" (packing);
 // outs: one CPU float32 tensor per tensor of the bucket. Returns each tensor's decoder flag, error message, and
 // whether its average is finite (checked for "topk_coded"; true for "ternary", whose flag covers NaN/Inf).
@@ -530,6 +566,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("two_phase_levels_decode", &two_phase_levels_decode, "the fixed level streams of N coded ones");
   m.def("topk_extract_coded", &topk_extract_coded, "the delta payload; leaves r = g_ef - sent there");
   m.def("topk_decode_average_coded", &topk_decode_average_coded, "scatter-add N delta payloads / divisor");
+  m.def("topk_encode_coded_bucket", &topk_encode_coded_bucket,
+        "a bucket's top-k delta payloads in one call (g added into g_ef first where given); g_ef keeps the remainder",
+        py::arg("g"), py::arg("g_ef"), py::arg("ks"), py::arg("value_type"));
   m.def("decode_bucket", &decode_bucket, "a bucket's allgather decoded per tensor in one call: (flags, errors, finite)",
         py::arg("codec"), py::arg("result"), py::arg("nranks"), py::arg("header_bytes"), py::arg("numels"),
         py::arg("packing"), py::arg("divisor"), py::arg("outs"));

@@ -8,15 +8,17 @@ ready), the plan here groups the tensors into buckets of at most ``bucket_cap_mb
 bytes), per dtype and device (``BucketPlan``); a tensor larger than the cap is a bucket of its own; 0 keeps one
 tensor per bucket (nothing is fused).
 
-The methods stay per tensor (each still encodes and decodes its own tensor, with its own scale, k and residual:
-TernGrad's per-layer scale and top-k's per-layer k are kept). What is fused is their collectives
+The methods keep their per-tensor semantics (each tensor has its own scale, k and residual: TernGrad's per-layer
+scale and top-k's per-layer k are kept; a kernel that takes a bucket runs each tensor's segment by that tensor's
+own rule). What is fused is their collectives
 (``FusingBackend``, a backend that wraps the adapter's): a method's collective of one tensor, named by
 ``backend.name(prefix, item)``, is recorded in its bucket's group (one group per bucket, kind of collective,
 prefix, dtype and op); the group is started as one collective when the bucket's last tensor has been launched
 (the step driver says so: communication still overlaps backward), or at the first wait of one of its tensors,
 whichever comes first. Step-level collectives (``step_name``, ``stable_name``) pass through unchanged. A method
 may take a fused allgather's whole result instead (``allgathered_buckets``: top-k's and ternary's decoders run
-over a bucket in one native call, each tensor by its own decoder).
+over a bucket in one native call, each tensor by its own decoder), and may put a tensor's encode off until its
+bucket's last tensor is launched (``defer``: top-k's "delta" payloads are encoded in one native call per bucket).
 
 - an allgather group: every rank sends ``[h | x_1 | ... | x_m]``, its m payloads (in parameter order) behind a
   header h of their m sizes (int32, read as the payloads' dtype: payloads whose size depends on their content,
@@ -158,6 +160,7 @@ class FusingBackend:
         self._ready = {}  # bucket -> its tensors launched this step
         self._flushes = {}  # group key -> groups started under it this step (names them apart)
         self._direct = 0  # > 0 while a graph's branch is built: its collectives cannot leave the branch
+        self._deferred = {}  # bucket -> (encode, its tensors whose encode waits for the bucket's last: defer())
 
     def __getattr__(self, name):
         """The wrapped backend's attribute; its methods and kernel table, which do not change, are kept on this
@@ -183,6 +186,29 @@ class FusingBackend:
         entry = Entry(group, x, name)
         group.entries.append(entry)
         return entry
+
+    def defer(self, item, encode):
+        """Put off `item`'s encode until its bucket's last tensor is launched: then ``encode(backend, items)`` runs
+        once for the bucket's deferred tensors (in parameter order) and starts their collectives, before the
+        bucket's groups start (a segmented kernel: one call for the bucket, as DDP's hooks get one flat bucket).
+        False where the tensor shares no bucket, or a graph's branch is built: the method encodes it now."""
+        bucket = self._plan.shared(item.index)
+        if bucket is None or self._direct:
+            return False
+        self._deferred.setdefault(bucket, (encode, []))[1].append(item)
+        return True
+
+    def _encode_deferred(self, buckets):
+        for bucket in buckets:
+            deferred = self._deferred.pop(bucket, None)
+            if deferred is not None:
+                encode, items = deferred
+                encode(self, sorted(items, key=lambda item: item.index))
+
+    def _start_all(self):
+        """Encode what is deferred and start every recorded group (the same point of the program on every rank)."""
+        self._encode_deferred(list(self._deferred))
+        self._start(list(self._open))
 
     def _fuses(self, name):
         return isinstance(name, BucketName) and not self._direct
@@ -224,6 +250,7 @@ class FusingBackend:
             return
         self._ready[bucket] = self._ready.get(bucket, 0) + 1
         if self._ready[bucket] == len(self._plan.members[bucket]):
+            self._encode_deferred([bucket])
             self._start([key for key in self._open if key[0] == bucket])
 
     def _start(self, keys):
@@ -281,7 +308,7 @@ class FusingBackend:
             return self._be.wait(future)
         group = future.group
         if group.future is None:  # still recorded: start every recorded group (the same point on every rank)
-            self._start(list(self._open))
+            self._start_all()
         if group.alone:
             return self._be.wait(group.future)
         if group.parts is None:
@@ -298,6 +325,8 @@ class FusingBackend:
         """[(result, header bytes, the items in the bucket's order)]: each fused allgather all of whose tensors are
         among `items` (their futures its entries), waited for; a method decodes such a bucket in one call
         (plan.Allgather.decode_all). The others' futures are waited for one by one, as before."""
+        if self._deferred:  # a bucket some of whose tensors were not launched: its deferred ones are encoded now
+            self._start_all()
         groups = {}
         for item in items:
             entry = item.future
@@ -306,7 +335,7 @@ class FusingBackend:
         out = []
         for group, members in groups.values():
             if group.future is None:  # still recorded: start every recorded group (the same point on every rank)
-                self._start(list(self._open))
+                self._start_all()
             if group.alone or len(members) != len(group.sizes):
                 continue
             members.sort(key=lambda item: item.future.position)
@@ -332,8 +361,8 @@ class FusingBackend:
     # ---------------------------------------------------------------------------------------------- a step
     def end_step(self, dense):
         """Start what is still recorded (a future carried into the next step), and begin counting anew."""
-        if self._open:
-            self._start(list(self._open))
+        if self._open or self._deferred:
+            self._start_all()
         self._ready.clear()
         self._flushes.clear()
         self._be.end_step(dense)
@@ -342,5 +371,6 @@ class FusingBackend:
         """The step's launched gradients were dropped (a checkpoint was loaded, an elastic reset): nothing recorded
         is started."""
         self._open.clear()
+        self._deferred.clear()
         self._ready.clear()
         self._flushes.clear()

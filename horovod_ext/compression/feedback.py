@@ -58,6 +58,11 @@ class ErrorFeedback:
         self.keep(be, item, remainder)
         return payload, None
 
+    def encode_bucket(self, be, items, flats):
+        """A bucket's payloads in one call where the codec encodes buckets (Codec.encodes_buckets): its kernel adds
+        each g into r's storage and leaves the remainder there (prepare() and encode() per tensor, the same bits)."""
+        return self.codec.encode_bucket(be, items, flats, [be.read(self._state(be, item)) for item in items])
+
     def keep(self, be, item, remainder):
         """r = remainder (what this step did not send of g_ef; sparse_reduce computes it after its selection)."""
         be.assign(self._state(be, item), remainder)

@@ -240,10 +240,22 @@ class Allgather(Method):
             return DenseSplit.launch(be, self.ctx, item)
         item.kind = "payload"
         count_dense(self.ctx, item)
+        if self.codec.encodes_buckets(be) and hasattr(be, "defer") and be.defer(item, self._encode_bucket):
+            item.work.flat = be.flat32(item.grad)  # encoded with its bucket (_encode_bucket)
+            return item
         with self.ctx.timed("compress_seconds"):
             payload, _ = self.codec.encode(be, item, self.codec.prepare(be, item, be.flat32(item.grad)))
         self._gather(be, item, payload)
         return item
+
+    def _encode_bucket(self, be, items):
+        """A bucket's tensors, put off by launch() (buckets.FusingBackend.defer) until its last one was launched:
+        encoded in one call, then each payload gathered as launch() gathers one."""
+        with self.ctx.timed("compress_seconds"):
+            payloads = self.codec.encode_bucket(be, items, [item.work.flat for item in items])
+        for item, payload in zip(items, payloads):
+            item.work.flat = None
+            self._gather(be, item, payload)
 
     def _gather(self, be, item, payload):
         item.future = be.allgather(payload, be.name(self.spec.name, item))
@@ -343,6 +355,16 @@ class Codec:
     def sent(self, be, item, payload):
         raise NotImplementedError(f"{type(self).__name__} returns no remainder from encode() and has no sent(): "
                                   f"it cannot run with error feedback")
+
+    def encodes_buckets(self, be):
+        """Whether encode_bucket() encodes a bucket's tensors in one call over this backend (else per tensor)."""
+        return False
+
+    def encode_bucket(self, be, items, flats, residuals=None):
+        """A bucket's payloads in one call (where encodes_buckets()): [payload] per item, what encode(be, item,
+        prepare(be, item, flat)) gives each; `residuals` (error feedback's, one per item): flat + r is encoded in
+        r's storage, which keeps the remainder."""
+        raise NotImplementedError(f"{type(self).__name__} encodes one tensor at a time")
 
     def decode_bucket(self, be, items, result, header_bytes, outs):
         """A fused bucket's allgather (buckets.FusingBackend.allgathered_buckets) decoded in one call: [(average,

@@ -44,6 +44,16 @@ def _cpu(tensor):
     return tensor.cpu() if tensor.is_cuda else tensor
 
 
+def _in_place_on_host(tensors, run):
+    """run(the tensors on the host): a CUDA tensor is copied there, and back after run wrote into the copy."""
+    hosts = [_cpu(t) for t in tensors]
+    result = run(hosts)
+    for t, host in zip(tensors, hosts):
+        if t.is_cuda:
+            t.copy_(host)
+    return result
+
+
 def _decoded_into(into, numel, like, decode):
     """Decode on the CPU into `into` (or a new tensor on like's device)."""
     host = into if into is not None and not into.is_cuda else torch.empty(numel, dtype=torch.float32)
@@ -197,6 +207,15 @@ class TorchKernels:
         return out, -1
 
     @staticmethod
+    def topk_encode_coded_bucket(grads, g_ef, ks, value_type):
+        """A bucket's top-k "delta" payloads in one call (cpp/src/bucket.cpp): grads (or None) added into g_ef
+        first, each g_ef left holding its remainder; coded on the host (a CUDA tensor's values are copied there and
+        back, as topk_extract_coded does)."""
+        grads = [_cpu(g) for g in grads] if grads is not None else []
+        return _in_place_on_host(g_ef, lambda hosts: ops.topk_encode_coded_bucket(grads, hosts, [int(k) for k in ks],
+                                                                                  value_type))
+
+    @staticmethod
     def decode_bucket(codec, result, nranks, header_bytes, numels, packing, divisor, outs):
         """A fused bucket's allgather decoded in one call (compression/buckets.py's layout; codec "topk_coded" or
         "ternary"): [(average, flag, error message or "", whether the average is finite: None where unchecked)] per
@@ -233,11 +252,8 @@ class TorchKernels:
     @staticmethod
     def topk_keep_applied(flats, averages, positions, value_type):
         """Each flat (g_ef) becomes its residual in place: g_ef - sent where this rank's entry was applied."""
-        hosts = [_cpu(f) for f in flats]
-        ops.topk_keep_applied(hosts, [_cpu(a) for a in averages], _cpu(positions), value_type)
-        for flat, host in zip(flats, hosts):
-            if flat.is_cuda:
-                flat.copy_(host)
+        _in_place_on_host(flats, lambda hosts: ops.topk_keep_applied(hosts, [_cpu(a) for a in averages],
+                                                                     _cpu(positions), value_type))
         return flats
 
     @staticmethod

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "hvdext/common.h"
+#include "hvdext/topk.h"
 
 namespace hvdext {
 
@@ -30,6 +31,14 @@ bool all_finite(const float* x, int64_t n);
 // result's end (the header itself corrupted).
 std::vector<SegmentDecoded> decode_bucket(const uint8_t* result, int64_t bytes, int nranks, int m, int64_t header_bytes,
                                           const std::function<int(int, const uint8_t*, int64_t)>& decode);
+
+// A bucket's top-k "delta" encode in one call, each tensor j by its own kernels (the bits of one call each): where
+// g is given, g_ef[j] = g[j] + g_ef[j] first (ef_accumulate: g_ef[j] is the residual's storage); then the ks[j]
+// largest |g_ef[j]| (topk_select) are coded (topk_extract_coded), leaving g_ef[j] - sent in g_ef[j]. Returns the
+// m payloads.
+std::vector<std::vector<uint8_t>> topk_encode_coded_bucket(const float* const* g, float* const* g_ef,
+                                                           const int64_t* numels, const int64_t* ks, int m,
+                                                           ValueType type);
 
 // The per-tensor decoders over a bucket: outs[j] receives tensor j's average (numels[j] floats). Top-k's also
 // reports whether each average is finite (its values are fp16/fp32 from any rank: a NaN or Inf among them, or an
