@@ -459,3 +459,21 @@ def test_auto_holds_an_error_feedback_candidates_gain_in_force_and_bounds_it_off
     method.assignment = [2] * n
     window_end(lambda c: {0: 1.0, 1: 0.9, 2: 0.35}[c])
     assert method.gain(0, 1) == 0.9  # no residual, so nothing overstates it off force: not bounded by its 0.7
+
+
+@pytest.mark.parametrize("compression", [lambda: hvd.Compression.topk(), lambda: hvd.Compression.ternary(min_size=0)])
+def test_a_nan_in_every_tensor_names_six_and_counts_the_rest(compression):
+    """A NaN reaches all 20 tensors of a 10-layer model: the error names the first six (parameter order within the
+    bucket's decode) and says how many more, on a model whose every tensor fails at once."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(10)])
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), net.named_parameters(),
+                                   compression=compression())
+    opt.zero_grad()
+    (net(torch.ones(4, 64)).sum() * float("nan")).backward()
+    with pytest.raises(FloatingPointError) as caught:
+        opt.step()
+    message = str(caught.value)
+    named = [name for name, _ in net.named_parameters() if f"'{name}'" in message]
+    assert len(named) == 6, message
+    assert "and 14 more tensors at step 0" in message, message

@@ -29,6 +29,16 @@ NONFINITE_HELP = "gradients must be finite (lower the learning rate, or clip gra
 PAYLOAD_HELP = "payloads are checked on arrival; a corrupted one fails the step on every rank"
 
 
+LISTED = 6  # tensors an error names; the rest are counted
+
+
+def listed(details, separator):
+    """The first LISTED details joined, and how many more there are (a model's every tensor can fail at once)."""
+    shown = separator.join(details[:LISTED])
+    rest = len(details) - LISTED
+    return shown + (f"{separator}and {rest} more tensor{'s' if rest > 1 else ''}" if rest > 0 else "")
+
+
 class StepDriver:
     """The compressor's method (registry.method_for) over one backend and one step context (context.py), and the
     step's join check and errors. ``buckets``: a buckets.BucketPlan of the tensors; where it fuses, the method runs
@@ -115,11 +125,11 @@ class StepDriver:
         """The exception for the step's recorded (error, detail) pairs: a corrupted payload before a NaN/Inf."""
         payload = [detail for error, detail in errors if error == "payload"]
         if payload:
-            return ValueError(f"Compression.{self.name}: corrupted payload of {'; '.join(payload)} at step {step}; "
-                              f"{PAYLOAD_HELP}")
+            return ValueError(f"Compression.{self.name}: corrupted payload of {listed(payload, '; ')} at step "
+                              f"{step}; {PAYLOAD_HELP}")
         nonfinite = [detail for error, detail in errors if error != "payload"]
-        return FloatingPointError(f"Compression.{self.name}: NaN or Inf in the gradient of {', '.join(nonfinite)} "
-                                  f"at step {step}; {NONFINITE_HELP}")
+        return FloatingPointError(f"Compression.{self.name}: NaN or Inf in the gradient of "
+                                  f"{listed(nonfinite, ', ')} at step {step}; {NONFINITE_HELP}")
 
     def abandon_step(self):
         """Launched gradients were dropped before finish() (a checkpoint was loaded)."""
