@@ -245,3 +245,50 @@ def test_gpu_nested_topk_and_norms_bit_identical_to_cpu(n):
         assert torch.equal(first_gpu.cpu(), first_cpu) and torch.equal(second_gpu.cpu(), second_cpu), (cf1, cf2)
         for idx_cpu, idx_gpu in ((first_cpu, first_gpu), (second_cpu, second_gpu)):
             assert TorchKernels.sum_squares_at(x.cuda(), idx_gpu) == ops.sum_squares_at(x, idx_cpu)
+
+
+def synchronizations_per_step(compression, layers, steps=3):
+    """CUDA synchronizations per step (torch's sync debug mode, "warn": one warning per synchronizing call) of a
+    step of horovod_ext.torch's DistributedOptimizer at Horovod size 1, on `layers` Linear(64, 64) layers on the
+    GPU, in one bucket; the first step (which agrees on the settings) is not counted."""
+    import warnings
+
+    import horovod_ext.torch as hvd
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(layers)]).cuda()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model.named_parameters(),
+                                   compression=compression)
+    x = torch.randn(32, 64, device="cuda")
+
+    def step():
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+
+    step()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(w.message) for w in caught) / steps
+
+
+@pytest.mark.skipif(not GPU, reason=NO_GPU)
+@pytest.mark.parametrize("name", ["ternary", "topk"])
+def test_gpu_step_synchronizes_a_bounded_number_of_times_whatever_the_tensor_count(name):
+    """No host round trip per tensor inside a CUDA step (torch.cuda.set_sync_debug_mode): scales, finiteness flags
+    and byte counts stay on the device until the step ends. A step may still wait for the device where it needs a
+    value on the host (the bucket allgather's header, the step's flags read together: docs/internals.md, "What a
+    step reads back to the host"), so the count is bounded and the same for 2 tensors as for 20."""
+    import horovod_ext.torch as hvd
+
+    make = {"ternary": lambda: hvd.Compression.ternary(min_size=0), "topk": lambda: hvd.Compression.topk()}[name]
+    few, many = synchronizations_per_step(make(), 1), synchronizations_per_step(make(), 10)
+    assert many == few and many <= 3, (few, many)
