@@ -354,16 +354,20 @@ def _orthogonalize(c):
     be = c.be
     x = be.reshape(c.t([3.0, 1.0, 0.0, 4.0, 2.0, 0.0]), (1, 3, 2))
     zero = be.reshape(c.t([0.0, 1.0, 0.0, 1.0]), (1, 2, 2))  # a zero first column
-    return [be.orthogonalize(x), be.orthogonalize(zero), be.orthogonalize(x, "qr")]
+    tiny = be.reshape(c.t([3e-25, 1e-30, 0.0, 4e-30, 2e-25, 0.0]), (1, 3, 2))  # |v|^2 underflows float32
+    return [be.orthogonalize(x), be.orthogonalize(zero), be.orthogonalize(x, "qr"), be.orthogonalize(tiny)]
 
 
 def _expect_orthogonal(rank, n, value, c):
     from hvdext_reference.powersgd import orthogonalize
     x = np.array([[3.0, 1.0], [0.0, 4.0], [2.0, 0.0]], np.float32)
-    gram, zero, qr = (np.asarray(v, np.float64) for v in value)
+    gram, zero, qr, tiny = (np.asarray(v, np.float64) for v in value)
     want = orthogonalize(x)
     s = np.sqrt(0.5)
-    return close(gram[0], want) or close(zero[0], [[0, s], [0, s]]) or close(np.abs(qr[0]), np.abs(want))
+    # tiny: columns of 1e-25 and 1e-30 are orthonormalized as x's are (their norms underflow unless scaled first)
+    tiny_want = orthogonalize(np.array([[3e-25, 1e-30], [0.0, 4e-30], [2e-25, 0.0]], np.float32))
+    return (close(gram[0], want) or close(zero[0], [[0, s], [0, s]]) or close(np.abs(qr[0]), np.abs(want))
+            or close(tiny[0], want) or close(tiny[0], tiny_want))
 
 
 def _expect_shared_read(rank, n, value, c):

@@ -101,3 +101,18 @@ def test_applied_update_agrees_with_pytorchs_hook():
         assert hook["compressed"] == ["0.weight", "2.weight"] and hook["moved"] > 0.1
         for step, differences in enumerate(hook["differences"]):
             assert max(differences.values()) < 1e-5, (step, differences)
+
+
+def test_a_tiny_gradient_is_projected_not_amplified():
+    """A matrix of 1e-25 values (the gradient of a deep net's first layers): |v|^2 underflows float32, so the
+    reference's Gram-Schmidt scales each column by a power of two first, and P has orthonormal columns and
+    A = P Q^T = P P^T M is a projection of M (|A| <= |M|), where dividing by FLT_MIN gave entries near 1e13."""
+    from hvdext_reference.powersgd import orthogonalize
+
+    rng = np.random.default_rng(0)
+    m = (rng.standard_normal((64, 32)) * 1e-25).astype(np.float32)
+    q = orthogonalize(rng.standard_normal((32, 4)).astype(np.float32))
+    p = orthogonalize(m @ q)
+    a = p @ (m.T @ p).T
+    assert np.allclose(p.T @ p, np.eye(4), atol=1e-5), p.T @ p
+    assert np.linalg.norm(a) <= np.linalg.norm(m) * 1.0001, (np.linalg.norm(a), np.linalg.norm(m))

@@ -287,7 +287,9 @@ class PowerSGD(CompressorSpec):
         orthogonalization: "gram_schmidt" (default: every rank, both frameworks and the NumPy reference run the
             same column-by-column steps) or "qr" (the framework's QR factorization; the hook uses it for r > 2 in
             float32). A zero column stays zero (its norm is clamped to FLT_MIN) where the hook's default epsilon 0
-            gives NaN, so orthogonalization_epsilon has no counterpart.
+            gives NaN, so orthogonalization_epsilon has no counterpart; a column of tiny values (below about
+            1e-19, whose squares underflow float32: a deep net's first layers) is scaled by a power of two before
+            its norm is taken, so it is normalized as a larger one would be (the hook divides by a norm of 0).
         batch_tensors: batch_tensors_with_same_shape: matrices of one shape are multiplied as one batch (the same
             values, fewer kernel launches). Default False, as the hook's.
         value_dtype: "fp32" or "fp16": the dtype of P and Q on the wire (half the bytes; a factor beyond the fp16

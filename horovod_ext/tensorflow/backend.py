@@ -215,7 +215,13 @@ class TFBackend(Backend):
         tiny = np.finfo(np.float32).tiny
         cols = tf.unstack(x, axis=2)
         for j in range(len(cols)):
-            col = cols[j] / tf.maximum(tf.norm(cols[j], axis=1, keepdims=True), tiny)
+            # max|col| scaled to [1, 2) by a power of two first (exact): the norm of a column of tiny values does
+            # not underflow (the NumPy reference's power_of_two_scale)
+            amax = tf.bitcast(tf.reduce_max(tf.abs(cols[j]), axis=1, keepdims=True), tf.int32)
+            biased = tf.bitwise.bitwise_and(tf.bitwise.right_shift(amax, 23), 0xFF)
+            scaled = cols[j] * tf.bitcast(tf.bitwise.left_shift(tf.clip_by_value(254 - biased, 1, 254), 23),
+                                          tf.float32)
+            col = scaled / tf.maximum(tf.norm(scaled, axis=1, keepdims=True), tiny)
             cols[j] = col
             for i in range(j + 1, len(cols)):
                 cols[i] = cols[i] - tf.reduce_sum(col * cols[i], axis=1, keepdims=True) * col

@@ -298,6 +298,10 @@ class TorchBackend(Backend):
         tiny = torch.finfo(torch.float32).tiny
         for j in range(out.shape[2]):
             col = out[:, :, j:j + 1]
+            # max|col| scaled to [1, 2) by a power of two first (exact): the norm of a column of tiny values does
+            # not underflow (the NumPy reference's power_of_two_scale)
+            biased = (col.abs().amax(dim=1, keepdim=True).view(torch.int32) >> 23) & 0xFF
+            col *= ((254 - biased).clamp(1, 254) << 23).view(torch.float32)
             col /= torch.clamp(torch.linalg.vector_norm(col, dim=1, keepdim=True), min=tiny)
             if j + 1 < out.shape[2]:
                 rest = out[:, :, j + 1:]

@@ -15,7 +15,10 @@ A tensor of shape (n, ...) is the n x m matrix M, m = numel / n; r = min(n, m, r
     e_i = M_i - A,  Q_prev = Q
 
 orth is Gram-Schmidt over the columns: q_j = v_j / max(|v_j|, FLT_MIN) after subtracting the projections on
-q_1 .. q_{j-1} (a zero column stays zero). A tensor goes dense by allreduce (no residual) unless
+q_1 .. q_{j-1} (a zero column stays zero), with v_j first scaled by the power of two that brings max|v_j| to
+[1, 2) (exact, so the result is the unscaled formula's wherever |v_j|^2 does not underflow; where it would, as for
+the gradients of a deep net's first layers, below about 1e-19, the norm is still exact instead of 0 or subnormal,
+which divided by FLT_MIN gave entries up to 1e19). A tensor goes dense by allreduce (no residual) unless
 (n + m) r * min_compression_rate < n m; every tensor goes dense before step start_iter.
 Float32 throughout; the factors travel in float32 or float16 (value_dtype).
 """
@@ -38,6 +41,13 @@ def layout(shape, rank, min_compression_rate):
     return n, m, r
 
 
+def power_of_two_scale(amax):
+    """2^(127 - b), b the biased exponent of the float32 amax, clamped to [2^-126, 2^127]: amax times it is in [1, 2)
+    for a normal amax (a zero or subnormal one is scaled by 2^127, an amax >= 2^127 by 2^-126)."""
+    biased = (np.asarray(amax, dtype=np.float32).view(np.int32) >> 23) & 0xFF
+    return (np.clip(254 - biased, 1, 254).astype(np.int32) << 23).view(np.float32)
+
+
 def orthogonalize(matrix, method="gram_schmidt"):
     """Gram-Schmidt over the columns of an n x r float32 matrix (a new array); method "qr": the Q of NumPy's reduced
     QR (its columns' signs may differ from another library's: P Q^T does not depend on them)."""
@@ -46,6 +56,7 @@ def orthogonalize(matrix, method="gram_schmidt"):
     out = np.array(matrix, dtype=np.float32)
     for j in range(out.shape[1]):
         col = out[:, j]
+        col *= power_of_two_scale(np.max(np.abs(col)))
         col /= np.maximum(np.float32(np.sqrt(np.sum(col * col, dtype=np.float32))), FLT_MIN)
         if j + 1 < out.shape[1]:
             rest = out[:, j + 1:]
