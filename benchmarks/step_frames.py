@@ -20,7 +20,7 @@ from horovod_ext.torch import kernels
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(hvd.__file__)))  # the horovod_ext folder
 KERNELS = {"ternary": "ternary_encode_entropy,ternary_decode_average_entropy,ternary_encode,ternary_decode_average,"
                       "decode_bucket",
-           "topk": "topk_extract_coded,topk_encode_coded_bucket,topk_decode_average_coded,topk_extract,"
+           "topk": "topk_extract_coded,topk_encode_bucket,topk_decode_average_coded,topk_extract,"
                    "topk_decode_average,decode_bucket"}
 
 

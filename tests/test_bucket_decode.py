@@ -1,7 +1,7 @@
 """A bucket in one native call (cpp/src/bucket.cpp). `decode_bucket`: a fused allgather holds, for every rank, a
 header of the m payloads' int32 sizes, then the payloads (compression/buckets.py); each tensor's average is the
 NumPy reference's over its N payloads, and the bits of the per-tensor kernel; a corrupted payload fails its tensor
-alone, a corrupted header every tensor. `topk_encode_coded_bucket`: each tensor's payload and remainder are the
+alone, a corrupted header every tensor. `topk_encode_bucket`: each tensor's payload and remainder are the
 reference's error-feedback step and the per-tensor kernels' bits."""
 import numpy as np
 import pytest
@@ -78,8 +78,8 @@ def test_topk_bucket_encode_equals_the_reference_and_the_per_tensor_kernels(valu
     residuals = [grad(n, 1, j) if feedback else np.zeros(n, dtype=np.float32) for j, n in enumerate(SIZES)]
     ks = [max(1, n // 100) for n in SIZES]
     buffers = [torch.from_numpy(r.copy() if feedback else g.copy()) for g, r in zip(grads, residuals)]
-    payloads = ops.topk_encode_coded_bucket([torch.from_numpy(g) for g in grads] if feedback else [], buffers, ks,
-                                            value_type)
+    payloads = ops.topk_encode_bucket([torch.from_numpy(g) for g in grads] if feedback else [], buffers, ks,
+                                      value_type, True)
     for j, n in enumerate(SIZES):
         idx, values, remainder = rtopk.ef_step(grads[j], residuals[j], ks[j], value_dtype)
         np.testing.assert_array_equal(payloads[j].numpy(), rtopk.encode_delta(idx, values, n, value_dtype))
@@ -91,7 +91,30 @@ def test_topk_bucket_encode_equals_the_reference_and_the_per_tensor_kernels(valu
         per_tensor = ops.topk_extract_coded(g_ef, ops.topk_select(g_ef, ks[j]), value_type)
         assert torch.equal(per_tensor, payloads[j]) and torch.equal(g_ef, buffers[j])
     with pytest.raises(ValueError, match="one k"):
-        ops.topk_encode_coded_bucket([], buffers, ks[:-1], value_type)
+        ops.topk_encode_bucket([], buffers, ks[:-1], value_type, True)
+
+
+@pytest.mark.parametrize("value_dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("feedback", [True, False])
+def test_topk_int32_bucket_encode_equals_the_reference_and_the_per_tensor_kernels(value_dtype, feedback):
+    """"int32" packing: k int32 indices then k values per tensor (the reference's encode), the remainder in the
+    given buffers, the bits of topk_select and topk_extract per tensor."""
+    value_type = rtopk.VALUE_TYPE_IDS[value_dtype]
+    grads = [grad(n, 0, j) for j, n in enumerate(SIZES)]
+    residuals = [grad(n, 1, j) if feedback else np.zeros(n, dtype=np.float32) for j, n in enumerate(SIZES)]
+    ks = [max(1, n // 100) for n in SIZES]
+    buffers = [torch.from_numpy(r.copy() if feedback else g.copy()) for g, r in zip(grads, residuals)]
+    payloads = ops.topk_encode_bucket([torch.from_numpy(g) for g in grads] if feedback else [], buffers, ks,
+                                      value_type, False)
+    for j, n in enumerate(SIZES):
+        idx, values, remainder = rtopk.ef_step(grads[j], residuals[j], ks[j], value_dtype)
+        np.testing.assert_array_equal(payloads[j].numpy(), rtopk.encode(idx, values))
+        np.testing.assert_array_equal(buffers[j].numpy(), remainder)
+        g_ef = torch.from_numpy((residuals[j] if feedback else grads[j]).copy())
+        if feedback:
+            ops.ef_accumulate(torch.from_numpy(grads[j]), g_ef, 0)
+        per_tensor = ops.topk_extract(g_ef, ops.topk_select(g_ef, ks[j]), value_type)
+        assert torch.equal(per_tensor, payloads[j]) and torch.equal(g_ef, buffers[j])
 
 
 @pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan, 3e38])

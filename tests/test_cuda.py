@@ -292,3 +292,28 @@ def test_gpu_step_synchronizes_a_bounded_number_of_times_whatever_the_tensor_cou
     make = {"ternary": lambda: hvd.Compression.ternary(min_size=0), "topk": lambda: hvd.Compression.topk()}[name]
     few, many = synchronizations_per_step(make(), 1), synchronizations_per_step(make(), 10)
     assert many == few and many <= 3, (few, many)
+
+
+@pytest.mark.skipif(not GPU, reason=NO_GPU)
+@pytest.mark.parametrize("feedback", [True, False])
+@pytest.mark.parametrize("value_type", [0, 1], ids=["fp16", "fp32"])
+def test_gpu_topk_bucket_encode_bit_identical_to_cpu_without_a_host_read(feedback, value_type):
+    """A bucket's "int32" payloads on the device (ops.topk_encode_bucket: error feedback's add, the selection and
+    the extraction of each tensor, enqueued on the stream) are the CPU's bytes, the remainders its bits, and the
+    call never waits for the device (torch.cuda.set_sync_debug_mode("error"))."""
+    sizes = [1, 19, 4097, 65537, 1000003]
+    grads = [gradient(n, seed=j) for j, n in enumerate(sizes)]
+    buffers = [gradient(n, seed=50 + j) if feedback else g.clone() for j, (n, g) in enumerate(zip(sizes, grads))]
+    ks = [max(1, n // 100) for n in sizes]
+    on_gpu = [b.cuda() for b in buffers]
+    grads_gpu = [g.cuda() for g in grads] if feedback else []
+    want = ops.topk_encode_bucket(grads if feedback else [], buffers, ks, value_type, False)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = ops.topk_encode_bucket(grads_gpu, on_gpu, ks, value_type, False, torch.cuda.current_stream().cuda_stream)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for j in range(len(sizes)):
+        assert got[j].is_cuda and torch.equal(got[j].cpu(), want[j]), j
+        assert torch.equal(on_gpu[j].cpu(), buffers[j]), j

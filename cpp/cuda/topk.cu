@@ -330,5 +330,22 @@ int topk_decode_average(const uint8_t* gathered, int nranks, int64_t k, int64_t 
   return -1;
 }
 
+int64_t topk_bucket_workspace_bytes(const int64_t* numels, const int64_t* ks, int m) {
+  int64_t bytes = 0;
+  for (int j = 0; j < m; ++j)
+    bytes = std::max({bytes, ef_accumulate_workspace_bytes(numels[j]), topk_workspace_bytes(numels[j], ks[j])});
+  return bytes;
+}
+
+void topk_encode_bucket(const float* const* g, float* const* r, const int64_t* numels, const int64_t* ks, int m,
+                        ValueType type, int32_t* const* idx, uint8_t* const* payloads, double* sumsq, void* workspace,
+                        int64_t workspace_bytes, void* stream) {
+  for (int j = 0; j < m; ++j) {
+    if (g != nullptr) ef_accumulate(g[j], r[j], numels[j], sumsq + j, workspace, stream);
+    topk_select(r[j], numels[j], ks[j], idx[j], workspace, workspace_bytes, stream);
+    topk_extract(r[j], idx[j], ks[j], type, payloads[j], stream);
+  }
+}
+
 }  // namespace cuda
 }  // namespace hvdext

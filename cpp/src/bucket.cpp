@@ -70,6 +70,17 @@ std::vector<std::vector<uint8_t>> topk_encode_coded_bucket(const float* const* g
   return payloads;
 }
 
+void topk_encode_int32_bucket(const float* const* g, float* const* g_ef, const int64_t* numels, const int64_t* ks,
+                              int m, ValueType type, uint8_t* const* payloads) {
+  std::vector<int32_t> idx;
+  for (int j = 0; j < m; ++j) {
+    if (g != nullptr) ef_accumulate(g[j], g_ef[j], numels[j]);
+    idx.resize(static_cast<size_t>(ks[j]));
+    topk_select(g_ef[j], numels[j], ks[j], idx.data());
+    topk_extract(g_ef[j], idx.data(), ks[j], type, payloads[j]);
+  }
+}
+
 std::vector<SegmentDecoded> topk_decode_average_coded_bucket(const uint8_t* result, int64_t bytes, int nranks, int m,
                                                              int64_t header_bytes, const int64_t* numels,
                                                              float divisor, float* const* outs) {

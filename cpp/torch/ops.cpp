@@ -402,40 +402,73 @@ void topk_decode_average_coded(const torch::Tensor& gathered, int64_t nranks, in
                                     o);
 }
 
-// A bucket's top-k "delta" payloads in one call (hvdext::topk_encode_coded_bucket): g_ef, one CPU float32 tensor per
-// tensor (overwritten with its remainder); g, the gradients added into g_ef first (error feedback), or empty.
-std::vector<torch::Tensor> topk_encode_coded_bucket(const std::vector<torch::Tensor>& g,
-                                                    const std::vector<torch::Tensor>& g_ef,
-                                                    const std::vector<int64_t>& ks, int64_t value_type) {
-  const hvdext::ValueType t = to_value_type(value_type, true);
+// A bucket's top-k payloads in one call (cpp/src/bucket.cpp, cuda.h topk_encode_bucket): g_ef, one float32 tensor
+// per tensor (overwritten with its remainder); g, the gradients added into g_ef first (error feedback), or empty.
+// coded: "delta" packing (on the CPU), else "int32" (on the CPU, or enqueued on `stream` for CUDA tensors).
+std::vector<torch::Tensor> topk_encode_bucket(const std::vector<torch::Tensor>& g, const std::vector<torch::Tensor>& g_ef,
+                                              const std::vector<int64_t>& ks, int64_t value_type, bool coded,
+                                              int64_t stream) {
+  const hvdext::ValueType t = to_value_type(value_type, coded);
   const size_t m = g_ef.size();
   if (ks.size() != m || (!g.empty() && g.size() != m))
-    throw std::invalid_argument("topk_encode_coded_bucket: one k (and one gradient, where given) per tensor");
-  std::vector<const float*> g_data;
-  std::vector<float*> ef_data;
+    throw std::invalid_argument("topk_encode_bucket: one k (and one gradient, where given) per tensor");
   std::vector<int64_t> numels;
   for (size_t j = 0; j < m; ++j) {
-    ef_data.push_back(const_cast<float*>(cpu_float_data(g_ef[j], "g_ef")));
     numels.push_back(g_ef[j].numel());
-    if (!g.empty()) {
+    if (!g.empty())
       TORCH_CHECK(g[j].numel() == g_ef[j].numel(), "residual holds ", g_ef[j].numel(), " elements, the gradient ",
                   g[j].numel());
-      g_data.push_back(cpu_float_data(g[j], "gradient"));
+  }
+  std::vector<torch::Tensor> payloads;
+  if (m == 0) return payloads;
+  const int count = static_cast<int>(m);
+  return dispatch(g_ef[0], "topk_encode_bucket", [&] {
+    std::vector<const float*> g_data;
+    std::vector<float*> ef_data;
+    for (size_t j = 0; j < m; ++j) {
+      ef_data.push_back(const_cast<float*>(cpu_float_data(g_ef[j], "g_ef")));
+      if (!g.empty()) g_data.push_back(cpu_float_data(g[j], "gradient"));
     }
-  }
-  std::vector<std::vector<uint8_t>> bytes;
-  {
-    pybind11::gil_scoped_release release;
-    bytes = hvdext::topk_encode_coded_bucket(g.empty() ? nullptr : g_data.data(), ef_data.data(), numels.data(),
-                                             ks.data(), static_cast<int>(m), t);
-  }
-  std::vector<torch::Tensor> out;
-  for (const auto& b : bytes) {
-    auto payload = torch::empty({static_cast<int64_t>(b.size())}, torch::kUInt8);
-    if (!b.empty()) std::memcpy(payload.data_ptr<uint8_t>(), b.data(), b.size());
-    out.push_back(payload);
-  }
-  return out;
+    const float* const* grads = g.empty() ? nullptr : g_data.data();
+    if (coded) {
+      for (auto& bytes : hvdext::topk_encode_coded_bucket(grads, ef_data.data(), numels.data(), ks.data(), count, t)) {
+        auto payload = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+        if (!bytes.empty()) std::memcpy(payload.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+        payloads.push_back(payload);
+      }
+      return payloads;
+    }
+    std::vector<uint8_t*> out;
+    for (size_t j = 0; j < m; ++j) {
+      payloads.push_back(torch::empty({hvdext::topk_payload_bytes(ks[j], t)}, torch::kUInt8));
+      out.push_back(payloads.back().data_ptr<uint8_t>());
+    }
+    hvdext::topk_encode_int32_bucket(grads, ef_data.data(), numels.data(), ks.data(), count, t, out.data());
+    return payloads;
+  }, HVDEXT_GPU({
+    TORCH_CHECK(!coded, "topk_encode_bucket: \"delta\" payloads are coded on the host; pass CPU tensors");
+    const torch::Tensor& like = g_ef[0];
+    std::vector<const float*> g_data;
+    std::vector<float*> ef_data;
+    std::vector<int32_t*> idx_data;
+    std::vector<uint8_t*> out;
+    std::vector<torch::Tensor> indices;
+    for (size_t j = 0; j < m; ++j) {
+      ef_data.push_back(const_cast<float*>(cuda_float_data(g_ef[j], "g_ef", like)));
+      if (!g.empty()) g_data.push_back(cuda_float_data(g[j], "gradient", like));
+      indices.push_back(torch::empty({ks[j]}, like.options().dtype(torch::kInt32)));
+      idx_data.push_back(indices.back().data_ptr<int32_t>());
+      payloads.push_back(device_bytes(hvdext::topk_payload_bytes(ks[j], t), like));
+      out.push_back(payloads.back().data_ptr<uint8_t>());
+    }
+    const int64_t bytes = hvdext::cuda::topk_bucket_workspace_bytes(numels.data(), ks.data(), count);
+    auto scratch = device_bytes(bytes, like);
+    auto sumsq = torch::empty({static_cast<int64_t>(m)}, like.options().dtype(torch::kFloat64));
+    hvdext::cuda::topk_encode_bucket(g.empty() ? nullptr : g_data.data(), ef_data.data(), numels.data(), ks.data(),
+                                     count, t, idx_data.data(), out.data(), sumsq.data_ptr<double>(),
+                                     scratch.data_ptr(), bytes, as_stream(stream));
+    return payloads;
+  }));
 }
 
 // A bucket's allgather (compression/buckets.py) decoded in one call: codec "topk_coded" or "ternary" (packing);
@@ -566,9 +599,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("two_phase_levels_decode", &two_phase_levels_decode, "the fixed level streams of N coded ones");
   m.def("topk_extract_coded", &topk_extract_coded, "the delta payload; leaves r = g_ef - sent there");
   m.def("topk_decode_average_coded", &topk_decode_average_coded, "scatter-add N delta payloads / divisor");
-  m.def("topk_encode_coded_bucket", &topk_encode_coded_bucket,
-        "a bucket's top-k delta payloads in one call (g added into g_ef first where given); g_ef keeps the remainder",
-        py::arg("g"), py::arg("g_ef"), py::arg("ks"), py::arg("value_type"));
+  m.def("topk_encode_bucket", &topk_encode_bucket,
+        "a bucket's top-k payloads in one call (g added into g_ef first where given); g_ef keeps the remainder",
+        py::arg("g"), py::arg("g_ef"), py::arg("ks"), py::arg("value_type"), py::arg("coded"), py::arg("stream") = 0);
   m.def("decode_bucket", &decode_bucket, "a bucket's allgather decoded per tensor in one call: (flags, errors, finite)",
         py::arg("codec"), py::arg("result"), py::arg("nranks"), py::arg("header_bytes"), py::arg("numels"),
         py::arg("packing"), py::arg("divisor"), py::arg("outs"));

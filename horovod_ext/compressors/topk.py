@@ -115,8 +115,8 @@ class TopKCodec(Codec):
         return be.kernels.topk_extract(g_ef, idx, self.value_type)
 
     def encodes_buckets(self, be):
-        """"delta" payloads are encoded a bucket at a time where the kernels can (Codec.encode_bucket)."""
-        return self.coded and hasattr(be.kernels, "topk_encode_coded_bucket")
+        """Payloads are encoded a bucket at a time where the kernels can (Codec.encode_bucket)."""
+        return hasattr(be.kernels, "topk_encode_bucket")
 
     def encode_bucket(self, be, items, flats, residuals=None):
         """The bucket's payloads in one call: each tensor's encode() of prepare(flat) (a copy; or, with error
@@ -126,8 +126,9 @@ class TopKCodec(Codec):
             item.work.k = self.k(item.numel)
             ks.append(item.work.k)
         if residuals is None:
-            return be.kernels.topk_encode_coded_bucket(None, [be.copy(flat) for flat in flats], ks, self.value_type)
-        return be.kernels.topk_encode_coded_bucket(flats, residuals, ks, self.value_type)
+            return be.kernels.topk_encode_bucket(None, [be.copy(flat) for flat in flats], ks, self.value_type,
+                                                 self.coded)
+        return be.kernels.topk_encode_bucket(flats, residuals, ks, self.value_type, self.coded)
 
     def decode(self, be, item, gathered, into):
         return self.decode_k(be, item.numel, item.work.k, gathered, into)

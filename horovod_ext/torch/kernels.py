@@ -207,13 +207,17 @@ class TorchKernels:
         return out, -1
 
     @staticmethod
-    def topk_encode_coded_bucket(grads, g_ef, ks, value_type):
-        """A bucket's top-k "delta" payloads in one call (cpp/src/bucket.cpp): grads (or None) added into g_ef
-        first, each g_ef left holding its remainder; coded on the host (a CUDA tensor's values are copied there and
-        back, as topk_extract_coded does)."""
+    def topk_encode_bucket(grads, g_ef, ks, value_type, coded):
+        """A bucket's top-k payloads in one call (cpp/src/bucket.cpp; CUDA: cuda.h's topk_encode_bucket): grads (or
+        None) added into g_ef first, each g_ef left holding its remainder. "delta" (coded) payloads are coded on the
+        host (a CUDA tensor's values are copied there and back, as topk_extract_coded does); "int32" ones where the
+        tensors are, a CUDA bucket's kernels enqueued on its stream with no host read."""
+        ks = [int(k) for k in ks]
+        if not coded or not g_ef or not g_ef[0].is_cuda:
+            return ops.topk_encode_bucket(grads if grads is not None else [], g_ef, ks, value_type, coded,
+                                          stream_of(g_ef[0]) if g_ef else 0)
         grads = [_cpu(g) for g in grads] if grads is not None else []
-        return _in_place_on_host(g_ef, lambda hosts: ops.topk_encode_coded_bucket(grads, hosts, [int(k) for k in ks],
-                                                                                  value_type))
+        return _in_place_on_host(g_ef, lambda hosts: ops.topk_encode_bucket(grads, hosts, ks, value_type, True))
 
     @staticmethod
     def decode_bucket(codec, result, nranks, header_bytes, numels, packing, divisor, outs):

@@ -40,6 +40,10 @@ std::vector<std::vector<uint8_t>> topk_encode_coded_bucket(const float* const* g
                                                            const int64_t* numels, const int64_t* ks, int m,
                                                            ValueType type);
 
+// The same with "int32" packing: payloads[j] receives topk_payload_bytes(ks[j], type) bytes (topk_extract's).
+void topk_encode_int32_bucket(const float* const* g, float* const* g_ef, const int64_t* numels, const int64_t* ks,
+                              int m, ValueType type, uint8_t* const* payloads);
+
 // The per-tensor decoders over a bucket: outs[j] receives tensor j's average (numels[j] floats). Top-k's also
 // reports whether each average is finite (its values are fp16/fp32 from any rank: a NaN or Inf among them, or an
 // fp32 sum past the range, reaches the average), so that the step reads one flag per tensor from this call

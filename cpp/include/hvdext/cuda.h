@@ -48,6 +48,15 @@ void topk_select(const float* x, int64_t n, int64_t k, int32_t* out, void* works
 // sent on them: the CPU topk_extract.
 void topk_extract(float* r, const int32_t* idx, int64_t k, ValueType type, uint8_t* payload, void* stream);
 
+// A bucket's "int32" payloads in one call, enqueued on `stream` with no host read: for each tensor j, r[j] += g[j]
+// where g is given (ef_accumulate, its sum of squares left in sumsq[j] on the device), then topk_select into idx[j]
+// (ks[j] int32) and topk_extract into payloads[j]: each tensor's own kernels, so their bits. The workspace is
+// topk_bucket_workspace_bytes(numels, ks, m) bytes, shared by the tensors in turn (stream order).
+int64_t topk_bucket_workspace_bytes(const int64_t* numels, const int64_t* ks, int m);
+void topk_encode_bucket(const float* const* g, float* const* r, const int64_t* numels, const int64_t* ks, int m,
+                        ValueType type, int32_t* const* idx, uint8_t* const* payloads, double* sumsq, void* workspace,
+                        int64_t workspace_bytes, void* stream);
+
 // Averages nranks int32-indexed payloads (topk_payload_bytes(k, type) bytes each, fp16 or fp32 values) into
 // out[0..n), as the CPU topk_decode_average: out = 0, then rank 0's values added at their indices, then rank 1's,
 // ..., then out /= divisor, so every element sees the CPU's additions in the CPU's order. *bad_rank (a device
