@@ -4,10 +4,11 @@ step asks of Horovod, checkpoints loaded under another cap, and bad input on eve
 (tests/workers/buckets_worker.py) and TensorFlow's tape eagerly and in tf.function and Keras's DistributedOptimizer
 in tf.function (tests/workers/tf_buckets_worker.py)."""
 import math
+import types
 
 import pytest
 
-from horovod_ext.compression.buckets import MEGABYTE, BucketPlan, check_bucket_cap_mb
+from horovod_ext.compression.buckets import MEGABYTE, BucketPlan, FusingBackend, check_bucket_cap_mb
 from hvdrun import horovodrun
 
 F32 = ("torch.float32", "cpu")
@@ -123,6 +124,29 @@ def test_a_bucket_asks_horovod_for_one_collective_per_kind(launch):
             assert runs[f"{method}@25"]["buckets"] == 1 and runs[f"{method}@0.03"]["buckets"] == 3
         # PowerSGD: the matrices' factors in one buffer a step already; its dense vectors are bucketed
         assert runs["powersgd@0"]["collectives"] == 10 and runs["powersgd@25"]["collectives"] == 4, runs["powersgd@25"]
+
+
+def test_deferred_encodes_run_per_method_with_the_backend_each_deferred_through():
+    """Two methods (Compression.auto's candidates) defer tensors of one bucket: when its last tensor is launched,
+    each method's encode runs once, on its own tensors in parameter order, with the backend it deferred through
+    (its candidate's names and residuals), in the order of each one's first tensor; a tensor outside a shared
+    bucket is not deferred."""
+    plan = BucketPlan([(4, F32)] * 4 + [(MEGABYTE, F32)], 1)  # tensors 0-3 share a bucket; 4 is alone
+    fusing = FusingBackend(types.SimpleNamespace(), plan, None)
+    calls = []
+
+    def method(tag):
+        return lambda caller, items: calls.append((tag, caller, [item.index for item in items]))
+
+    first, second = method("a"), method("b")
+    items = [types.SimpleNamespace(index=i) for i in range(5)]
+    assert not fusing.defer(items[4], first, "be-a")
+    for item, encode, caller in ((items[3], second, "be-b"), (items[1], first, "be-a"), (items[2], second, "be-b"),
+                                 (items[0], first, "be-a")):
+        assert fusing.defer(item, encode, caller)
+    fusing._encode_deferred({plan.bucket_of[0]})
+    assert calls == [("a", "be-a", [0, 1]), ("b", "be-b", [2, 3])]
+    assert not fusing._deferred
 
 
 def test_host_reads_per_step_do_not_grow_with_the_tensors(launch):

@@ -1,6 +1,7 @@
 #include "hvdext/bucket.h"
 
 #include <cstring>
+#include <stdexcept>
 
 #include "hvdext/coding.h"
 #include "hvdext/ternary.h"
@@ -56,6 +57,14 @@ std::vector<SegmentDecoded> decode_bucket(const uint8_t* result, int64_t bytes, 
   return out;
 }
 
+namespace {
+
+void check_bucket_k(int64_t n, int64_t k) {
+  if (k < 1 || k > n) throw std::invalid_argument("a bucket's top-k needs 1 <= k <= n for every tensor");
+}
+
+}  // namespace
+
 std::vector<std::vector<uint8_t>> topk_encode_coded_bucket(const float* const* g, float* const* g_ef,
                                                            const int64_t* numels, const int64_t* ks, int m,
                                                            ValueType type) {
@@ -63,6 +72,7 @@ std::vector<std::vector<uint8_t>> topk_encode_coded_bucket(const float* const* g
   std::vector<int32_t> idx;
   for (int j = 0; j < m; ++j) {
     if (g != nullptr) ef_accumulate(g[j], g_ef[j], numels[j]);
+    check_bucket_k(numels[j], ks[j]);
     idx.resize(static_cast<size_t>(ks[j]));
     topk_select(g_ef[j], numels[j], ks[j], idx.data());
     payloads[static_cast<size_t>(j)] = topk_extract_coded(g_ef[j], idx.data(), ks[j], numels[j], type);
@@ -75,6 +85,7 @@ void topk_encode_int32_bucket(const float* const* g, float* const* g_ef, const i
   std::vector<int32_t> idx;
   for (int j = 0; j < m; ++j) {
     if (g != nullptr) ef_accumulate(g[j], g_ef[j], numels[j]);
+    check_bucket_k(numels[j], ks[j]);
     idx.resize(static_cast<size_t>(ks[j]));
     topk_select(g_ef[j], numels[j], ks[j], idx.data());
     topk_extract(g_ef[j], idx.data(), ks[j], type, payloads[j]);

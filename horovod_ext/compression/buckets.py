@@ -160,7 +160,7 @@ class FusingBackend:
         self._ready = {}  # bucket -> its tensors launched this step
         self._flushes = {}  # group key -> groups started under it this step (names them apart)
         self._direct = 0  # > 0 while a graph's branch is built: its collectives cannot leave the branch
-        self._deferred = {}  # bucket -> (encode, its tensors whose encode waits for the bucket's last: defer())
+        self._deferred = {}  # (bucket, encode) -> (the caller's backend, the tensors waiting for the bucket: defer())
 
     def __getattr__(self, name):
         """The wrapped backend's attribute; its methods and kernel table, which do not change, are kept on this
@@ -187,27 +187,30 @@ class FusingBackend:
         group.entries.append(entry)
         return entry
 
-    def defer(self, item, encode):
-        """Put off `item`'s encode until its bucket's last tensor is launched: then ``encode(backend, items)`` runs
-        once for the bucket's deferred tensors (in parameter order) and starts their collectives, before the
-        bucket's groups start (a segmented kernel: one call for the bucket, as DDP's hooks get one flat bucket).
-        False where the tensor shares no bucket, or a graph's branch is built: the method encodes it now."""
+    def defer(self, item, encode, caller):
+        """Put off `item`'s encode until its bucket's last tensor is launched: then ``encode(caller, items)`` runs
+        once for the bucket's tensors deferred with this `encode` (a method's own; Compression.auto's candidates
+        each defer their own, through the backend `caller` they see), in parameter order, and starts their
+        collectives, before the bucket's groups start (a segmented kernel: one call for the bucket, as DDP's hooks
+        get one flat bucket). False where the tensor shares no bucket, or a graph's branch is built: the method
+        encodes it now."""
         bucket = self._plan.shared(item.index)
         if bucket is None or self._direct:
             return False
-        self._deferred.setdefault(bucket, (encode, []))[1].append(item)
+        self._deferred.setdefault((bucket, encode), (caller, []))[1].append(item)
         return True
 
     def _encode_deferred(self, buckets):
-        for bucket in buckets:
-            deferred = self._deferred.pop(bucket, None)
-            if deferred is not None:
-                encode, items = deferred
-                encode(self, sorted(items, key=lambda item: item.index))
+        """The deferred encodes of `buckets`, each bucket's in the order of its first tensor (every rank alike)."""
+        keys = [key for key in self._deferred if key[0] in buckets]
+        keys.sort(key=lambda key: (key[0], min(item.index for item in self._deferred[key][1])))
+        for key in keys:
+            caller, items = self._deferred.pop(key)
+            key[1](caller, sorted(items, key=lambda item: item.index))
 
     def _start_all(self):
         """Encode what is deferred and start every recorded group (the same point of the program on every rank)."""
-        self._encode_deferred(list(self._deferred))
+        self._encode_deferred({key[0] for key in self._deferred})
         self._start(list(self._open))
 
     def _fuses(self, name):
@@ -250,7 +253,7 @@ class FusingBackend:
             return
         self._ready[bucket] = self._ready.get(bucket, 0) + 1
         if self._ready[bucket] == len(self._plan.members[bucket]):
-            self._encode_deferred([bucket])
+            self._encode_deferred({bucket})
             self._start([key for key in self._open if key[0] == bucket])
 
     def _start(self, keys):
@@ -360,12 +363,17 @@ class FusingBackend:
 
     # ---------------------------------------------------------------------------------------------- a step
     def end_step(self, dense):
-        """Start what is still recorded (a future carried into the next step), and begin counting anew."""
-        if self._open or self._deferred:
-            self._start_all()
-        self._ready.clear()
-        self._flushes.clear()
-        self._be.end_step(dense)
+        """Start what is still recorded (a future carried into the next step), and begin counting anew (also where
+        starting raised: nothing of this step is left for the next)."""
+        try:
+            if self._open or self._deferred:
+                self._start_all()
+        finally:
+            self._open.clear()
+            self._deferred.clear()
+            self._ready.clear()
+            self._flushes.clear()
+            self._be.end_step(dense)
 
     def forget(self):
         """The step's launched gradients were dropped (a checkpoint was loaded, an elastic reset): nothing recorded

@@ -240,7 +240,7 @@ class Allgather(Method):
             return DenseSplit.launch(be, self.ctx, item)
         item.kind = "payload"
         count_dense(self.ctx, item)
-        if self.codec.encodes_buckets(be) and hasattr(be, "defer") and be.defer(item, self._encode_bucket):
+        if self.codec.encodes_buckets(be) and hasattr(be, "defer") and be.defer(item, self._encode_bucket, be):
             item.work.flat = be.flat32(item.grad)  # encoded with its bucket (_encode_bucket)
             return item
         with self.ctx.timed("compress_seconds"):
