@@ -225,17 +225,10 @@ def torch_patch(module, choice, registry, kind="data_parallel", optimizer_kwargs
     module.DistributedOptimizer = DistributedOptimizer
     if "horovod.torch.optimizer" in sys.modules:
         sys.modules["horovod.torch.optimizer"].DistributedOptimizer = DistributedOptimizer
-    # hvd.join(): the optimizers first take in what their last step left in flight (horovod_ext.torch.join)
-    original_join = module.join
+    # hvd.join() is horovod_ext.torch.join: the optimizers first take in what their last step left in flight
+    import horovod_ext.torch as ext_torch
 
-    def join(device=-1):
-        from horovod_ext.torch.optimizer import complete_in_flight
-
-        complete_in_flight()
-        return original_join(device)
-
-    join.__doc__ = original_join.__doc__
-    module.join = join
+    module.join = ext_torch.join
     # the resume pattern's broadcast_optimizer_state also carries horovod-ext's compressor state
     from horovod_ext.torch.functions import broadcast_optimizer_state
 

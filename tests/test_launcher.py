@@ -107,11 +107,11 @@ def test_bucket_cap_reaches_the_scripts_optimizer_and_keeps_its_bits(script):
 
 
 def test_unmodified_script_joins_with_uneven_data():
-    """horovod.torch.join() in an unmodified script is horovod_ext's under the launcher (it first takes in what the
-    optimizers left in flight, as horovod_ext.torch.join does), and rank 1's two more steps go dense."""
+    """horovod.torch.join() in an unmodified script is horovod_ext.torch.join under the launcher (it first takes in
+    what the optimizers left in flight), and rank 1's two more steps go dense."""
     output = launch("tests/scripts/plain_torch.py", "adaptive_topk", [], extra_args=["--uneven"])
     joined = re.findall(r"rank (\d) joined \(join from ([\w.]+)\), the last to join was rank (\d)", output)
-    assert sorted(joined) == [("0", "__main__", "1"), ("1", "__main__", "1")], output[-3000:]  # horovod_ext.run's
+    assert sorted(joined) == [("0", "horovod_ext.torch", "1"), ("1", "horovod_ext.torch", "1")], output[-3000:]
     assert "final loss" in output
     (_, _, _, _, _, steps), = summaries(output)
     assert int(steps) == 20  # rank 0's

@@ -27,8 +27,11 @@ elastic = importlib.import_module(".elastic", __name__)
 init = make_init(_horovod.init, framework_basics(_horovod))
 
 
+_horovod_join = _horovod.join  # Horovod's own (under horovod_ext.run, horovod.torch.join becomes the one below)
+
+
 def join(device=-1):
     """horovod.torch.join(device), once every DistributedOptimizer has taken in what its last step left in flight
     (optimizer.complete_in_flight). Returns the id of the rank that joined last."""
     _complete_in_flight()
-    return _horovod.join(device)
+    return _horovod_join(device)
