@@ -35,16 +35,21 @@ if active_environment; then
   log "using the active environment ${VIRTUAL_ENV:-$CONDA_PREFIX}"
 else
   if [ ! -x .venv/bin/python ]; then
+    # python3's own interpreter, or the one a virtual environment on PATH (not active) was made from
+    base_python=$(python3 scripts/setup_plan.py base-python) || exit 2
+    if [ "$base_python" != "$(python3 -c 'import sys; print(sys.executable)')" ]; then
+      log "python3 on PATH is a virtual environment's (not active): .venv is made from $base_python"
+    fi
     how=fresh
     if [ "${HVDEXT_FRESH_VENV:-0}" != 1 ]; then
-      how=$(python3 scripts/setup_plan.py environment) || exit 2
+      how=$("$base_python" scripts/setup_plan.py environment) || exit 2
     fi
     if [ "$how" = system-site ]; then
       log "creating .venv over python3's own frameworks (--system-site-packages)"
-      python3 -m venv --system-site-packages .venv
+      "$base_python" -m venv --system-site-packages .venv
     else
       log "creating .venv"
-      python3 -m venv .venv
+      "$base_python" -m venv .venv
     fi
   fi
   # shellcheck disable=SC1091

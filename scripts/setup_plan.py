@@ -141,6 +141,15 @@ def facts():
     }
 
 
+def base_python():
+    """The interpreter .venv is made from: this one, or, where this one is a virtual environment's (its bin on PATH
+    while it is not active), the interpreter that environment was made from, whose frameworks
+    --system-site-packages will see."""
+    if sys.prefix == sys.base_prefix:
+        return sys.executable
+    return getattr(sys, "_base_executable", None) or os.path.join(sys.base_prefix, "bin", "python3")
+
+
 # --------------------------------------------------------------------------------------------------- decisions
 def choose_environment(base):
     """How to make .venv from the base interpreter's facts: 'system-site' where it holds a supported framework
@@ -321,6 +330,8 @@ def main(argv):
             print(framework_constraints())
         elif command == "environment":
             print(choose_environment(facts()))
+        elif command == "base-python":
+            print(base_python())
         elif command == "plan":
             mode = argv[2]
             env = facts()
@@ -343,7 +354,8 @@ def main(argv):
             print(", ".join(lacks))
             return 1 if lacks else 0
         else:
-            raise SystemExit(f"usage: {argv[0]} facts|environment|constraints|plan fresh|system-site|active|"
+            raise SystemExit(f"usage: {argv[0]} facts|environment|base-python|constraints|"
+                             f"plan fresh|system-site|active|"
                              f"check-build WANTS [installed]")
     except SetupError as exc:
         print(f"[setup] stopped: {exc}", file=sys.stderr)

@@ -195,6 +195,19 @@ def run_setup(venv, repo=ROOT, timeout=120, **extra):
                           text=True, timeout=timeout, cwd=repo)
 
 
+def test_dotvenv_is_made_from_the_interpreter_a_virtual_environment_on_path_was_made_from(tmp_path):
+    """python3 on PATH may be a virtual environment's that is not active (its bin on PATH, VIRTUAL_ENV unset): .venv
+    is then made from the interpreter that environment was made from, whose frameworks --system-site-packages sees,
+    and not judged by the environment's own packages."""
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    python = make_venv(tmp_path / "other")
+    script = os.path.join(ROOT, "scripts", "setup_plan.py")
+    said = subprocess.check_output([str(python), script, "base-python"], text=True).strip()
+    assert os.path.realpath(said) == base, (said, base)
+    said = subprocess.check_output([base, script, "base-python"], text=True).strip()
+    assert os.path.realpath(said) == base, (said, base)
+
+
 def test_setup_refuses_an_unsupported_torch_and_changes_nothing(tmp_path):
     """An active environment whose torch is 2.0.1: set-up stops with the version and the range, installs nothing."""
     python = make_venv(tmp_path / "env")
