@@ -70,11 +70,12 @@ def torch_run(hvd, torch, name, kwargs, steps=STEPS):
     return seen
 
 
-CORRUPTIONS = {  # which: (kernel whose output rank 1 corrupts once, compressor, settings)
-    "allgather": ("ternary_encode_entropy", "ternary", PAIRS["ternary"][1]),
-    "two_phase": ("ternary_codes_encode_entropy", "ternary", PAIRS["ternary_two_phase"][1]),
-    "topk_delta": ("topk_extract_coded", "topk", PAIRS["topk_fp16"][1]),
-    "topk_int32": ("topk_extract", "topk", PAIRS["topk_fp16"][2]),
+CORRUPTIONS = {  # which: (kernels whose first output rank 1 corrupts, compressor, settings)
+    "allgather": (("ternary_encode_entropy",), "ternary", PAIRS["ternary"][1]),
+    "two_phase": (("ternary_codes_encode_entropy",), "ternary", PAIRS["ternary_two_phase"][1]),
+    # a tensor alone in its bucket is encoded by the per-tensor kernel, a shared bucket's by the bucket's
+    "topk_delta": (("topk_extract_coded", "topk_encode_bucket"), "topk", PAIRS["topk_fp16"][1]),
+    "topk_int32": (("topk_extract", "topk_encode_bucket"), "topk", PAIRS["topk_fp16"][2]),
 }
 
 
@@ -89,27 +90,37 @@ def torch_corruption(hvd, torch, which):
     """Rank 1 corrupts one payload: an allgathered ternary one, its phase-1 chunk for rank 0 (two-phase), a
     delta-coded top-k one, or an int32 top-k one's indices."""
     from horovod_ext.torch import kernels
-    name, compressor, kwargs = CORRUPTIONS[which]
-    original = getattr(kernels.TorchKernels, name)
+    names, compressor, kwargs = CORRUPTIONS[which]
+    originals = {name: getattr(kernels.TorchKernels, name) for name in names}
     calls = []
 
-    def corrupting(*args, **kwargs):
-        out = original(*args, **kwargs)
-        payload, rest = (out[0], out[1:]) if isinstance(out, tuple) else (out, None)
+    def corrupt(payload):
         calls.append(1)
         if hvd.rank() == 1 and len(calls) == 1:
-            bad = corrupt_indices(payload) if which == "topk_int32" else corrupt_one_byte(payload, True)
-            payload = torch.from_numpy(bad)
-        return payload if rest is None else (payload, *rest)
+            return torch.from_numpy(corrupt_indices(payload) if which == "topk_int32" else
+                                    corrupt_one_byte(payload, True))
+        return payload
 
-    setattr(kernels.TorchKernels, name, staticmethod(corrupting))
+    def corrupting(original):
+        def kernel(*args, **kwargs):
+            out = original(*args, **kwargs)
+            if isinstance(out, list):  # a bucket's payloads
+                return [corrupt(payload) for payload in out]
+            if isinstance(out, tuple):
+                return (corrupt(out[0]), *out[1:])
+            return corrupt(out)
+        return kernel
+
+    for name, original in originals.items():
+        setattr(kernels.TorchKernels, name, staticmethod(corrupting(original)))
     try:
         torch_run(hvd, torch, compressor, dict(kwargs), steps=1)
         return {"type": None, "message": ""}
     except Exception as exc:  # noqa: BLE001 - the test checks the type and the message
         return {"type": type(exc).__name__, "message": str(exc)}
     finally:
-        setattr(kernels.TorchKernels, name, staticmethod(original))
+        for name, original in originals.items():
+            setattr(kernels.TorchKernels, name, staticmethod(original))
 
 
 def run_torch():
