@@ -68,53 +68,34 @@ def test_topk_bucket_equals_the_reference_and_the_per_tensor_kernel():
         np.testing.assert_array_equal(outs[j], per_tensor.numpy())
 
 
-@pytest.mark.parametrize("value_dtype", ["fp16", "fp32", "ternary"])
+@pytest.mark.parametrize("packing,value_dtype", [("delta", "fp16"), ("delta", "fp32"), ("delta", "ternary"),
+                                                 ("int32", "fp16"), ("int32", "fp32")])
 @pytest.mark.parametrize("feedback", [True, False])
-def test_topk_bucket_encode_equals_the_reference_and_the_per_tensor_kernels(value_dtype, feedback):
+def test_topk_bucket_encode_equals_the_reference_and_the_per_tensor_kernels(packing, value_dtype, feedback):
     """With error feedback the gradients are added into the residuals, which keep the remainders; without, the
-    given buffers (copies of the gradients) are encoded and keep them."""
+    given buffers (copies of the gradients) are encoded and keep them. "delta": the reference's coded payload and
+    topk_extract_coded's bits; "int32": k int32 indices then k values (the reference's encode) and topk_extract's."""
+    coded = packing == "delta"
     value_type = rtopk.VALUE_TYPE_IDS[value_dtype]
     grads = [grad(n, 0, j) for j, n in enumerate(SIZES)]
     residuals = [grad(n, 1, j) if feedback else np.zeros(n, dtype=np.float32) for j, n in enumerate(SIZES)]
     ks = [max(1, n // 100) for n in SIZES]
     buffers = [torch.from_numpy(r.copy() if feedback else g.copy()) for g, r in zip(grads, residuals)]
     payloads = ops.topk_encode_bucket([torch.from_numpy(g) for g in grads] if feedback else [], buffers, ks,
-                                      value_type, True)
+                                      value_type, coded)
     for j, n in enumerate(SIZES):
         idx, values, remainder = rtopk.ef_step(grads[j], residuals[j], ks[j], value_dtype)
-        np.testing.assert_array_equal(payloads[j].numpy(), rtopk.encode_delta(idx, values, n, value_dtype))
-        np.testing.assert_array_equal(buffers[j].numpy(), remainder)
-        g_ef = torch.from_numpy(grads[j].copy())
-        if feedback:
-            g_ef = torch.from_numpy(residuals[j].copy())
-            ops.ef_accumulate(torch.from_numpy(grads[j]), g_ef, 0)
-        per_tensor = ops.topk_extract_coded(g_ef, ops.topk_select(g_ef, ks[j]), value_type)
-        assert torch.equal(per_tensor, payloads[j]) and torch.equal(g_ef, buffers[j])
-    with pytest.raises(ValueError, match="one k"):
-        ops.topk_encode_bucket([], buffers, ks[:-1], value_type, True)
-
-
-@pytest.mark.parametrize("value_dtype", ["fp16", "fp32"])
-@pytest.mark.parametrize("feedback", [True, False])
-def test_topk_int32_bucket_encode_equals_the_reference_and_the_per_tensor_kernels(value_dtype, feedback):
-    """"int32" packing: k int32 indices then k values per tensor (the reference's encode), the remainder in the
-    given buffers, the bits of topk_select and topk_extract per tensor."""
-    value_type = rtopk.VALUE_TYPE_IDS[value_dtype]
-    grads = [grad(n, 0, j) for j, n in enumerate(SIZES)]
-    residuals = [grad(n, 1, j) if feedback else np.zeros(n, dtype=np.float32) for j, n in enumerate(SIZES)]
-    ks = [max(1, n // 100) for n in SIZES]
-    buffers = [torch.from_numpy(r.copy() if feedback else g.copy()) for g, r in zip(grads, residuals)]
-    payloads = ops.topk_encode_bucket([torch.from_numpy(g) for g in grads] if feedback else [], buffers, ks,
-                                      value_type, False)
-    for j, n in enumerate(SIZES):
-        idx, values, remainder = rtopk.ef_step(grads[j], residuals[j], ks[j], value_dtype)
-        np.testing.assert_array_equal(payloads[j].numpy(), rtopk.encode(idx, values))
+        want = rtopk.encode_delta(idx, values, n, value_dtype) if coded else rtopk.encode(idx, values)
+        np.testing.assert_array_equal(payloads[j].numpy(), want)
         np.testing.assert_array_equal(buffers[j].numpy(), remainder)
         g_ef = torch.from_numpy((residuals[j] if feedback else grads[j]).copy())
         if feedback:
             ops.ef_accumulate(torch.from_numpy(grads[j]), g_ef, 0)
-        per_tensor = ops.topk_extract(g_ef, ops.topk_select(g_ef, ks[j]), value_type)
+        extract = ops.topk_extract_coded if coded else ops.topk_extract
+        per_tensor = extract(g_ef, ops.topk_select(g_ef, ks[j]), value_type)
         assert torch.equal(per_tensor, payloads[j]) and torch.equal(g_ef, buffers[j])
+    with pytest.raises(ValueError, match="one k"):
+        ops.topk_encode_bucket([], buffers, ks[:-1], value_type, coded)
 
 
 @pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan, 3e38])

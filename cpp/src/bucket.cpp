@@ -65,31 +65,40 @@ void check_bucket_k(int64_t n, int64_t k) {
 
 }  // namespace
 
-std::vector<std::vector<uint8_t>> topk_encode_coded_bucket(const float* const* g, float* const* g_ef,
-                                                           const int64_t* numels, const int64_t* ks, int m,
-                                                           ValueType type) {
-  std::vector<std::vector<uint8_t>> payloads(static_cast<size_t>(m));
+namespace {
+
+// Each tensor j of a bucket: g_ef[j] += g[j] where g is given (ef_accumulate), then its ks[j] largest |g_ef[j]|
+// (topk_select), which extract(j, idx) codes.
+template <class Extract>
+void encode_segments(const float* const* g, float* const* g_ef, const int64_t* numels, const int64_t* ks, int m,
+                     Extract&& extract) {
   std::vector<int32_t> idx;
   for (int j = 0; j < m; ++j) {
     if (g != nullptr) ef_accumulate(g[j], g_ef[j], numels[j]);
     check_bucket_k(numels[j], ks[j]);
     idx.resize(static_cast<size_t>(ks[j]));
     topk_select(g_ef[j], numels[j], ks[j], idx.data());
-    payloads[static_cast<size_t>(j)] = topk_extract_coded(g_ef[j], idx.data(), ks[j], numels[j], type);
+    extract(j, idx.data());
   }
+}
+
+}  // namespace
+
+std::vector<std::vector<uint8_t>> topk_encode_coded_bucket(const float* const* g, float* const* g_ef,
+                                                           const int64_t* numels, const int64_t* ks, int m,
+                                                           ValueType type) {
+  std::vector<std::vector<uint8_t>> payloads(static_cast<size_t>(m));
+  encode_segments(g, g_ef, numels, ks, m, [&](int j, const int32_t* idx) {
+    payloads[static_cast<size_t>(j)] = topk_extract_coded(g_ef[j], idx, ks[j], numels[j], type);
+  });
   return payloads;
 }
 
 void topk_encode_int32_bucket(const float* const* g, float* const* g_ef, const int64_t* numels, const int64_t* ks,
                               int m, ValueType type, uint8_t* const* payloads) {
-  std::vector<int32_t> idx;
-  for (int j = 0; j < m; ++j) {
-    if (g != nullptr) ef_accumulate(g[j], g_ef[j], numels[j]);
-    check_bucket_k(numels[j], ks[j]);
-    idx.resize(static_cast<size_t>(ks[j]));
-    topk_select(g_ef[j], numels[j], ks[j], idx.data());
-    topk_extract(g_ef[j], idx.data(), ks[j], type, payloads[j]);
-  }
+  encode_segments(g, g_ef, numels, ks, m, [&](int j, const int32_t* idx) {
+    topk_extract(g_ef[j], idx, ks[j], type, payloads[j]);
+  });
 }
 
 std::vector<SegmentDecoded> topk_decode_average_coded_bucket(const uint8_t* result, int64_t bytes, int nranks, int m,
