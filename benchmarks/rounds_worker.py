@@ -83,9 +83,10 @@ COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compre
                 "ternary-shared": lambda: hvd.Compression.ternary(shared_scale=True),
                 "topk": lambda: hvd.Compression.topk(ratio=0.01),
                 "adaptive_topk": lambda: hvd.Compression.adaptive_topk,
+                # matrices of one shape multiplied as one batch (batch_tensors, the default: deep80's 80 layers,
+                # one bmm instead of 80 mm)
                 "powersgd": lambda: hvd.Compression.powersgd(start_iter=0),
-                # matrices of one shape multiplied as one batch (deep80's 80 layers: one bmm instead of 80 mm)
-                "powersgd-batched": lambda: hvd.Compression.powersgd(start_iter=0, batch_tensors=True)}
+                "powersgd-unbatched": lambda: hvd.Compression.powersgd(start_iter=0, batch_tensors=False)}
 
 
 def make_model(name):

@@ -7,10 +7,10 @@ context has a case.
 A case is fn(ctx) -> value (tensors, numbers, lists of them, None), run inside a tf.function in the graph mode;
 the expectation is fn(rank, nranks, value, ctx) -> None or a message saying what differs. ctx gives the framework:
 ctx.be (a new backend per case), ctx.t(values, dtype) (a tensor), ctx.item(name, values) (a plan.Item),
-ctx.graph (True inside tf.function), ctx.context (the adapter's StepContext over ctx.be, begun at step 3 with
-seed 7, for CONTEXT_CASES), ctx.counted(field) (what the context has counted of a field this step),
-ctx.written(item) (the item's result after write), ctx.set_method_state(text) (a checkpoint restoring the
-TensorFlow variable; nothing elsewhere), ctx.sparse_item(name, indices, rows, shape, sparse) (a plan.Item whose
+ctx.framework ("torch" or "tf"), ctx.graph (True inside tf.function), ctx.context (the adapter's StepContext over
+ctx.be, begun at step 3 with seed 7, for CONTEXT_CASES), ctx.counted(field) (what the context has counted of a field
+this step), ctx.written(item) (the item's result after write), ctx.set_method_state(text) (a checkpoint restoring
+the TensorFlow variable; nothing elsewhere), ctx.sparse_item(name, indices, rows, shape, sparse) (a plan.Item whose
 gradient is the framework's sparse tensor of those rows) and ctx.dense(x) (a sparse tensor's dense values).
 """
 import numpy as np
@@ -252,6 +252,33 @@ def _per_rank_state(c):
     return [first, assigned, reset, exported]
 
 
+def _fused_states(c):
+    """Three states in one buffer: [their values as the buffer's, a write to a piece seen in the buffer, a second
+    call on the pieces giving the same buffer without a copy]; None where the backend cannot fuse (TensorFlow)."""
+    be = c.be
+    sizes = (2, 1, 3)
+    if not hasattr(c, "fused"):  # made once (a tf.function may trace twice)
+        c.fused = [be.residual(f"f{i}", n, c.item(f"f{i}", [0.0] * n)) for i, n in enumerate(sizes)]
+    states = c.fused
+    for i, (state, n) in enumerate(zip(states, sizes)):
+        be.assign(state, c.t([float(10 * i + j) for j in range(n)]))
+    fused = be.fused_states(states)
+    if fused is None:
+        return None
+    buffer, pieces = fused
+    values = be.copy(buffer)
+    be.assign(pieces[1], c.t([-1.0]))
+    again, same = be.fused_states(pieces)
+    return [values, be.copy(buffer), all(a is b for a, b in zip(same, pieces))
+            and again.data_ptr() == buffer.data_ptr()]
+
+
+def _expect_fused(rank, n, value, c):
+    if c.framework == "tf":
+        return equal(value, None)
+    return close(value[0], [0, 1, 10, 20, 21, 22]) or close(value[1], [0, 1, -1, 20, 21, 22]) or equal(value[2], True)
+
+
 def _imported(c):
     """A checkpoint holds what export() gave (inside a graph nothing is exported: TensorFlow's are NumPy arrays)."""
     be = c.be
@@ -397,6 +424,9 @@ CASES = {
               lambda r, n, v, c: close(v, [2, -6])),
     "sum": (lambda c: c.be.sum([c.t(1.0, "float64"), c.t(2.5, "float64")]), lambda r, n, v, c: close(v, 3.5)),
     "all_finite": (_all_finite, lambda r, n, v, c: equal([bool(x) for x in v], [True, False, False, True])),
+    "all_finite_rows": (lambda c: c.be.all_finite_rows(c.t([[1.0, 2.0], [float("nan"), 0.0], [3.0, float("inf")],
+                                                             [0.0, -1.0]])),
+                        lambda r, n, v, c: equal([bool(x) for x in v], [True, False, False, True])),
     "all_true": (_all_true, lambda r, n, v, c: equal(v, None if c.graph else [True, False, True, False, True])),
     "size": (lambda c: c.be.size(c.t([1.0, 2.0, 3.0])), lambda r, n, v, c: close(v, 3)),
     "equal": (lambda c: c.be.equal(c.t([1.0, -1.0]), -1), lambda r, n, v, c: equal([bool(x) for x in v],
@@ -449,6 +479,7 @@ CASES = {
     "assign": (_per_rank_state, lambda r, n, v, c: close(v[1], [1, 2, 3])),
     "reset": (_per_rank_state, lambda r, n, v, c: close(v[2], [0, 0, 0])),
     "export": (_per_rank_state, lambda r, n, v, c: None if c.graph else close(v[3], [1, 2, 3])),
+    "fused_states": (_fused_states, _expect_fused),
     "imported_residual": (_imported, lambda r, n, v, c: close(v[0], [4, 5])),
     "imported": (_imported, lambda r, n, v, c: close(v[1], [4, 5])),
     "output_buffer": (_output_buffer, _expect_output_buffer),

@@ -79,6 +79,13 @@ def test_update_equals_the_reference_and_every_rank_applies_the_same_bits(launch
             worst = max(max(step) for step in got["error"])
             assert worst <= tolerance, (framework, case, r["rank"], got["error"])
             assert got["identical"], (framework, case)
+            # at 2 ranks each element's sum has two terms, so its bits do not depend on its place in the reduced
+            # buffer; at 4 ranks a ring's order does: PyTorch's factors are reduced alone, at their place in the
+            # step's order (PowerSGDMethod._allreduce_factors), but inside a tf.function Horovod fuses them with
+            # whatever runs at the same time, which varies from run to run (one config run twice differs there):
+            # there the reference bounds the values
+            if nranks == 2 or framework == "torch":
+                assert got["batching_same_bits"], (framework, case, "batch_tensors changed the bits")
             assert got["compressing"] is True, (framework, case)
 
 

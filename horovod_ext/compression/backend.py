@@ -99,6 +99,11 @@ class Backend(abc.ABC):
         host read: the step context reads its truths together, all_true); bool() of it reads it alone."""
 
     @abc.abstractmethod
+    def all_finite_rows(self, x):
+        """A truth per row of the 2-D tensor x, in a list: no NaN or Inf in that row (all_finite of each row, in
+        one operation: a batch of matrices checked at once, each named alone)."""
+
+    @abc.abstractmethod
     def all_true(self, truths):
         """Eagerly: the truths (Python bools, all_finite's and equal's truths) as a list of Python bools, in one
         host read per device for all those still on a device."""
@@ -283,6 +288,14 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def imported_residual(self, name, values):
         """A new per-rank state holding a checkpoint's values."""
+
+    @abc.abstractmethod
+    def fused_states(self, states):
+        """(buffer, pieces): one flat float32 buffer whose consecutive pieces are `states`' values, and those pieces
+        in order, to hold from now on in place of `states` (the same objects where they already are consecutive
+        pieces of one buffer: no copy; else a new buffer with their values, once). A method's step may then run
+        one operation on the buffer for every state in it (PowerSGD's batch). None where the framework's states
+        cannot share storage (TensorFlow's variables): the caller concatenates as before."""
 
     @abc.abstractmethod
     def imported(self, values):

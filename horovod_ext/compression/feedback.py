@@ -15,6 +15,17 @@ def with_feedback(spec, codec):
     return ErrorFeedback(codec) if getattr(spec, "error_feedback", False) else codec
 
 
+def fused(be, store, names):
+    """One buffer holding the states store[name] for `names`, in order (backend.fused_states), the store's entries
+    made its pieces; or None where the backend's states cannot share storage."""
+    fused = be.fused_states([store[name] for name in names])
+    if fused is None:
+        return None
+    buffer, pieces = fused
+    store.update(zip(names, pieces))
+    return buffer
+
+
 class ErrorFeedback:
     """The residual r per tensor and rank around a codec; every other attribute is the codec's own.
 
@@ -62,6 +73,12 @@ class ErrorFeedback:
         """A bucket's payloads in one call where the codec encodes buckets (Codec.encodes_buckets): its kernel adds
         each g into r's storage and leaves the remainder there (prepare() and encode() per tensor, the same bits)."""
         return self.codec.encode_bucket(be, items, flats, [be.read(self._state(be, item)) for item in items])
+
+    def fused(self, be, items):
+        """One buffer whose consecutive pieces are the items' residuals (feedback.fused), or None."""
+        for item in items:
+            self._state(be, item)
+        return fused(be, self.residuals, [item.name for item in items])
 
     def keep(self, be, item, remainder):
         """r = remainder (what this step did not send of g_ef; sparse_reduce computes it after its selection)."""

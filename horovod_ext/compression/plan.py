@@ -375,6 +375,10 @@ class Codec:
     def prepare(self, be, item, flat):
         return flat
 
+    def fused(self, be, items):
+        """No residuals to hold in one buffer (ErrorFeedback.fused)."""
+        return None
+
     def keep(self, be, item, remainder):
         pass
 

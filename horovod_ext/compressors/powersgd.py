@@ -7,7 +7,7 @@ products, the orthogonalization and the normal draw are backend primitives (horo
 """
 import math
 
-from horovod_ext.compression.feedback import with_feedback
+from horovod_ext.compression.feedback import fused as fused_states, with_feedback
 from horovod_ext.compression.plan import Codec, DenseSplit, Method, Record, count_dense, send_dense
 from horovod_ext.compression.specs import (CompressorSpec, check_bool, check_choice, check_int, check_real,
                                            shape_and_numel)
@@ -55,7 +55,9 @@ class PowerSGDMethod(Method):
        allreduced (Sum); each P orthogonalized; Q = M^T P, in one buffer, allreduced (Average); the update A = P Q^T,
        the same bits on every rank; e = M - A; Q kept for the next step.
     Matrices of one shape are multiplied as one batch with batch_tensors=True (the hook's
-    batch_tensors_with_same_shape): the same values, fewer kernel launches.
+    batch_tensors_with_same_shape): the same bits, fewer kernel launches; where the backend fuses states
+    (backend.fused_states: PyTorch), a batch's residuals and kept Q live in one buffer each, so M is that buffer
+    and e = M - P Q^T, Q's keeping and the finiteness check are one operation per batch.
     A step in which some rank has called hvd.join() sends every M dense (finish_dense); the join check is read
     only there, since launch() is the same either way (join.py). P, Q and Q's agreement go by stable names
     (backend.stable_name): a joined rank answers them with zeros whatever step the others are at.
@@ -181,38 +183,65 @@ class PowerSGDMethod(Method):
                                   lambda: self._agreed_q(be, batches)])
         ortho = self.spec.orthogonalization
         with self.ctx.timed("compress_seconds"):
-            ms = [be.reshape(be.concat([i.work.flat for i in b]), (s[0], s[1], s[2])) for b, s in zip(batches, shapes)]
+            # M of a batch: its residuals' one buffer where the backend fuses them (e = M - P Q^T is then one
+            # subtraction), else its matrices' M concatenated
+            fused = [self.codec.fused(be, b) for b in batches]
+            ms = [be.reshape(be.concat([i.work.flat for i in b]) if m is None else m, (s[0], s[1], s[2]))
+                  for b, s, m in zip(batches, shapes, fused)]
             qs = [be.orthogonalize(be.reshape(q, (s[0], s[2], s[3])), ortho) for q, s in zip(qs, shapes)]
             ps = [be.matmul(mat, q) for mat, q in zip(ms, qs)]
-        ps = self._allreduce_factors(be, ps, [(b, n, r) for b, n, m, r in shapes], "sum", "powersgd.p")
+        order = [item.index for item in items]
+        ps = self._allreduce_factors(be, ps, batches, order, [(b, n, r) for b, n, m, r in shapes], "sum", "powersgd.p")
         with self.ctx.timed("compress_seconds"):
             ps = [be.orthogonalize(p, ortho) for p in ps]
             qs = [be.matmul(mat, p, transpose_a=True) for mat, p in zip(ms, ps)]
-        qs = self._allreduce_factors(be, qs, [(b, m, r) for b, n, m, r in shapes],
+        qs = self._allreduce_factors(be, qs, batches, order, [(b, m, r) for b, n, m, r in shapes],
                                      "sum" if be.divisor == 1.0 else "average", "powersgd.q")
         averages, finite = {}, {}
         with self.ctx.timed("decompress_seconds"):
-            for batch, s, p, q in zip(batches, shapes, ps, qs):
-                approx = be.split(be.reshape(be.matmul(p, q, transpose_b=True), (-1,)), [i.numel for i in batch])
-                q_parts = be.split(be.reshape(q, (-1,)), [s[2] * s[3]] * s[0])
-                for item, a, q_item in zip(batch, approx, q_parts):
-                    # with error feedback e = M - P Q^T, in M's storage (r's own where the framework allows)
-                    self.codec.keep_difference(be, item, item.work.flat, a)
-                    if self.spec.warm_start:
+            for batch, s, p, q, m in zip(batches, shapes, ps, qs, fused):
+                approx = be.reshape(be.matmul(p, q, transpose_b=True), (-1,))
+                q_flat = be.reshape(q, (-1,))
+                if m is not None:  # e = M - P Q^T for the batch, in its residuals' buffer
+                    be.sub(m, approx, in_place=True)
+                if self.spec.warm_start:
+                    q_kept = self._fused_q(be, batch)
+                    if q_kept is not None:
+                        be.assign(q_kept, q_flat)
+                approx = be.split(approx, [i.numel for i in batch])
+                q_parts = be.split(q_flat, [s[2] * s[3]] * s[0])
+                # A = P Q^T is finite where Q is (P: orthonormal columns, or NaN with Q, since Q = M^T P; |A| <=
+                # r max|Q|): each matrix's Q, m x r, is checked instead of its A, n x m
+                q_finite = be.all_finite_rows(be.reshape(q, (s[0], s[2] * s[3]))) if s[0] > 1 else [be.all_finite(q)]
+                for item, a, q_item, q_ok in zip(batch, approx, q_parts, q_finite):
+                    if m is None:  # with error feedback e = M - P Q^T, in M's storage (r's own where it can)
+                        self.codec.keep_difference(be, item, item.work.flat, a)
+                    if self.spec.warm_start and q_kept is None:
                         be.assign(self.q[item.name], q_item)
                     averages[item.index] = a
-                    # A = P Q^T is finite where Q is (P: orthonormal columns, or NaN with Q, since Q = M^T P; |A| <=
-                    # r max|Q|): Q, m x r, is checked instead of A, n x m
-                    finite[item.index] = be.all_finite(q_item)
+                    finite[item.index] = q_ok
         return [averages[item.index] for item in items] + [finite[item.index] for item in items]
 
-    def _allreduce_factors(self, be, factors, shapes, op, prefix):
+    def _allreduce_factors(self, be, factors, batches, order, shapes, op, prefix):
         """The factors of every batch (of `shapes`) as one buffer in the wire dtype, allreduced; back as float32,
-        each in its shape."""
-        flat = be.concat([be.reshape(f, (-1,)) for f in factors])
-        sent = be.cast(flat, self.wire_dtype)
-        reduced = be.cast(be.wait(be.allreduce(sent, be.stable_name(prefix), op)), "float32")
-        parts = be.split(reduced, [b * rows * r for b, rows, r in shapes])
+        each in its shape. The buffer holds them matrix by matrix in the step's order (`order`, the matrices'
+        indices) whatever the batches, so each element is reduced at the place, and so in the order (a ring's at 3
+        or more ranks), it would be unbatched: the same bits with batch_tensors either way."""
+        batched = any(len(b) > 1 for b in batches)
+        flats = [be.reshape(f, (-1,)) for f in factors]
+        if batched:
+            pieces, sizes = {}, {}
+            for flat, batch, (count, rows, r) in zip(flats, batches, shapes):
+                pieces.update(zip((i.index for i in batch), be.split(flat, [rows * r] * count)))
+                sizes.update((i.index, rows * r) for i in batch)
+            flats = [pieces[index] for index in order]
+        reduced = be.cast(be.wait(be.allreduce(be.cast(be.concat(flats), self.wire_dtype), be.stable_name(prefix),
+                                               op)), "float32")
+        if batched:
+            pieces = dict(zip(order, be.split(reduced, [sizes[index] for index in order])))
+            parts = [be.concat([pieces[i.index] for i in batch]) for batch in batches]
+        else:
+            parts = be.split(reduced, [b * rows * r for b, rows, r in shapes])
         return [be.reshape(part, shape) for part, shape in zip(parts, shapes)]
 
     def _drawn_q(self, be, batches):
@@ -220,8 +249,14 @@ class PowerSGDMethod(Method):
         return [be.concat([normal(q_elements(i), seed, step, tensor_key(i.name), i.work.flat) for i in b])
                 for b in batches]
 
+    def _fused_q(self, be, batch):
+        """One buffer holding the batch's kept Q (feedback.fused), or None."""
+        return fused_states(be, self.q, [i.name for i in batch])
+
     def _kept_q(self, be, batches):
-        return [be.concat([be.read(self.q[i.name]) for i in b]) for b in batches]
+        kept = [self._fused_q(be, b) for b in batches]
+        return [be.concat([be.read(self.q[i.name]) for i in b]) if q is None else be.read(q)
+                for b, q in zip(batches, kept)]
 
     def _agreed_q(self, be, batches):
         """Rank 0's Q on every rank: an allreduce (Sum) in which every other rank sends zeros (x + 0 == x)."""
@@ -290,8 +325,11 @@ class PowerSGD(CompressorSpec):
             gives NaN, so orthogonalization_epsilon has no counterpart; a column of tiny values (below about
             1e-19, whose squares underflow float32: a deep net's first layers) is scaled by a power of two before
             its norm is taken, so it is normalized as a larger one would be (the hook divides by a norm of 0).
-        batch_tensors: batch_tensors_with_same_shape: matrices of one shape are multiplied as one batch (the same
-            values, fewer kernel launches). Default False, as the hook's.
+        batch_tensors: batch_tensors_with_same_shape: matrices of one shape are multiplied as one batch (fewer
+            kernel launches, the same bits: each matrix's factors are reduced at its own place in the buffer).
+            Default True (the hook: False, since its batch is a copy of the matrices; here, where the backend can
+            (PyTorch), a batch's residuals and kept Q share one buffer, so with error feedback the batch copies
+            nothing and e = M - P Q^T is one subtraction per batch).
         value_dtype: "fp32" or "fp16": the dtype of P and Q on the wire (half the bytes; a factor beyond the fp16
             range fails the step on every rank). The products are computed in float32 either way (the hook:
             in the gradient's dtype).
@@ -309,7 +347,7 @@ class PowerSGD(CompressorSpec):
     method = PowerSGDMethod
 
     def __init__(self, rank=4, start_iter=10, min_compression_rate=2, error_feedback=True, warm_start=True,
-                 orthogonalization="gram_schmidt", batch_tensors=False, value_dtype="fp32", seed=None):
+                 orthogonalization="gram_schmidt", batch_tensors=True, value_dtype="fp32", seed=None):
         super().__init__(rank=check_int("powersgd rank", rank, low=1),
                          start_iter=check_int("powersgd start_iter", start_iter, low=0),
                          min_compression_rate=check_real("powersgd min_compression_rate", min_compression_rate,

@@ -169,6 +169,10 @@ class TFBackend(Backend):
         return tf.reduce_all(tf.math.is_finite(x))
 
     @staticmethod
+    def all_finite_rows(x):
+        return tf.unstack(tf.reduce_all(tf.math.is_finite(x), axis=1), num=int(x.shape[0]))
+
+    @staticmethod
     def all_true(truths):
         """Eagerly: Python bools of the truths, the tensors among them stacked and read once."""
         out = [None if tf.is_tensor(t) else bool(t) for t in truths]
@@ -360,6 +364,11 @@ class TFBackend(Backend):
     @staticmethod
     def export(state):
         return state.numpy()
+
+    @staticmethod
+    def fused_states(states):
+        """None: a tf.Variable owns its storage (the caller concatenates the states' values)."""
+        return None
 
     def imported_residual(self, name, values):
         """Made with its values, eagerly as residual() is (also while a tf.function is traced)."""

@@ -230,6 +230,11 @@ class TorchBackend(Backend):
         return FiniteBounds(*torch.aminmax(x.reshape(-1)))
 
     @staticmethod
+    def all_finite_rows(x):
+        """Boolean tensors on x's device (all_true reads them with the step's other truths)."""
+        return list(torch.isfinite(x).all(1).unbind()) if x.numel() else [True] * x.shape[0]
+
+    @staticmethod
     def all_true(truths):
         """Python bools of the truths, one host read per device: all_finite's bounds (per dtype) and equal's
         boolean tensors become one boolean vector on their device, read at once."""
@@ -446,6 +451,22 @@ class TorchBackend(Backend):
     @staticmethod
     def export(state):
         return state.clone()
+
+    @staticmethod
+    def fused_states(states):
+        first, last = states[0], states[-1]
+        if len(states) == 1 and first.dim() == 1 and first.is_contiguous():
+            return first, [first]
+        storage = first.untyped_storage().data_ptr()
+        consecutive = all(
+            s.dim() == 1 and s.dtype == torch.float32 and s.is_contiguous()
+            and s.untyped_storage().data_ptr() == storage and s.storage_offset() == p.storage_offset() + p.numel()
+            for p, s in zip(states, states[1:]))
+        if consecutive and first.dim() == 1 and first.is_contiguous():
+            total = last.storage_offset() + last.numel() - first.storage_offset()
+            return first.as_strided((total,), (1,)), list(states)
+        buffer = torch.cat([s.reshape(-1) for s in states]) if len(states) > 1 else states[0].reshape(-1).clone()
+        return buffer, list(torch.split(buffer, [s.numel() for s in states]))
 
     @staticmethod
     def imported_residual(name, values):

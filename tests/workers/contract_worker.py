@@ -84,7 +84,7 @@ def run_torch():
                 return it.result
             return it.param.grad if it.param is not None else it.grad
 
-        return types.SimpleNamespace(be=be, context=context, built_steps=False, t=t, item=item,
+        return types.SimpleNamespace(be=be, context=context, framework="torch", built_steps=False, t=t, item=item,
                                      sparse_item=sparse_item, graph=False, timed=True,
                                      counted=lambda field: stats.current[field], written=written,
                                      dense=lambda x: x.to_dense() if x.is_sparse else x,
@@ -134,7 +134,7 @@ def run_tf():
             grad = tf.IndexedSlices(t(rows), tf.constant(indices, tf.int64), tf.constant(shape, tf.int64))
             return Item(0, name, grad, int(np.prod(shape)), grad.dtype.size, sparse=sparse)
 
-        return types.SimpleNamespace(be=be, context=context, built_steps=True, t=t, item=item,
+        return types.SimpleNamespace(be=be, context=context, framework="tf", built_steps=True, t=t, item=item,
                                      sparse_item=sparse_item, graph=graph, timed=False,
                                      counted=counted, written=lambda it: it.result, dense=tf.convert_to_tensor,
                                      set_method_state=set_method_state)

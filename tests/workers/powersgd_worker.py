@@ -87,16 +87,20 @@ def run_tf(config, graph):
 def check(config_name, graph=False):
     # Horovod's tapes share one aggregator (its step and state) per compression: the graph run gets its own seed
     config = dict(CONFIGS[config_name], seed=CONFIGS[config_name]["seed"] + int(graph))
+    # the same run with batch_tensors the other way: its bits (a batch multiplies what one matrix would)
+    other = dict(config, batch_tensors=not config.get("batch_tensors", True))
     if FRAMEWORK == "torch":
         import horovod_ext.torch as hvd
         got, stats = run_torch(config)
-        gathered = [hvd.allgather_object([g.tobytes() for g in gs]) for gs in got]
+        unbatched, _ = run_torch(other)
     else:
         import horovod_ext.tensorflow as hvd
         got, stats = run_tf(config, graph)
-        gathered = [hvd.allgather_object([g.tobytes() for g in gs]) for gs in got]
+        unbatched, _ = run_tf(other, graph)
+    gathered = [hvd.allgather_object([g.tobytes() for g in gs]) for gs in got]
     want = reference(config, hvd.size())
     return {"error": compare(got, want), "config": config,
+            "batching_same_bits": all(np.array_equal(a, b) for gs, hs in zip(got, unbatched) for a, b in zip(gs, hs)),
             "identical": all(all(r == per_rank[0] for r in per_rank) for per_rank in gathered),
             "compressing": stats.get("compressing"), "last_step": stats["last_step"], "total": stats["total"]}
 
