@@ -77,7 +77,7 @@ def topk_rows(ops, n, fractions):
 def nested_rows(n, levels):
     """GraVAC's two levels (top n/cf1, then the top n/cf2 among them: TorchKernels.topk_select_nested, whose
     second level is the CUDA top-k over the candidates' values) against torch.topk twice."""
-    from horovod_ext.torch.kernels import TorchKernels
+    from horovod_ext.torch_common.kernels import TorchKernels
 
     rows = []
     x = torch.randn(n, device="cuda")

@@ -15,7 +15,7 @@ import traceback
 import torch
 
 import horovod_ext.torch as hvd
-from horovod_ext.torch import kernels
+from horovod_ext.torch_common import kernels
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(hvd.__file__)))  # the horovod_ext folder
 KERNELS = {"ternary": "ternary_encode_entropy,ternary_decode_average_entropy,ternary_encode,ternary_decode_average,"
@@ -77,7 +77,7 @@ def main():
         print(f"step {step}:")
         for name, stack in calls.items():
             print(f"  {name}: {len(stack) + 1} Python frames from the hook (+ binding + core): "
-                  + " -> ".join(stack + [f"torch/kernels.py:{name}"]))
+                  + " -> ".join(stack + [f"torch_common/kernels.py:{name}"]))
         mine = sorted(f for f in files if not f.startswith("horovod/"))
         print(f"  horovod_ext files entered: {len(mine)} ({', '.join(mine)}); Horovod's: {len(files) - len(mine)}")
 

@@ -29,8 +29,6 @@ import sys
 import threading
 import warnings
 
-from horovod.common.exceptions import HorovodInternalError
-
 _held = {}  # id -> owner with collectives in flight
 _uncaught = []  # an exception ended the script (sys.excepthook saw it)
 _barrier = []  # [a collective over every rank]: the ranks leave together
@@ -76,7 +74,7 @@ def complete_all():
     for owner in list(_held.values()):
         try:
             owner.complete_in_flight()
-        except (HorovodInternalError, RuntimeError, ValueError):
+        except (RuntimeError, ValueError):  # HorovodInternalError is a RuntimeError
             pass  # Horovod failed or was shut down under them: nothing left to complete
     _held.clear()
     if _barrier:

@@ -7,7 +7,7 @@ context has a case.
 A case is fn(ctx) -> value (tensors, numbers, lists of them, None), run inside a tf.function in the graph mode;
 the expectation is fn(rank, nranks, value, ctx) -> None or a message saying what differs. ctx gives the framework:
 ctx.be (a new backend per case), ctx.t(values, dtype) (a tensor), ctx.item(name, values) (a plan.Item),
-ctx.framework ("torch" or "tf"), ctx.graph (True inside tf.function), ctx.context (the adapter's StepContext over
+ctx.framework ("torch", "ddp" or "tf"), ctx.graph (True inside tf.function), ctx.context (the adapter's StepContext over
 ctx.be, begun at step 3 with seed 7, for CONTEXT_CASES), ctx.counted(field) (what the context has counted of a field
 this step), ctx.written(item) (the item's result after write), ctx.set_method_state(text) (a checkpoint restoring
 the TensorFlow variable; nothing elsewhere), ctx.sparse_item(name, indices, rows, shape, sparse) (a plan.Item whose
@@ -118,13 +118,20 @@ def _bitcast(c):
 
 
 def _allgather(c):
-    return c.be.wait(c.be.allgather(c.t([float(c.rank)] * 2), "contract.allgather"))
+    """The same size on every rank, then rank r's r + 1 elements (a payload whose size differs between ranks). The
+    two inputs differ on every rank: TensorFlow's graph optimizer merges two allgathers of one constant into one (a
+    Horovod op is not stateful), and a rank whose graph has one collective fewer hangs the others."""
+    return [c.be.wait(c.be.allgather(c.t([float(c.rank)] * 2), "contract.allgather")),
+            c.be.wait(c.be.allgather(c.t([10.0 + c.rank] * (c.rank + 1)), "contract.allgather_uneven"))]
 
 
 def _alltoall(c):
+    """One element to each rank, then j + 1 elements to rank j (parts of different sizes)."""
     n = c.be.nranks
     x = c.t([float(10 * c.rank + j) for j in range(n)])
-    return c.be.wait(c.be.alltoall(x, [1] * n, "contract.alltoall"))
+    uneven = c.t([float(10 * c.rank + j) for j in range(n) for _ in range(j + 1)])
+    return [c.be.wait(c.be.alltoall(x, [1] * n, "contract.alltoall")),
+            c.be.wait(c.be.alltoall(uneven, [j + 1 for j in range(n)], "contract.alltoall_uneven"))]
 
 
 def _wait(c):
@@ -408,7 +415,7 @@ def _expect_shared_read(rank, n, value, c):
 CASES = {
     # step-level names move in PyTorch's eager steps; TensorFlow's steps are built once, their names stay
     "end_step": (_end_step, lambda r, n, v, c: equal(v, [True, True, not c.built_steps])),
-    "ranks_training": (_ranks_training, lambda r, n, v, c: equal(v, None if c.graph else n)),
+    "ranks_training": (_ranks_training, lambda r, n, v, c: equal(v, None if c.graph or c.framework == "ddp" else n)),
     "flat32": (_flat32, lambda r, n, v, c: close(v[0], [1, 2, 3, 4]) or equal(v[1], True)),
     "copy": (_copy, lambda r, n, v, c: close(v, [1, 2])),
     "sub": (lambda c: [c.be.sub(c.t([5.0, 7.0]), c.t([1.0, 2.0])), c.be.sub(c.t([5.0, 7.0]), c.t([1.0, 3.0]), True)],
@@ -457,8 +464,10 @@ CASES = {
     "allreduce_sparse": (_allreduce_sparse, _expect_sparse_average),
     "densify": (_densify, lambda r, n, v, c: close(v[0], [[3, 4], [0, 0], [1, 2]])
                 or close(v[1], [[6, 8], [0, 0], [2, 4]]) or close(v[2:], [6, 4])),
-    "allgather": (_allgather, lambda r, n, v, c: close(v, [float(j) for j in range(n) for _ in range(2)])),
-    "alltoall": (_alltoall, lambda r, n, v, c: close(v, [10.0 * j + r for j in range(n)])),
+    "allgather": (_allgather, lambda r, n, v, c: close(v[0], [float(j) for j in range(n) for _ in range(2)])
+                  or close(v[1], [10.0 + j for j in range(n) for _ in range(j + 1)])),
+    "alltoall": (_alltoall, lambda r, n, v, c: close(v[0], [10.0 * j + r for j in range(n)])
+                 or close(v[1], [10.0 * j + r for j in range(n) for _ in range(r + 1)])),
     "wait": (_wait, lambda r, n, v, c: close(v, [n])),
     "name": (_name, lambda r, n, v, c: equal(v, True)),
     "step_name": (_step_name, lambda r, n, v, c: equal(v, True)),

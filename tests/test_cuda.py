@@ -232,7 +232,7 @@ def test_gpu_topk_ties_nan_inf_and_conservation():
 def test_gpu_nested_topk_and_norms_bit_identical_to_cpu(n):
     """GraVAC's two levels on a CUDA tensor (top k1, then the top k2 among the candidates' values, both on the
     device; the norms through the candidates' values on the host) give the CPU kernel's indices and sums."""
-    from horovod_ext.torch.kernels import TorchKernels
+    from horovod_ext.torch_common.kernels import TorchKernels
 
     x = gradient(n, seed=3)
     x[::5] = x[1::5][:len(x[::5])] if n > 5 else x[::5]  # ties

@@ -208,7 +208,7 @@ def test_region_kernels_write_the_reference_bytes(value_dtype):
     import torch
     from hvdext_reference import topk as ref_topk
     from horovod_ext.compressors.topk import VALUE_DTYPE_IDS
-    from horovod_ext.torch.kernels import TorchKernels as K
+    from horovod_ext.torch_common.kernels import TorchKernels as K
 
     rng = np.random.default_rng(5)
     g = (rng.standard_t(3, 5000) * 1e-2).astype(np.float32)
@@ -293,7 +293,7 @@ def test_owner_sums_in_rank_order_and_keeps_the_largest_received(quota):
     min(q, received) sums coded as the reference's payload; a corrupted payload gives the marker payload."""
     import torch
     from hvdext_reference import topk as ref_topk
-    from horovod_ext.torch.kernels import TorchKernels as K
+    from horovod_ext.torch_common.kernels import TorchKernels as K
 
     rng = np.random.default_rng(11)
     n, payloads, sums, seen = 3000, [], np.zeros(3000, np.float32), np.zeros(3000, bool)

@@ -5,7 +5,7 @@ import torch
 from horovod_ext.compression import settings_mismatch_message
 from horovod_ext.compression.wire import allgather_wire_bytes, allreduce_wire_bytes, tensor_key
 from horovod_ext.compressors import Ternary
-from horovod_ext.torch.kernels import check_gradient
+from horovod_ext.torch_common.kernels import check_gradient
 
 
 def test_bare_and_configured():

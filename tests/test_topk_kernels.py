@@ -143,7 +143,7 @@ def test_gravac_candidates_through_their_values_give_the_same_bits():
     """The CUDA path of GraVAC's second selection and norms (kernels.select_among_candidates: the top-k of the
     candidates' values; sum_squares_of_candidates: only the candidates' values go to the host) equals the direct
     kernels, ties included; run here on CPU tensors."""
-    from horovod_ext.torch.kernels import select_among_candidates, sum_squares_of_candidates
+    from horovod_ext.torch_common.kernels import select_among_candidates, sum_squares_of_candidates
 
     for seed, kind in ((0, "normal"), (1, "ties"), (3, "ties")):
         x = torch.from_numpy(values(50000, seed, kind))

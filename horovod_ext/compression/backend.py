@@ -1,6 +1,7 @@
 """The backend contract: the primitives a method's step (plan.py, each compressor's module) runs on.
 
-Both adapters implement it (horovod_ext/torch/backend.py, horovod_ext/tensorflow/backend.py) as subclasses of
+Both adapters implement it (horovod_ext/torch/backend.py over horovod_ext/torch_common/tensors.py,
+horovod_ext/tensorflow/backend.py) as subclasses of
 ``Backend``: a primitive left out is a TypeError when the backend is made, in whichever framework, and
 tests/test_backend_contract.py runs every primitive on PyTorch, TensorFlow eager and TensorFlow inside tf.function
 against the same expectations.
@@ -42,7 +43,7 @@ class Backend(abc.ABC):
     def ranks_training(self, name):
         """Starts asking how many ranks of the process set are still training (the others called hvd.join()): an
         allreduce of 1 (see join.py). A future whose wait() is that number as an int; None where it cannot be asked
-        (a graph being built)."""
+        (a graph being built) or need not be (torch.distributed has no hvd.join(): every rank trains)."""
 
     # ------------------------------------------------------------------------------------------------ tensors
     @abc.abstractmethod

@@ -21,7 +21,6 @@ rolls the job back and resets it once more, rather than ending the worker.
 import contextlib
 import os
 
-from horovod.common.exceptions import HorovodInternalError
 
 ELASTIC = os.environ.get("HOROVOD_ELASTIC") == "1"
 # Horovod's DUPLICATE_NAME_ERROR (common/common.h)
@@ -67,6 +66,7 @@ def stale_names_reset():
         yield
     except ValueError as exc:
         if ELASTIC and is_stale_name(exc):
+            from horovod.common.exceptions import HorovodInternalError  # only Horovod's collectives get here
             raise HorovodInternalError(f"{exc} (a collective of this name was left in Horovod's queue by the last "
                                        f"failure; horovod_ext resets with new names)") from exc
         raise

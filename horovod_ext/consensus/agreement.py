@@ -5,11 +5,8 @@ host and any argument error in one allgather, and then every rank raises the sam
 arguments are invalid therefore never leaves the others waiting in a collective. Groups become Horovod process
 sets, created on every rank in the same order.
 """
-from horovod.common.process_sets import global_process_set
-
 from horovod_ext import __version__
 from horovod_ext.in_flight import leave_together
-from horovod_ext.horovod_internals import existing_process_sets, process_set_object
 from horovod_ext.compression import generation
 from horovod_ext.compression.consistency import exchange, layout_digest
 from .groups import node_key
@@ -46,6 +43,8 @@ def process_set_for(ranks, size, add_process_set, barrier):
     this for the same rank lists in the same order, as Horovod's add_process_set is collective). With a set other
     than the global one, the ranks leave together at exit (in_flight.leave_together; ``barrier``: a collective over
     every rank)."""
+    from horovod.common.process_sets import global_process_set  # Horovod's: the rest of this module is not
+    from horovod_ext.horovod_internals import existing_process_sets, process_set_object
     ranks = sorted(ranks)
     if ranks == list(range(size)):
         return global_process_set

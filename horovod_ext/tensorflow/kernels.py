@@ -1,6 +1,6 @@
 """The TensorFlow custom ops of horovod-ext (cpp/tensorflow/ops.cc over the framework-free core in cpp/src), loaded
 from _tf_ops.so beside this module, and the TensorFlow backend's kernel table over them (TFKernels; the twin of
-horovod_ext/torch/kernels.py)."""
+horovod_ext/torch_common/kernels.py)."""
 import os
 
 import tensorflow as tf

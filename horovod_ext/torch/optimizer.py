@@ -29,7 +29,7 @@ from horovod_ext.compression.horovod_args import (check_groups, check_named_para
                                                   outside_process_set)
 from horovod_ext.compression.specs import compression_name, describe_compression, element_limit, resolved_for
 from .backend import TorchBackend, drain, numpy_allgather, timed_into
-from .kernels import check_gradient
+from horovod_ext.torch_common.kernels import check_gradient
 
 _optimizer_ids = itertools.count()
 _LIVE_OPTIMIZERS = weakref.WeakSet()  # this process's optimizers that leave work in flight, for complete_in_flight()

@@ -89,7 +89,7 @@ def corrupt_indices(payload):
 def torch_corruption(hvd, torch, which):
     """Rank 1 corrupts one payload: an allgathered ternary one, its phase-1 chunk for rank 0 (two-phase), a
     delta-coded top-k one, or an int32 top-k one's indices."""
-    from horovod_ext.torch import kernels
+    from horovod_ext.torch_common import kernels
     names, compressor, kwargs = CORRUPTIONS[which]
     originals = {name: getattr(kernels.TorchKernels, name) for name in names}
     calls = []

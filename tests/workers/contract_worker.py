@@ -1,5 +1,6 @@
-"""Runs the backend contract's conformance cases (tests/contract_cases.py) under horovodrun: argv[1] "torch" (the
-PyTorch backend) or "tf" (TensorFlow eagerly, then inside tf.function). Writes {mode: {case: None or what
+"""Runs the backend contract's conformance cases (tests/contract_cases.py): argv[1] "torch" (the PyTorch backend
+over Horovod) or "tf" (TensorFlow eagerly, then inside tf.function) under horovodrun, or "ddp" (the PyTorch backend
+over torch.distributed, under torchrun, with Horovod hidden: importing it fails). Writes {mode: {case: None or what
 differs}} for tests/test_backend_contract.py."""
 import json
 import os
@@ -11,6 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from contract_cases import CASES, CONTEXT_CASES, GRAPH_FAILURES  # noqa: E402
+import hide_horovod  # noqa: E402
 from hvdrun import write_result  # noqa: E402
 
 from horovod_ext.compression import CompressionStats  # noqa: E402
@@ -40,7 +42,11 @@ def check(mode, rank, nranks, make_context, to_numpy, run=lambda fn: fn()):
     results = {}
     cases = dict(CASES)
     cases.update({f"context.{name}": (begun(case), expect) for name, (case, expect) in CONTEXT_CASES.items()})
+    only = os.environ.get("HVDEXT_CONTRACT_CASES")  # a comma-separated subset, to run one case alone
     for name, (case, expect) in cases.items():
+        if only and name not in only.split(","):
+            continue
+        print(f"[contract] {mode} {name}", flush=True)
         ctx = make_context()
         ctx.rank = rank
         try:
@@ -54,46 +60,77 @@ def check(mode, rank, nranks, make_context, to_numpy, run=lambda fn: fn()):
     return results
 
 
+def torch_items(torch):
+    """The context's PyTorch helpers, the same for both PyTorch backends: t, item, sparse_item, written, dense."""
+    def t(values, dtype="float32"):
+        return torch.tensor(values, dtype=getattr(torch, dtype))
+
+    def item(name, values):
+        grad = t(values)
+        return Item(0 if name in ("a", "g", "w", "grad") else 1, name, grad, grad.numel(), grad.element_size())
+
+    def sparse_item(name, indices, rows, shape, sparse):
+        param = torch.nn.Parameter(torch.zeros(shape))
+        param.grad = torch.sparse_coo_tensor(torch.tensor([indices]), t(rows), shape)
+        return Item(0, name, param.grad, param.numel(), param.element_size(), param=param, sparse=sparse)
+
+    def written(it):
+        if it.result is not None:
+            return it.result
+        return it.param.grad if it.param is not None else it.grad
+
+    return dict(t=t, item=item, sparse_item=sparse_item, written=written,
+                dense=lambda x: x.to_dense() if x.is_sparse else x)
+
+
+def torch_numpy(torch):
+    return lambda x: np.asarray(x.detach().cpu().numpy() if torch.is_tensor(x) else x).tolist()
+
+
 def run_torch():
     import torch
     import horovod_ext.torch as hvd
     from horovod.common.process_sets import global_process_set
     from horovod_ext.torch.backend import TorchBackend, timed_into
     hvd.init()
-
-    def t(values, dtype="float32"):
-        return torch.tensor(values, dtype=getattr(torch, dtype))
+    torch_item = torch_items(torch)
 
     def make_context():
         stats = CompressionStats("contract")
         be = TorchBackend(global_process_set, hvd.Average, 1.0, stats)
         context = StepContext(stats, timer=timed_into)
         context.use(be)
+        return types.SimpleNamespace(be=be, context=context, framework="torch", built_steps=False, graph=False,
+                                     timed=True, counted=lambda field: stats.current[field],
+                                     set_method_state=lambda text: False, **torch_item)
 
-        def item(name, values):
-            grad = t(values)
-            return Item(0 if name in ("a", "g", "w", "grad") else 1, name, grad, grad.numel(), grad.element_size())
+    return hvd, {"torch": check("torch", hvd.rank(), hvd.size(), make_context, torch_numpy(torch))}
 
-        def sparse_item(name, indices, rows, shape, sparse):
-            param = torch.nn.Parameter(torch.zeros(shape))
-            param.grad = torch.sparse_coo_tensor(torch.tensor([indices]), t(rows), shape)
-            return Item(0, name, param.grad, param.numel(), param.element_size(), param=param, sparse=sparse)
 
-        def written(it):
-            if it.result is not None:
-                return it.result
-            return it.param.grad if it.param is not None else it.grad
+def run_ddp():
+    """horovod_ext.ddp's backend over torch.distributed (Gloo), in a process where Horovod cannot be imported."""
+    hide_horovod.hide()
+    import torch
+    import torch.distributed as dist
+    from horovod_ext.ddp.backend import DDPBackend
+    from horovod_ext.torch_common.tensors import timed_into
+    dist.init_process_group("gloo")
+    torch_item = torch_items(torch)
 
-        return types.SimpleNamespace(be=be, context=context, framework="torch", built_steps=False, t=t, item=item,
-                                     sparse_item=sparse_item, graph=False, timed=True,
-                                     counted=lambda field: stats.current[field], written=written,
-                                     dense=lambda x: x.to_dense() if x.is_sparse else x,
-                                     set_method_state=lambda text: False)
+    def make_context():
+        stats = CompressionStats("contract")
+        be = DDPBackend(None, stats)
+        context = StepContext(stats, timer=timed_into)
+        context.use(be)
+        return types.SimpleNamespace(be=be, context=context, framework="ddp", built_steps=False, graph=False,
+                                     timed=True, counted=lambda field: stats.current[field],
+                                     set_method_state=lambda text: False, **torch_item)
 
-    def to_numpy(x):
-        return np.asarray(x.detach().cpu().numpy() if torch.is_tensor(x) else x).tolist()
-
-    return hvd, {"torch": check("torch", hvd.rank(), hvd.size(), make_context, to_numpy)}
+    results = {"ddp": check("ddp", dist.get_rank(), dist.get_world_size(), make_context, torch_numpy(torch))}
+    rank = dist.get_rank()
+    dist.barrier()
+    dist.destroy_process_group()
+    return rank, results
 
 
 def run_tf():
@@ -149,6 +186,10 @@ def run_tf():
 
 
 if __name__ == "__main__":
-    hvd, results = run_torch() if sys.argv[1] == "torch" else run_tf()
-    write_result(hvd.rank(), {"rank": hvd.rank(), "results": results})
+    if sys.argv[1] == "ddp":
+        rank, results = run_ddp()
+    else:
+        hvd, results = run_torch() if sys.argv[1] == "torch" else run_tf()
+        rank = hvd.rank()
+    write_result(rank, {"rank": rank, "results": results})
     json.dumps(results)

@@ -115,7 +115,7 @@ def adversarial():
 def corrupted_chunk(settings):
     """The last rank flips a byte of the phase-1 payload it sends rank 0: only rank 0 sees it (by alltoall); its
     flagged phase-2 payload makes every rank fail the step."""
-    from horovod_ext.torch import kernels
+    from horovod_ext.torch_common import kernels
     original = kernels.TorchKernels.topk_encode_regions
 
     def corrupting(flats, positions, bounds, value_type):

@@ -1,0 +1,170 @@
+"""The PyTorch backend of the communication plan over torch.distributed, with no Horovod (the contract:
+horovod_ext/compression/backend.py): the tensor primitives of horovod_ext/torch_common/tensors.py, and
+torch.distributed's asynchronous collectives on one process group (Gloo on CPUs, NCCL on GPUs). A future is a
+work object, the output it fills, and what turns that output into the result.
+
+torch.distributed matches collectives by their order on each rank, not by name (Horovod matches names): the plan
+starts the same collectives in the same order on every rank (its buckets are sorted by parameter position and
+flushed at the same point of the same program), so the names it gives are kept for error messages only.
+
+Where Horovod's collectives and torch.distributed's differ, this backend does what Horovod does:
+- an allgather concatenates the ranks' tensors along the first dimension, which may differ between ranks (a
+  payload coded to a size of its content): the ranks' sizes are gathered first (one small collective, read on the
+  host to size the output), then the tensors, padded to the largest;
+- an alltoall sends x cut by per-rank counts: the counts are exchanged first (the receiver must know its parts'
+  sizes), then the parts;
+- op "average" sums, then multiplies by 1 / N, as Horovod's postscale does;
+- a sparse allreduce allgathers the indices and the values and builds the sparse sum, as Horovod's.
+"""
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from horovod_ext.torch_common.tensors import Done, TorchTensors, timed_into
+
+REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "average": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+class Work:
+    """A collective in flight: torch.distributed's work object, the tensor it fills, and what turns that tensor
+    into the result (None: the tensor itself)."""
+
+    __slots__ = ("work", "output", "post")
+
+    def __init__(self, work, output, post=None):
+        self.work, self.output, self.post = work, output, post
+
+
+class LinearCompressor:
+    """Horovod's Compression.none / fp16 semantics (compress before an allreduce, decompress after), for what
+    Compression.auto sends by allreduce: fp16 casts floating tensors to float16 and back to their dtype."""
+
+    HOROVOD_NAMES = {"none": "NoneCompressor", "fp16": "FP16Compressor"}
+
+    def __init__(self, name):
+        if name not in self.HOROVOD_NAMES:
+            raise ValueError(f"linear compressor must be 'none' or 'fp16', got {name!r}")
+        self.name = name
+        self.__name__ = self.HOROVOD_NAMES[name]  # what the ranks' settings compare, as Horovod's class names
+
+    def __repr__(self):
+        return f"Compression.{self.name}"
+
+    def compress(self, tensor):
+        if self.name == "fp16" and tensor.dtype.is_floating_point:
+            return tensor.to(torch.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, dtype):
+        return tensor if dtype is None else tensor.to(dtype)
+
+
+NONE = LinearCompressor("none")
+
+
+def numpy_allgather(group=None):
+    """allgather(array, name) -> the ranks' NumPy arrays concatenated (consistency.allgather_blobs), over
+    torch.distributed's object allgather."""
+
+    def allgather(array, name):
+        arrays = [None] * dist.get_world_size(group)
+        dist.all_gather_object(arrays, np.asarray(array), group=group)
+        return np.concatenate(arrays)
+
+    return allgather
+
+
+class DDPBackend(TorchTensors):
+    """Collectives by torch.distributed work objects on `group` (None: the default group); ``average``: the
+    gradients' op is the mean (else the sum)."""
+
+    carries_futures = True  # a work object may be waited for in a later step
+
+    def __init__(self, group, stats, average=True):
+        super().__init__(stats)
+        self.group = group
+        self.nranks, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.divisor = float(self.nranks) if average else 1.0
+
+    def ranks_training(self, name):
+        """None: torch.distributed has no hvd.join(); every rank of the group trains every step (DDP's uneven
+        inputs, model.join(), shadow DDP's own allreduce, not a hook's collectives, and are refused with a
+        payload compressor by horovod_ext.ddp)."""
+        return None
+
+    @staticmethod
+    def linear_compressor(name):
+        return LinearCompressor(name)
+
+    # -------------------------------------------------------------------------------------------- collectives
+    def _all_reduce(self, x, op, post=None):
+        work = dist.all_reduce(x, op=REDUCE_OPS[op], group=self.group, async_op=True)
+        if op == "average":
+            scale = 1.0 / self.nranks
+            return Work(work, x, (lambda out: out.mul_(scale)) if post is None else (lambda out: post(out.mul_(scale))))
+        return Work(work, x, post)
+
+    def allreduce(self, x, name, op):
+        return self._all_reduce(x.clone(), op)
+
+    def allreduce_grad(self, item, name, compression=None):
+        compression = compression or NONE
+        if compression is NONE:
+            compressed, ctx = compression.compress(item.grad)
+        else:
+            with timed_into(self.stats, "compress_seconds"):
+                compressed, ctx = compression.compress(item.grad)
+        sent = compressed.numel() * compressed.element_size()
+        buffer = compressed.clone() if compressed is item.grad else compressed
+        return self._all_reduce(buffer, "average" if self.divisor != 1.0 else "sum",
+                                lambda out: compression.decompress(out, ctx)), sent
+
+    def allreduce_buffer(self, x, name):
+        return self._all_reduce(x, "average" if self.divisor != 1.0 else "sum")
+
+    def allreduce_sparse(self, item, name):
+        grad = item.grad  # sent as it is, duplicate indices included (as Horovod sends it)
+        sent = grad._values().numel() * grad.element_size() + grad._indices().numel() * 8
+        values = self.wait(self.allgather(grad._values(), name + ".values"))
+        indices = self.wait(self.allgather(grad._indices().transpose(0, 1).contiguous(), name + ".indices"))
+        if self.divisor != 1.0:
+            values = values / self.divisor
+        return Done(torch.sparse_coo_tensor(indices.transpose(0, 1), values, grad.size())), sent
+
+    def allgather(self, x, name):
+        x = x.reshape(1) if x.dim() == 0 else x.contiguous()
+        count = torch.tensor([x.shape[0]], dtype=torch.int64, device=x.device)
+        counts = torch.empty(self.nranks, dtype=torch.int64, device=x.device)
+        dist.all_gather_into_tensor(counts, count, group=self.group)
+        counts = counts.tolist()
+        rows = max(counts)
+        padded = x if x.shape[0] == rows else torch.cat([x, x.new_zeros((rows - x.shape[0],) + tuple(x.shape[1:]))])
+        out = x.new_empty((self.nranks * rows,) + tuple(x.shape[1:]))
+        work = dist.all_gather_into_tensor(out, padded, group=self.group, async_op=True)
+        if all(c == rows for c in counts):
+            return Work(work, out)
+        return Work(work, out, lambda o: torch.cat([o[r * rows:r * rows + c] for r, c in enumerate(counts)]))
+
+    def alltoall(self, x, splits, name):
+        start = time.perf_counter()
+        splits = [int(s) for s in (splits.tolist() if torch.is_tensor(splits) else splits)]
+        sending = torch.tensor(splits, dtype=torch.int64, device=x.device)
+        receiving = torch.empty_like(sending)
+        dist.all_to_all_single(receiving, sending, group=self.group)
+        received = receiving.tolist()
+        out = x.new_empty((sum(received),) + tuple(x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=received, input_split_sizes=splits,
+                               group=self.group)
+        self.stats.add(comm_seconds=time.perf_counter() - start)
+        return Done(out)
+
+    def wait(self, future):
+        if isinstance(future, Done):
+            return future.value
+        start = time.perf_counter()
+        future.work.wait()
+        self.stats.add(comm_seconds=time.perf_counter() - start)
+        return future.output if future.post is None else future.post(future.output)
