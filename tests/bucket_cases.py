@@ -1,9 +1,12 @@
 """What tests/workers/buckets_worker.py (PyTorch) and tf_buckets_worker.py (TensorFlow) share: the model's widths,
 the caps, the steps and their data, a digest of the parameters' bits, and a count of the Horovod collectives the
 package asks for (every call of the named functions of Horovod's module, wrapped before horovod_ext is imported)."""
+import functools
 import hashlib
 
 import numpy as np
+
+from hvdrun import horovodrun
 
 STEPS = 4
 CAPS = (0, 0.03, 25)  # one collective per tensor; three buckets; one bucket
@@ -55,3 +58,12 @@ def digest(arrays):
     for a in arrays:
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=None)
+def horovod_path_runs(nranks):
+    """Each rank's result of tests/workers/buckets_worker.py under horovodrun (one launch per rank count, shared by
+    tests/test_buckets.py and tests/test_ddp.py)."""
+    hosts = "localhost:2,127.0.0.1:2" if nranks == 4 else None
+    results, _ = horovodrun(nranks, "tests/workers/buckets_worker.py", timeout=600, hosts=hosts)
+    return results

@@ -9,6 +9,7 @@ import types
 import pytest
 
 from horovod_ext.compression.buckets import MEGABYTE, BucketPlan, FusingBackend, check_bucket_cap_mb
+from bucket_cases import horovod_path_runs
 from hvdrun import horovodrun
 
 F32 = ("torch.float32", "cpu")
@@ -47,20 +48,14 @@ def test_a_bad_cap_names_the_argument_and_what_it_takes(bad):
         check_bucket_cap_mb(bad)
 
 
-def torch_launch(nranks):
-    hosts = "localhost:2,127.0.0.1:2" if nranks == 4 else None
-    results, _ = horovodrun(nranks, "tests/workers/buckets_worker.py", timeout=600, hosts=hosts)
-    return results
-
-
 @pytest.fixture(scope="module")
 def launch2():
-    return torch_launch(2)
+    return horovod_path_runs(2)
 
 
 @pytest.fixture(scope="module")
 def launch4():
-    return torch_launch(4)
+    return horovod_path_runs(4)
 
 
 @pytest.fixture(params=["launch2", "launch4"], ids=["np2", "np4"])

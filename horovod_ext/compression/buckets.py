@@ -87,6 +87,28 @@ class BucketPlan:
         return bucket if bucket is not None and len(self.members[bucket]) > 1 else None
 
 
+class GivenBuckets:
+    """Buckets as a framework hands them, learned as they arrive (DDP's GradBucket: its reducer fills them and
+    rebuilds them after the first iteration in the order gradients became ready): BucketPlan's protocol for
+    FusingBackend. ``add(indices)`` before a bucket's tensors are launched; ``clear()`` once the step has ended."""
+
+    fuses = True  # a given bucket may hold several tensors
+    shared = BucketPlan.shared
+
+    def __init__(self):
+        self.members, self.bucket_of = [], {}
+
+    def add(self, indices):
+        """A new bucket of the tensors at `indices` (positions in the agreed parameter list); its number."""
+        bucket = len(self.members)
+        self.members.append(tuple(sorted(indices)))
+        self.bucket_of.update((index, bucket) for index in indices)
+        return bucket
+
+    def clear(self):
+        self.members, self.bucket_of = [], {}
+
+
 def header_elements(count, itemsize):
     """(elements of the payloads' dtype, int32 sizes) of an allgather header of `count` sizes: padded to whole
     elements of a dtype wider than 4 bytes."""
@@ -227,7 +249,10 @@ class FusingBackend:
         return self._record("allreduce", x, name, op)
 
     def allreduce_grad(self, item, name, compression=None):
-        if not self._fuses(name) or compression is not None:  # a Horovod compressor: as it is
+        """Fused unless a compressor is given that changes the tensor (Horovod's own compressors go to Horovod as
+        they are, fused by its tensor fusion; a backend's compressor marked ``identity`` sends the tensor as it
+        is, and is fused here: torch.distributed has no tensor fusion)."""
+        if not self._fuses(name) or not (compression is None or getattr(compression, "identity", False)):
             return self._be.allreduce_grad(item, str(name), compression)
         return self._record("grad", self._be.reshape(item.grad, (-1,)), name), item.numel * item.itemsize
 

@@ -24,6 +24,8 @@ import torch.distributed as dist
 
 from horovod_ext.torch_common.tensors import Done, TorchTensors, timed_into
 
+# torch >= 2.13 names it all_gather_single (all_gather_into_tensor, the same call, warns there)
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "average": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
@@ -48,6 +50,7 @@ class LinearCompressor:
             raise ValueError(f"linear compressor must be 'none' or 'fp16', got {name!r}")
         self.name = name
         self.__name__ = self.HOROVOD_NAMES[name]  # what the ranks' settings compare, as Horovod's class names
+        self.identity = name == "none"  # sends the tensor as it is: a bucket's are fused (buckets.FusingBackend)
 
     def __repr__(self):
         return f"Compression.{self.name}"
@@ -112,7 +115,7 @@ class DDPBackend(TorchTensors):
 
     def allreduce_grad(self, item, name, compression=None):
         compression = compression or NONE
-        if compression is NONE:
+        if getattr(compression, "identity", False):
             compressed, ctx = compression.compress(item.grad)
         else:
             with timed_into(self.stats, "compress_seconds"):
@@ -138,12 +141,12 @@ class DDPBackend(TorchTensors):
         x = x.reshape(1) if x.dim() == 0 else x.contiguous()
         count = torch.tensor([x.shape[0]], dtype=torch.int64, device=x.device)
         counts = torch.empty(self.nranks, dtype=torch.int64, device=x.device)
-        dist.all_gather_into_tensor(counts, count, group=self.group)
+        all_gather_single(counts, count, group=self.group)
         counts = counts.tolist()
         rows = max(counts)
         padded = x if x.shape[0] == rows else torch.cat([x, x.new_zeros((rows - x.shape[0],) + tuple(x.shape[1:]))])
         out = x.new_empty((self.nranks * rows,) + tuple(x.shape[1:]))
-        work = dist.all_gather_into_tensor(out, padded, group=self.group, async_op=True)
+        work = all_gather_single(out, padded, group=self.group, async_op=True)
         if all(c == rows for c in counts):
             return Work(work, out)
         return Work(work, out, lambda o: torch.cat([o[r * rows:r * rows + c] for r, c in enumerate(counts)]))

@@ -1,0 +1,76 @@
+"""horovod_ext.ddp's communication hook on DistributedDataParallel under real torchrun (Gloo, 2 ranks, Horovod hidden
+in the workers; tests/workers/ddp_worker.py): every method gives the Horovod path's bits for the same script
+(tests/workers/buckets_worker.py, whose launch tests/test_buckets.py shares), one collective per bucket and kind,
+a resume from each rank's checkpoint to the same bits, a NaN step raising on every rank with the next step
+training, and bad input raising the same error on every rank."""
+import functools
+
+import pytest
+
+from bucket_cases import horovod_path_runs
+from hvdrun import torchrun
+
+# Compression.auto chooses each tensor's method from the step times it measures: its bits are the Horovod path's
+# only where both runs measured their way to the same choices
+SAME_BITS = ["ternary", "ternary-ef-2bit", "ternary-shared", "ternary-two_phase", "topk", "topk-int32",
+             "topk-sparse_reduce", "adaptive_topk", "powersgd"]
+
+
+@functools.lru_cache(maxsize=None)
+def ddp_runs():
+    results, _ = torchrun(2, "tests/workers/ddp_worker.py", timeout=600)
+    return results
+
+
+@pytest.fixture(scope="module")
+def ddp():
+    return ddp_runs()
+
+
+@pytest.mark.parametrize("method", SAME_BITS)
+def test_the_hook_gives_the_horovod_paths_bits(ddp, method):
+    horovod = horovod_path_runs(2)
+    for r in ddp:
+        assert r["runs"][method]["digest"] == horovod[r["rank"]]["runs"][f"{method}@25"]["digest"], (r["rank"], method)
+
+
+def test_every_method_keeps_the_replicas_identical(ddp):
+    first, second = ddp
+    for name, run in first["runs"].items():
+        assert run["digest"] == second["runs"][name]["digest"], name
+
+
+def test_a_bucket_travels_in_a_few_collectives_not_one_per_tensor(ddp):
+    # the model's 14 tensors fill one DDP bucket; a payload method asks for its payloads' allgather (and the
+    # sizes' allgather before it), the small tensors' allreduce and its step-level collectives: at most 5
+    # (two-phase's alltoall and allgather, sparse_reduce's exchange included); none: one allreduce, DDP's own
+    for name, run in ddp[0]["runs"].items():
+        assert run["collectives"] <= (1 if name == "none" else 5), (name, run["collectives"])
+        # auto may measure its way to dense for every tensor
+        assert run["payload_bytes"] < run["dense_bytes"] or name in ("none", "auto"), name
+
+
+def test_each_ranks_checkpoint_resumes_to_the_same_bits(ddp):
+    for r in ddp:
+        for name, digest in r["resumed"].items():
+            assert digest == r["runs"][name]["digest"], (r["rank"], name)
+
+
+def test_a_nan_gradient_fails_the_step_on_every_rank_and_the_next_step_trains(ddp):
+    for r in ddp:
+        for name, run in r["nan"].items():
+            first, failed, after = run["said"]
+            assert first is None and after is None and run["finite"], (r["rank"], name, run)
+            assert f"FloatingPointError: Compression.{name}: NaN or Inf in the gradient of" in failed, failed
+            assert "at step 1" in failed
+
+
+def test_bad_input_raises_the_same_clear_error_on_every_rank(ddp):
+    first, second = (r["bad_input"] for r in ddp)
+    assert first == second
+    said = {e["case"]: (e["type"], e["message"]) for e in first}
+    assert said["unknown compressor"][0] == "TypeError" and "must be one of hx.Compression.none" in \
+        said["unknown compressor"][1]
+    assert said["no names"][0] == "ValueError" and "needs named_parameters" in said["no names"][1]
+    assert said["complex gradient"][0] == "TypeError" and "allowed dtypes are" in said["complex gradient"][1]
+    assert said["not a state"][0] == "TypeError" and "CompressionState" in said["not a state"][1]
