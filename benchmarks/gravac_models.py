@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-from pytorch_digits import load_data, make_model  # noqa: E402
+from digits_data import load_data, make_model  # noqa: E402
 
 MODELS = ("mlp", "cnn", "lstm", "nplm")
 LEARNING_RATES = {"mlp": 0.05, "cnn": 0.05, "lstm": 0.5, "nplm": 0.1}
