@@ -54,6 +54,12 @@ def test_a_bucket_travels_in_a_few_collectives_not_one_per_tensor(ddp):
         assert run["payload_bytes"] < run["dense_bytes"] or name in ("none", "auto"), name
 
 
+def test_unused_parameters_and_several_ddp_buckets_keep_the_replicas_identical(ddp):
+    first, second = (r["unused"] for r in ddp)
+    for name, run in first.items():
+        assert run["buckets"] > 1 and run["digest"] == second[name]["digest"], (name, run, second[name])
+
+
 def test_each_ranks_checkpoint_resumes_to_the_same_bits(ddp):
     for r in ddp:
         for name, digest in r["resumed"].items():

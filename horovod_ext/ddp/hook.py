@@ -106,6 +106,7 @@ class CompressionState:
         self.buckets = GivenBuckets()
         self.items, self.futures = [], []  # this step's launched gradients, and the futures handed to DDP
         self.begun = False  # the driver has begun this step (at its first bucket)
+        self.handed = 0  # buckets DDP has handed this step
 
     # ----------------------------------------------------------------------------------------------- a bucket
     def _agree(self):
@@ -129,7 +130,22 @@ class CompressionState:
         return positions
 
     def launch(self, bucket):
-        """One DDP bucket: its gradients launched as one bucket of the plan; the future DDP waits for."""
+        """One DDP bucket: its gradients launched as one bucket of the plan; the future DDP waits for. Where
+        launching raises (a settings mismatch, a gradient DDP should not have handed), the step is dropped and the
+        error raised from backward."""
+        try:
+            return self._launch(bucket)
+        except Exception:
+            self._drop_step()
+            raise
+
+    def _drop_step(self):
+        if self.begun:
+            self.run.abandon_step()
+        self.items, self.futures, self.begun, self.handed = [], [], False, 0
+        self.buckets.clear()
+
+    def _launch(self, bucket):
         buffer = bucket.buffer()
         if buffer.is_sparse:
             raise ValueError(f"{WHAT}: sparse gradients are not supported by the hook (DDP buckets them apart); "
@@ -152,6 +168,7 @@ class CompressionState:
             pending = torch.futures.Future()
             self.futures.append((pending, buffer))
             future = pending.then(settled)
+        self.handed += 1
         if bucket.is_last():
             self._finish()
         return future
@@ -174,6 +191,7 @@ class CompressionState:
         """The step's last bucket was launched: finish every gradient, complete every future."""
         items = sorted(self.items, key=lambda item: item.index)
         futures, self.items, self.futures, self.begun = self.futures, [], [], False
+        self.stats.extra["buckets"], self.handed = self.handed, 0  # DDP's buckets this step
         counters, error = self.run.counters, None
         try:
             self.run.driver.finish(items, counters.step)
@@ -210,10 +228,7 @@ class CompressionState:
     def load_state_dict(self, state):
         """Load state_dict()'s entry (or the "horovod_ext" entry of a Horovod-path optimizer checkpoint): the
         shared part is agreed at the next step, this rank's residuals restored; a step in progress is dropped."""
-        if self.begun:
-            self.run.abandon_step()
-            self.items, self.futures, self.begun = [], [], False
-            self.buckets.clear()
+        self._drop_step()
         other = self.run.load_state_dict(state, self.backend.rank, self.backend.nranks)
         if other is not None:
             warnings.warn(f"horovod_ext: this checkpoint holds the error-feedback residuals of rank {other[0]} of "

@@ -3,7 +3,8 @@
 "bits": every method of tests/bucket_cases.py trains the seven-layer MLP of tests/workers/buckets_worker.py,
 wrapped in DistributedDataParallel with hx.comm_hook, on the same data and seeds; each rank records the digest of
 its parameters' bits (the Horovod path's digests are buckets_worker's), the collectives a step started and
-compression_stats(). Then a checkpoint (each rank's own state_dict) resumes to the same bits, a NaN gradient fails
+compression_stats(). A model with a layer unused at odd steps trains in several DDP buckets
+(find_unused_parameters). Then a checkpoint (each rank's own state_dict) resumes to the same bits, a NaN gradient fails
 a step on every rank and the next step trains, and bad input raises on every rank."""
 import os
 import sys
@@ -117,6 +118,32 @@ def nan_step(comp):
     return {"said": said, "finite": all(bool(torch.isfinite(p).all()) for p in m.parameters())}
 
 
+class Branching(torch.nn.Module):
+    """Three layers, the middle one used at even steps only (DDP's find_unused_parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(32, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 10)
+
+    def forward(self, x, use_b):
+        x = torch.tanh(self.a(x))
+        return self.c(torch.tanh(self.b(x)) if use_b else x)
+
+
+def unused_parameters(comp):
+    """find_unused_parameters=True and small DDP buckets (several per step): the replicas stay identical."""
+    torch.manual_seed(0)
+    m = DDP(Branching(), find_unused_parameters=True, bucket_cap_mb=0.01)
+    state = hx.CompressionState(comp, named_parameters=m.named_parameters())
+    m.register_comm_hook(state, hx.comm_hook)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for i, (x, y) in enumerate(batches(dist.get_rank())):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(m(torch.from_numpy(x), i % 2 == 0), torch.from_numpy(y)).backward()
+        opt.step()
+    return {"digest": bits(m), "buckets": state.compression_stats()["buckets"]}
+
+
 def bad_input():
     complex_weight = [("w", torch.nn.Parameter(torch.zeros(2000, dtype=torch.complex64)))]
     return [expect_error("unknown compressor", lambda: hx.CompressionState("ternary")),
@@ -134,8 +161,9 @@ def main():
     runs["none"] = train(hx.Compression.none)
     resumes = {name: resumed(methods[name]) for name in ("ternary-ef-2bit", "topk", "powersgd")}
     errors = {name: nan_step(methods[name]) for name in ("ternary", "topk")}
+    unused = {name: unused_parameters(methods[name]) for name in ("ternary", "topk", "powersgd")}
     write_result(dist.get_rank(), {"rank": dist.get_rank(), "runs": runs, "resumed": resumes, "nan": errors,
-                                   "bad_input": bad_input()})
+                                   "unused": unused, "bad_input": bad_input()})
     dist.barrier()
     dist.destroy_process_group()
 
