@@ -9,6 +9,7 @@ accuracy, seconds per step and bytes per step beside each other. The horovod-ext
 the two lines that register the hook (``hooked``).
 """
 import argparse
+import gc
 import json
 import time
 import zlib
@@ -47,6 +48,7 @@ def parse_args():
                         help="digits (scikit-learn's 8x8 images) or synthetic (Gaussian inputs labelled by a random "
                              "linear teacher), whose model has --model-size parameters")
     parser.add_argument("--model-size", type=float, default=1e6, help="parameters of the synthetic run's MLP")
+    parser.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP's bucket_cap_mb (default 25, DDP's)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--json", default=None, help="rank 0 writes the results here")
     args = parser.parse_args()
@@ -57,9 +59,9 @@ def parse_args():
     return args
 
 
-def hooked(model, hook):
+def hooked(model, hook, bucket_cap_mb=25):
     """model in DDP with `hook`; the hook's state (horovod-ext's, with compression_stats(); else None)."""
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
     if hook in OURS:
         state = hx.CompressionState(OURS[hook](), named_parameters=ddp.named_parameters())
         ddp.register_comm_hook(state, hx.comm_hook)
@@ -90,7 +92,7 @@ def train(args, hook, data):
     x_train, y_train, x_test, y_test = data
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
-    model, state = hooked(make_model(args.hidden), hook)
+    model, state = hooked(make_model(args.hidden), hook, args.bucket_cap_mb)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     shard = torch.arange(rank, len(x_train), size)
     gen = torch.Generator().manual_seed(args.seed + rank)
@@ -149,6 +151,7 @@ def main():
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": dist.get_world_size(), "epochs": args.epochs, "results": results}, f, indent=1)
+    gc.collect()  # the hooks' states and their collectives go before the process group does
     dist.destroy_process_group()
 
 
