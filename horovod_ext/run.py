@@ -15,6 +15,10 @@ At exit rank 0 prints one line: bytes sent, their dense-equivalent, the ratio an
 (PyTorch; TensorFlow runs a step as one graph, where communication is not timed apart from compute).
 A bad flag value exits with an error listing the allowed values on every rank, before the script starts.
 
+Under ``torchrun`` a script's ``torch.nn.parallel.DistributedDataParallel`` models get the launcher's compression
+as horovod_ext.ddp's communication hook (``torchrun --nproc_per_node 2 -m horovod_ext.run --compression ternary
+train.py``); no Horovod is needed there.
+
 ``--optimizer diloco`` makes the script's ``hvd.DistributedOptimizer(optimizer, ...)`` (PyTorch's or Keras's)
 a ``DiLoCoOptimizer`` around the same optimizer (its inner one), with the launcher's compression for the
 pseudo-gradients and ``--optimizer-arg`` for its arguments (inner_steps, outer_lr, outer_momentum, nesterov, groups, and
@@ -302,6 +306,48 @@ def keras_patch(module, choice, registry, kind="data_parallel", optimizer_kwargs
             setattr(horovod_elastic, name, getattr(ext.elastic, name))
 
 
+def ddp_patch(module, choice, registry, kind="data_parallel"):
+    """torch.nn.parallel.distributed: every DistributedDataParallel model the script makes (under torchrun, with no
+    Horovod) gets horovod_ext.ddp's communication hook with the launcher's compression, its parameters named as
+    DDP names them (less the "module." prefix); ``none`` leaves DDP's own averaging. The launcher's other
+    optimizers are Horovod's: a DDP model under --optimizer diloco raises."""
+    cls = module.DistributedDataParallel
+    original = cls.__init__
+    if getattr(original, "horovod_ext", False):
+        return
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if kind != "data_parallel":
+            raise ValueError(f"python -m horovod_ext.run --optimizer {kind}: a DistributedDataParallel model takes "
+                             f"the launcher's compression as a communication hook (--optimizer data_parallel) "
+                             f"only; {kind} runs on Horovod's DistributedOptimizer (horovodrun)")
+        if choice == "none":
+            return
+        import horovod_ext.ddp as hx
+        import torch.distributed as dist
+
+        compression = getattr(hx.Compression, choice) if isinstance(choice, str) else choice
+        state = hx.CompressionState(compression, process_group=self.process_group,
+                                    named_parameters=self.named_parameters())
+        register(self, state, hx.comm_hook)
+        self._horovod_ext_launcher = choice
+        registry.add(dist.get_rank(self.process_group), state)
+
+    def register_comm_hook(self, state, hook):
+        given = getattr(self, "_horovod_ext_launcher", None)
+        if given is not None:
+            name = given if isinstance(given, str) else given.name
+            raise RuntimeError(f"python -m horovod_ext.run --compression {name} has registered its communication "
+                               f"hook on this DistributedDataParallel model, which takes one hook; run the script "
+                               f"without the launcher's --compression, or without its own register_comm_hook")
+        return register(self, state, hook)
+
+    register = cls.register_comm_hook
+    __init__.horovod_ext = True
+    cls.__init__, cls.register_comm_hook = __init__, register_comm_hook
+
+
 class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Imports the named modules as usual, then patches them, once."""
 
@@ -336,7 +382,8 @@ def install(choice, registry, kind="data_parallel", optimizer_kwargs=None, bucke
     patches = {"horovod.torch": lambda m: torch_patch(m, choice, registry, kind, optimizer_kwargs, bucket_cap_mb),
                "horovod.tensorflow": lambda m: tensorflow_patch(m, choice, registry, kind, bucket_cap_mb),
                "horovod.tensorflow.keras": lambda m: keras_patch(m, choice, registry, kind, optimizer_kwargs,
-                                                                 bucket_cap_mb)}
+                                                                 bucket_cap_mb),
+               "torch.nn.parallel.distributed": lambda m: ddp_patch(m, choice, registry, kind)}
     for name in list(patches):
         if name in sys.modules:  # already imported (by a sitecustomize, say): patch it now
             patches.pop(name)(sys.modules[name])

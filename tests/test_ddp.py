@@ -90,12 +90,22 @@ DIGITS_HOOKS = ["ddp", "none", "fp16", "torch-fp16", "ternary", "topk", "topk-1%
                 "torch-powersgd", "auto"]
 
 
-def test_every_hook_trains_the_digits_mlp_within_2_points_of_ddps_own_averaging():
+def digits(*launch):
+    """{hook: result} of examples/ddp_digits.py under torchrun; `launch`: what runs it (the script, or the
+    launcher's module and arguments before the script) and its arguments."""
     out = os.path.join(tempfile.mkdtemp(prefix="hvdext-ddp-digits-"), "digits.json")
-    torchrun(2, "examples/ddp_digits.py", "--hook", ",".join(DIGITS_HOOKS), "--json", out, timeout=600,
-             collect=False)
+    torchrun(2, *launch, "--json", out, timeout=600, collect=False)
     with open(out) as f:
-        runs = {r["hook"]: r for r in json.load(f)["results"]}
+        return {r["hook"]: r for r in json.load(f)["results"]}
+
+
+@functools.lru_cache(maxsize=None)
+def digits_hooks():
+    return digits("examples/ddp_digits.py", "--hook", ",".join(DIGITS_HOOKS))
+
+
+def test_every_hook_trains_the_digits_mlp_within_2_points_of_ddps_own_averaging():
+    runs = digits_hooks()
     assert sorted(runs) == sorted(DIGITS_HOOKS)
     dense = runs["ddp"]["test_accuracy"]
     assert dense > 0.9, dense
@@ -106,3 +116,14 @@ def test_every_hook_trains_the_digits_mlp_within_2_points_of_ddps_own_averaging(
     assert runs["none"]["params_crc32"] == runs["ddp"]["params_crc32"]
     for hook in ("ternary", "topk", "topk-1%", "powersgd"):
         assert runs[hook]["bytes_per_step"] < runs["ddp"]["bytes_per_step"] / 5, hook
+
+
+def test_the_launcher_gives_an_unmodified_ddp_script_the_hook():
+    """torchrun -m horovod_ext.run --compression ternary: the script's DDP model (no hook of its own) trains to the
+    bits of the script's own ternary hook; a script that registers a hook of its own is told why it cannot."""
+    launched = digits("-m", "horovod_ext.run", "--compression", "ternary", "examples/ddp_digits.py", "--hook", "ddp")
+    runs = digits_hooks()
+    assert launched["ddp"]["params_crc32"] == runs["ternary"]["params_crc32"] != runs["ddp"]["params_crc32"]
+    with pytest.raises(AssertionError, match="has registered its communication hook on this DistributedDataParallel"):
+        digits("-m", "horovod_ext.run", "--compression", "topk", "examples/ddp_digits.py", "--hook", "ternary",
+               "--epochs", "1")
