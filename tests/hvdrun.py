@@ -44,13 +44,13 @@ def horovodrun(np_, script, *args, timeout=240, hosts=None, env=None, collect=Tr
     return results, output
 
 
-def torchrun(np_, script, *args, timeout=240, env=None, collect=True):
-    """Run `torchrun --standalone --nproc_per_node N script args` (torch.distributed's launcher: no Horovod), results
-    as horovodrun's (each rank's write_result; collect=False for scripts that write none), bounded by `timeout` as
-    horovodrun's."""
+def torchrun(np_, script, *args, timeout=240, env=None, collect=True, launcher_args=()):
+    """Run `torchrun --standalone --nproc_per_node N [launcher_args] script args` (torch.distributed's launcher: no
+    Horovod), results as horovodrun's (each rank's write_result; collect=False for scripts that write none),
+    bounded by `timeout` as horovodrun's."""
     out_dir = tempfile.mkdtemp(prefix="hvdext-test-")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(np_),
-           "--tee", "3", script, *map(str, args)]
+           "--tee", "3", *launcher_args, script, *map(str, args)]
     output = run_bounded(cmd, "torchrun", out_dir, timeout, env)
     results = []
     for rank in range(np_ if collect else 0):

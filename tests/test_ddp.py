@@ -127,3 +127,23 @@ def test_the_launcher_gives_an_unmodified_ddp_script_the_hook():
     with pytest.raises(AssertionError, match="has registered its communication hook on this DistributedDataParallel"):
         digits("-m", "horovod_ext.run", "--compression", "topk", "examples/ddp_digits.py", "--hook", "ternary",
                "--epochs", "1")
+
+
+FAULT_WORKER = "tests/workers/ddp_fault_worker.py"
+
+
+@pytest.mark.parametrize("method", ["ternary-ef-2bit", "topk"])
+def test_a_killed_rank_ends_the_job_and_a_relaunch_resumes_to_the_same_bits(method):
+    """Rank 1 is killed at step 10 of 12: torchrun ends the job with an error (its other rank stopped) within the
+    test's bound. Launched again, every rank resumes from its own checkpoint of step 8 (residuals, step counter and
+    seed included) and ends on the uninterrupted run's bits. (torchrun's --max-restarts does the relaunch itself,
+    but its Gloo rendezvous after a kill failed to connect in 1 of 3 tries here, and then hung: not a test's
+    footing.)"""
+    whole, _ = torchrun(2, FAULT_WORKER, tempfile.mkdtemp(prefix="hvdext-ckpt-"), "run", method)
+    directory = tempfile.mkdtemp(prefix="hvdext-ckpt-")
+    with pytest.raises(AssertionError, match=r"torchrun exited 1"):
+        torchrun(2, FAULT_WORKER, directory, "kill", method, timeout=120)
+    resumed, _ = torchrun(2, FAULT_WORKER, directory, "run", method)
+    for uninterrupted, again in zip(whole, resumed):
+        assert uninterrupted["resumed_from"] == 0 and again["resumed_from"] == 8, again
+        assert again["digest"] == uninterrupted["digest"], (method, again["rank"])
