@@ -47,6 +47,17 @@ class CollectiveCount:
         return counted
 
 
+def torch_model():
+    """The seven-layer Tanh MLP of WIDTHS, from seed 0 (PyTorch's workers: Horovod's and DDP's)."""
+    import torch
+
+    torch.manual_seed(0)
+    layers = []
+    for a, b in zip(WIDTHS, WIDTHS[1:]):
+        layers += [torch.nn.Linear(a, b), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers[:-1])
+
+
 def batches(rank):
     """STEPS batches of 16 (features, label), this rank's own."""
     rng = np.random.default_rng(500 + rank)

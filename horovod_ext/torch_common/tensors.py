@@ -79,12 +79,26 @@ class TorchTensors(Backend):
         self.generation = 0
         self.prefix = ""  # put before a tensor's name in its collectives' names: an optimizer's own (DiLoCo's)
 
-
     def end_step(self, dense):
         """Only steps every rank takes advance the round in step-level collective names: a rank that has called
         hvd.join() takes no part in the dense steps of the others."""
         if not dense:
             self.round += 1
+
+    def wait(self, future):
+        """A collective's result: a Done's value at once, else the adapter's ``completed(future)`` (the seconds it
+        waits counted as communication), then the future's ``post`` where it has one."""
+        if isinstance(future, Done):
+            return future.value
+        start = time.perf_counter()
+        output = self.completed(future)
+        self.stats.add(comm_seconds=time.perf_counter() - start)
+        post = getattr(future, "post", None)
+        return output if post is None else post(output)
+
+    def completed(self, future):
+        """Wait for a collective the adapter started; its output."""
+        raise NotImplementedError(f"{type(self).__name__} starts no collective")
 
     # ------------------------------------------------------------------------------------------------ tensors
     @staticmethod

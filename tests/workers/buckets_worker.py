@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import horovod.torch as hvd_module  # noqa: E402
 import torch  # noqa: E402
 
-from bucket_cases import CAPS, STEPS, WIDTHS, CollectiveCount, batches, digest, specs  # noqa: E402
+from bucket_cases import CAPS, STEPS, WIDTHS, CollectiveCount, batches, digest, specs, torch_model  # noqa: E402
 from hvdrun import write_result  # noqa: E402
 
 COUNT = CollectiveCount(hvd_module, ("allreduce_async", "allreduce_async_", "allgather_async", "alltoall",
@@ -28,11 +28,7 @@ def methods():
 
 
 def model():
-    torch.manual_seed(0)
-    layers = []
-    for a, b in zip(WIDTHS, WIDTHS[1:]):
-        layers += [torch.nn.Linear(a, b), torch.nn.Tanh()]
-    return torch.nn.Sequential(*layers[:-1])
+    return torch_model()
 
 
 def data(rank):

@@ -18,41 +18,21 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from bucket_cases import WIDTHS, batches, digest, specs  # noqa: E402
+from bucket_cases import CollectiveCount, batches, digest, specs, torch_model  # noqa: E402
 from hvdrun import expect_error, write_result  # noqa: E402
 
 import horovod_ext.ddp as hx  # noqa: E402
 from horovod_ext.ddp import backend  # noqa: E402
 
 
-class Collectives:
-    """Calls of torch.distributed's collectives since `reset`, counted where the backend calls them."""
-
-    NAMES = ("all_reduce", "all_gather_single", "all_gather_into_tensor", "all_to_all_single", "all_gather_object")
-
-    def __init__(self):
-        self.calls = 0
-        for name in self.NAMES:
-            if hasattr(dist, name):
-                setattr(dist, name, self._counted(getattr(dist, name)))
-        backend.all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-    def _counted(self, fn):
-        def counted(*args, **kwargs):
-            self.calls += 1
-            return fn(*args, **kwargs)
-        return counted
-
-
-COUNT = Collectives()
+# torch.distributed's collectives, counted where the backend calls them (all_gather_single: the backend's own name)
+COLLECTIVES = ("all_reduce", "all_gather_single", "all_gather_into_tensor", "all_to_all_single", "all_gather_object")
+COUNT = CollectiveCount(dist, [name for name in COLLECTIVES if hasattr(dist, name)])
+backend.all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def model():
-    torch.manual_seed(0)
-    layers = []
-    for a, b in zip(WIDTHS, WIDTHS[1:]):
-        layers += [torch.nn.Linear(a, b), torch.nn.Tanh()]
-    return torch.nn.Sequential(*layers[:-1])
+    return torch_model()
 
 
 def hooked(comp, m=None):
