@@ -1,6 +1,7 @@
 """The PyTorch backend of the communication plan over torch.distributed, with no Horovod (the contract:
 horovod_ext/compression/backend.py): the tensor primitives of horovod_ext/torch_common/tensors.py, and
-torch.distributed's asynchronous collectives on one process group (Gloo on CPUs, NCCL on GPUs). A future is a
+torch.distributed's asynchronous collectives on one process group (tested with Gloo on CPUs; NCCL is not: some
+step-level tensors are made on the CPU, which NCCL refuses). A future is a
 work object, the output it fills, and what turns that output into the result.
 
 torch.distributed matches collectives by their order on each rank, not by name (Horovod matches names): the plan
@@ -31,12 +32,21 @@ REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "average": dist.ReduceOp.SUM, "max": dis
 
 class Work:
     """A collective in flight: torch.distributed's work object, the tensor it fills, and what turns that tensor
-    into the result (None: the tensor itself)."""
+    into the result (None: the tensor itself), applied once however often the result is waited for."""
 
-    __slots__ = ("work", "output", "post")
+    __slots__ = ("work", "output", "_post")
 
     def __init__(self, work, output, post=None):
-        self.work, self.output, self.post = work, output, post
+        self.work, self.output, self._post = work, output, post
+
+    @property
+    def post(self):
+        return None if self._post is None else self._finish
+
+    def _finish(self, output):
+        if self._post is not None:  # post may scale in place: the first wait applies it, later ones read it
+            self.output, self._post = self._post(output), None
+        return self.output
 
 
 class LinearCompressor:
@@ -93,9 +103,9 @@ class DDPBackend(TorchTensors):
         self.divisor = float(self.nranks) if average else 1.0
 
     def ranks_training(self, name):
-        """None: torch.distributed has no hvd.join(); every rank of the group trains every step (DDP's uneven
-        inputs, model.join(), shadow DDP's own allreduce, not a hook's collectives, and are refused with a
-        payload compressor by horovod_ext.ddp)."""
+        """None: torch.distributed has no hvd.join(); every rank of the group is taken to train every step. (DDP's
+        model.join() for uneven inputs calls the hook on a joined rank with zero gradients, so that rank runs the
+        whole plan; that is not tested.)"""
         return None
 
     @staticmethod

@@ -146,6 +146,8 @@ class CompressionState:
         self.buckets.clear()
 
     def _launch(self, bucket):
+        if bucket.index() == 0 and self.begun:  # the last backward stopped before its last bucket (it raised)
+            self._drop_step()
         buffer = bucket.buffer()
         if buffer.is_sparse:
             raise ValueError(f"{WHAT}: sparse gradients are not supported by the hook (DDP buckets them apart); "
@@ -165,7 +167,7 @@ class CompressionState:
             for index, p, grad in zip(positions, parameters, gradients):
                 item = run.driver.item(index, self.names[p], grad, grad.numel(), grad.element_size(), param=p)
                 self.items.append(run.driver.launch(item))
-            pending = torch.futures.Future()
+            pending = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
             self.futures.append((pending, buffer))
             future = pending.then(settled)
         self.handed += 1

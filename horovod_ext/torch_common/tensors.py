@@ -124,7 +124,15 @@ class TorchTensors(Backend):
 
     @staticmethod
     def concat(parts):
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        """The parts joined; where they lie on several devices, the CPU's (stack's values made on the host: a
+        bucket's size header) are moved to the other's."""
+        if len(parts) == 1:
+            return parts[0]
+        devices = {p.device for p in parts}
+        if len(devices) > 1:
+            device = next(d for d in devices if d.type != "cpu")
+            parts = [p.to(device) for p in parts]
+        return torch.cat(parts)
 
     @staticmethod
     def dtype_name(x):
