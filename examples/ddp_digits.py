@@ -23,7 +23,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 import horovod_ext.ddp as hx
 from horovod_ext.compression.wire import allreduce_wire_bytes
 from horovod_ext.perfmodel import plan
-from digits_data import hidden_for, load_data, make_model, synthetic_data
+from digits_data import add_training_arguments, make_model, training_data
 
 OURS = {"none": lambda: hx.Compression.none, "fp16": lambda: hx.Compression.fp16,
         "ternary": lambda: hx.Compression.ternary,
@@ -40,18 +40,8 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hook", default="ddp,ternary",
                         help=f"comma-separated list of {', '.join(TORCH + tuple(OURS))} (default: ddp,ternary)")
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--data", choices=["digits", "synthetic"], default="digits",
-                        help="digits (scikit-learn's 8x8 images) or synthetic (Gaussian inputs labelled by a random "
-                             "linear teacher), whose model has --model-size parameters")
-    parser.add_argument("--model-size", type=float, default=1e6, help="parameters of the synthetic run's MLP")
+    add_training_arguments(parser)
     parser.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP's bucket_cap_mb (default 25, DDP's)")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--json", default=None, help="rank 0 writes the results here")
     args = parser.parse_args()
     args.hook = args.hook.split(",")
     unknown = [h for h in args.hook if h not in TORCH and h not in OURS]
@@ -93,7 +83,7 @@ def train(args, hook, data):
     x_train, y_train, x_test, y_test = data
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
-    model, state = hooked(make_model(args.hidden), hook, args.bucket_cap_mb)
+    model, state = hooked(make_model(args.hidden).to(x_train.device), hook, args.bucket_cap_mb)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     shard = torch.arange(rank, len(x_train), size)
     gen = torch.Generator().manual_seed(args.seed + rank)
@@ -127,21 +117,18 @@ def train(args, hook, data):
             "step_ms": 1000 * seconds / steps, "bytes_per_step": payload, "dense_bytes_per_step": dense,
             "wire_bytes_per_step": wire, "dense_wire_bytes_per_step": dense_wire,
             "replica_spread": spread.item(),
-            "params_crc32": f"{zlib.crc32(flat.numpy().tobytes()):08x}"}
+            "params_crc32": f"{zlib.crc32(flat.cpu().numpy().tobytes()):08x}"}
 
 
 def main():
     args = parse_args()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
-    if args.data == "synthetic":
-        data, args.hidden = synthetic_data(args.seed), hidden_for(args.model_size)
-    else:
-        data = load_data(args.seed)
+    data = training_data(args, int(os.environ.get("LOCAL_RANK", 0)))
     results = [train(args, hook, data) for hook in args.hook]
     if dist.get_rank() == 0:
         print(f"{args.data} MLP (hidden {args.hidden}), DDP over Gloo, {dist.get_world_size()} ranks, {args.epochs} "
-              f"epochs, batch {args.batch_size} per rank")
+              f"epochs, batch {args.batch_size} per rank, on {'CUDA' if args.cuda else 'the CPU'}")
         print(f"{'hook':<15} {'test acc':>8} {'ms/step':>8} {'bytes/step':>11} {'ratio':>7} {'wire ratio':>10} "
               f"{'spread':>7} {'params':>8}")
         for r in results:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import horovod_ext.torch as hvd
-from digits_data import hidden_for, load_data, make_model, synthetic_data
+from digits_data import add_training_arguments, make_model, training_data
 
 COMPRESSIONS = {"none": lambda: hvd.Compression.none, "fp16": lambda: hvd.Compression.fp16,
                 "ternary": lambda: hvd.Compression.ternary,
@@ -54,21 +54,9 @@ def parse_args():
     parser.add_argument("--optimizer", default="dp",
                         help=f"comma-separated list of {', '.join(OPTIMIZERS)} (default: dp, data-parallel SGD "
                              f"with each --compression)")
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--data", choices=["digits", "synthetic"], default="digits",
-                        help="digits (scikit-learn's 8x8 images) or synthetic (Gaussian inputs labelled by a random "
-                             "linear teacher), whose model has --model-size parameters")
-    parser.add_argument("--model-size", type=float, default=1e6, help="parameters of the synthetic run's MLP")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--json", default=None, help="rank 0 writes the results here")
+    add_training_arguments(parser)
     parser.add_argument("--adaptive", default="", help="adaptive_topk arguments, e.g. epsilon=0.5,window=50")
-    parser.add_argument("--no-cuda", action="store_true", default=False, help="train on the CPU where a GPU is")
     args = parser.parse_args()
-    args.cuda = not args.no_cuda and torch.cuda.is_available()
     names = args.compression.split(",")
     unknown = [n for n in names if n not in COMPRESSIONS]
     if unknown:
@@ -163,14 +151,7 @@ def main():
     args = parse_args()
     hvd.init()
     torch.set_num_threads(1)
-    if args.cuda:  # one GPU per local rank, as in Horovod's examples (ranks share a GPU where there are fewer)
-        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
-    if args.data == "synthetic":
-        data, args.hidden = synthetic_data(args.seed), hidden_for(args.model_size)
-    else:
-        data = load_data(args.seed)
-    if args.cuda:
-        data = tuple(t.cuda() for t in data)
+    data = training_data(args, hvd.local_rank())
     runs = [(o, c) for o in args.optimizer for c in (args.compression if o == "dp" else [None])]
     results = [train(args, o, c, data) for o, c in runs]
     if hvd.rank() == 0:
