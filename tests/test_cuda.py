@@ -317,3 +317,71 @@ def test_gpu_topk_bucket_encode_bit_identical_to_cpu_without_a_host_read(feedbac
     for j in range(len(sizes)):
         assert got[j].is_cuda and torch.equal(got[j].cpu(), want[j]), j
         assert torch.equal(on_gpu[j].cpu(), buffers[j]), j
+
+
+class ElementwiseModel(torch.nn.Module):
+    """Parameters whose gradients are exact on every device: the loss is sum(x * w * c) per parameter at batch 1,
+    so dL/dw = x * c, one rounding per element, the same on the CPU and the GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.zeros(4097))
+        self.b = torch.nn.Parameter(torch.zeros(64, 33))
+        self.c = torch.nn.Parameter(torch.zeros(19))
+
+    def forward(self, xs, cs):
+        return sum((x * w * c).sum() for x, w, c in zip(xs, (self.a, self.b, self.c), cs))
+
+
+def ddp_hook_parameters(name, device, group, steps=4):
+    """The parameters after `steps` SGD steps of ElementwiseModel on `device` in DDP over `group`, with
+    horovod_ext.ddp's hook for Compression.`name`."""
+    import horovod_ext.ddp as hx
+
+    model = ElementwiseModel().to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.01)
+    make = {"ternary": lambda: hx.Compression.ternary(min_size=0, packing="base3"),
+            "ternary-shared": lambda: hx.Compression.ternary(min_size=0, packing="base3", shared_scale=True),
+            "topk": lambda: hx.Compression.topk(ratio=0.05, packing="int32"),
+            "powersgd": lambda: hx.Compression.powersgd(rank=2, start_iter=1)}[name]
+    state = hx.CompressionState(make(), process_group=group, named_parameters=ddp.named_parameters())
+    ddp.register_comm_hook(state, hx.comm_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(steps):
+        xs = [gradient(p.numel(), seed=10 * step + j).reshape(p.shape).to(device)
+              for j, p in enumerate(model.parameters())]
+        cs = [gradient(p.numel(), seed=100 + j).reshape(p.shape).to(device) for j, p in enumerate(model.parameters())]
+        opt.zero_grad()
+        ddp(xs, cs).backward()
+        opt.step()
+    return [p.detach().cpu() for p in model.parameters()], state.compression_stats()
+
+
+@pytest.fixture(scope="module")
+def nccl_and_gloo(tmp_path_factory):
+    """A one-rank NCCL default group and a Gloo group beside it."""
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0)
+    store = tmp_path_factory.mktemp("ddp") / "store"
+    dist.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1)
+    yield dist.group.WORLD, dist.new_group(backend="gloo")
+    dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not GPU, reason=NO_GPU)
+@pytest.mark.parametrize("name", ["ternary", "ternary-shared", "topk", "powersgd"])
+def test_ddp_hook_over_nccl_gives_the_cpu_gloo_bits(name, nccl_and_gloo):
+    """horovod_ext.ddp's hook on a CUDA model over NCCL trains to the bits of the same hook on the CPU over Gloo
+    (ternary-shared allreduces its scales, made on the host: staged on the device for NCCL), with the same
+    packing on both (packing="auto" picks a coded one on the CPU, a fixed one on the GPU); PowerSGD's matrix
+    products and orthogonalization round differently on the GPU, so it is compared to 1e-5."""
+    nccl, gloo = nccl_and_gloo
+    on_gpu, gpu_stats = ddp_hook_parameters(name, "cuda", nccl)
+    on_cpu, cpu_stats = ddp_hook_parameters(name, "cpu", gloo)
+    assert gpu_stats["total"]["payload_bytes"] == cpu_stats["total"]["payload_bytes"] > 0
+    for got, want in zip(on_gpu, on_cpu):
+        if name == "powersgd":
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(got, want), name

@@ -1,8 +1,7 @@
 """The PyTorch backend of the communication plan over torch.distributed, with no Horovod (the contract:
 horovod_ext/compression/backend.py): the tensor primitives of horovod_ext/torch_common/tensors.py, and
-torch.distributed's asynchronous collectives on one process group (tested with Gloo on CPUs; NCCL is not: some
-step-level tensors are made on the CPU, which NCCL refuses). A future is a
-work object, the output it fills, and what turns that output into the result.
+torch.distributed's asynchronous collectives on one process group (Gloo, or NCCL where the parameters are on CUDA).
+A future is a work object, the output it fills, and what turns that output into the result.
 
 torch.distributed matches collectives by their order on each rank, not by name (Horovod matches names): the plan
 starts the same collectives in the same order on every rank (its buckets are sorted by parameter position and
@@ -15,7 +14,10 @@ Where Horovod's collectives and torch.distributed's differ, this backend does wh
 - an alltoall sends x cut by per-rank counts: the counts are exchanged first (the receiver must know its parts'
   sizes), then the parts;
 - op "average" sums, then multiplies by 1 / N, as Horovod's postscale does;
-- a sparse allreduce allgathers the indices and the values and builds the sparse sum, as Horovod's.
+- a sparse allreduce allgathers the indices and the values and builds the sparse sum, as Horovod's;
+- a tensor on the host goes through NCCL as Horovod sends a host tensor (by its CPU path): NCCL reduces CUDA tensors
+  only, so a host-made tensor (a bucket's size header, ternary's shared scales, auto's measurements) is copied to the
+  current CUDA device for the collective and its result back to the host.
 """
 import time
 
@@ -28,6 +30,24 @@ from horovod_ext.torch_common.tensors import Done, TorchTensors, timed_into
 # torch >= 2.13 names it all_gather_single (all_gather_into_tensor, the same call, warns there)
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "average": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+def chained(*steps):
+    """The steps (None skipped) applied in order to a collective's output; None where there is none."""
+    steps = [s for s in steps if s is not None]
+    if not steps:
+        return None
+
+    def applied(output):
+        for step in steps:
+            output = step(output)
+        return output
+
+    return applied
+
+
+def to_host(output):
+    return output.cpu()
 
 
 class Work:
@@ -101,6 +121,14 @@ class DDPBackend(TorchTensors):
         self.group = group
         self.nranks, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.divisor = float(self.nranks) if average else 1.0
+        # NCCL's collectives take CUDA tensors only: host-made ones are staged on the current CUDA device
+        self.staging = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else None
+
+    def _staged(self, x):
+        """x where the group's backend takes it, and what brings a result back to x's device (None: nothing)."""
+        if self.staging is None or x.is_cuda:
+            return x, None
+        return x.to(self.staging), to_host
 
     def ranks_training(self, name):
         """None: torch.distributed has no hvd.join(); every rank of the group is taken to train every step. (DDP's
@@ -114,11 +142,10 @@ class DDPBackend(TorchTensors):
 
     # -------------------------------------------------------------------------------------------- collectives
     def _all_reduce(self, x, op, post=None):
+        x, back = self._staged(x)
         work = dist.all_reduce(x, op=REDUCE_OPS[op], group=self.group, async_op=True)
-        if op == "average":
-            scale = 1.0 / self.nranks
-            return Work(work, x, (lambda out: out.mul_(scale)) if post is None else (lambda out: post(out.mul_(scale))))
-        return Work(work, x, post)
+        scale = 1.0 / self.nranks
+        return Work(work, x, chained((lambda out: out.mul_(scale)) if op == "average" else None, back, post))
 
     def allreduce(self, x, name, op):
         return self._all_reduce(x.clone(), op)
@@ -148,7 +175,7 @@ class DDPBackend(TorchTensors):
         return Done(torch.sparse_coo_tensor(indices.transpose(0, 1), values, grad.size())), sent
 
     def allgather(self, x, name):
-        x = x.reshape(1) if x.dim() == 0 else x.contiguous()
+        x, back = self._staged(x.reshape(1) if x.dim() == 0 else x.contiguous())
         count = torch.tensor([x.shape[0]], dtype=torch.int64, device=x.device)
         counts = torch.empty(self.nranks, dtype=torch.int64, device=x.device)
         all_gather_single(counts, count, group=self.group)
@@ -158,12 +185,14 @@ class DDPBackend(TorchTensors):
         out = x.new_empty((self.nranks * rows,) + tuple(x.shape[1:]))
         work = all_gather_single(out, padded, group=self.group, async_op=True)
         if all(c == rows for c in counts):
-            return Work(work, out)
-        return Work(work, out, lambda o: torch.cat([o[r * rows:r * rows + c] for r, c in enumerate(counts)]))
+            return Work(work, out, back)
+        return Work(work, out, chained(lambda o: torch.cat([o[r * rows:r * rows + c] for r, c in enumerate(counts)]),
+                                       back))
 
     def alltoall(self, x, splits, name):
         start = time.perf_counter()
         splits = [int(s) for s in (splits.tolist() if torch.is_tensor(splits) else splits)]
+        x, back = self._staged(x)
         sending = torch.tensor(splits, dtype=torch.int64, device=x.device)
         receiving = torch.empty_like(sending)
         dist.all_to_all_single(receiving, sending, group=self.group)
@@ -172,7 +201,7 @@ class DDPBackend(TorchTensors):
         dist.all_to_all_single(out, x.contiguous(), output_split_sizes=received, input_split_sizes=splits,
                                group=self.group)
         self.stats.add(comm_seconds=time.perf_counter() - start)
-        return Done(out)
+        return Done(out if back is None else back(out))
 
     @staticmethod
     def completed(future):
