@@ -4,8 +4,8 @@
 # Horovod's sdist (horovod-0.28.1.tar.gz), the wheels Horovod's build lacks there (cffi, pycparser) and Horovod's own
 # examples/pytorch/pytorch_synthetic_benchmark.py.
 #
-#   1. horovod_ext with its CUDA kernels (sm_90 only, for the build's time), tests/test_cuda.py, then
-#      benchmarks/gpu_kernels.py (GraVAC's nested selection goes through horovod_ext.torch and waits for Horovod);
+#   1. horovod_ext with its CUDA kernels (sm_90 only, for the build's time), tests/test_cuda.py (its cases through
+#      horovod_ext.torch wait for Horovod), and last, where time is left, benchmarks/gpu_kernels.py;
 #   2. meanwhile Horovod 0.28.1 is built twice for that torch as set-up plans it (scripts/setup_plan.py): with NCCL
 #      from the CUDA torch's nvidia-nccl wheel, installed, and without NCCL (HVDEXT_HOROVOD_NCCL=0: CUDA tensors go
 #      through Gloo on the host) into a folder of its own ($GLOO_HOROVOD, put first on PYTHONPATH where used);
@@ -18,6 +18,12 @@
 #      NCCL (NCCL refuses two ranks on one device), every compressor and optimizer, one launch each, side by side:
 #      the table's "spread" column is the largest difference between the ranks' parameters (0 for data-parallel);
 #      ternary runs twice, and its "params" column (CRC-32 of the parameters) must be the same both times.
+#
+#   5. buckets: step 3 again for ternary, top-k and PowerSGD with --bucket-cap-mb 0 (one tensor per bucket) beside
+#      the default 25, and tests/test_cuda.py's step under torch's sync debug mode;
+#   6. DDP: benchmarks/ddp_synthetic.py (the same ResNet-50 step under DDP at one rank over NCCL: DDP alone, torch's
+#      fp16 and PowerSGD hooks, horovod-ext's hooks), and examples/ddp_digits.py at 2 ranks on the one GPU over Gloo
+#      (CUDA tensors) with every hook: replicas identical, accuracy as on the CPU.
 #
 # ONLY=synthetic runs step 3 alone (with the builds it needs: no second Horovod, no CUDA tests, no kernels' timing,
 # no two-rank runs), for a short lease; SYNTHETIC_METHODS picks the per-step methods (default: none fp16 ternary topk
@@ -88,7 +94,12 @@ fi
 step ext_build 240 env HVDEXT_WITH_CUDA=1 $PY setup.py build_ext --inplace
 $PY -c "from horovod_ext import _torch_ops as o; print('built_with_cuda', o.built_with_cuda())" >>"$LOG/ext_build.log" 2>&1
 # GraVAC's nested selection goes through horovod_ext.torch, which imports Horovod: it waits for the build.
-[ "$ONLY" = all ] && step test_cuda 150 $PY -m pytest -q -p no:cacheprovider --tb=short -rfE -k "not nested" tests/test_cuda.py
+[ "$ONLY" = all ] && step test_cuda 150 $PY -m pytest -q -p no:cacheprovider --tb=short -rfE \
+  -k "not nested and not synchronizes" tests/test_cuda.py
+# DDP's hooks at 2 ranks on the one GPU over Gloo (CUDA tensors), while Horovod compiles: no timing, only values
+DDP_DIGITS_HOOKS=${DDP_DIGITS_HOOKS:-ddp,torch-powersgd,none,fp16,ternary,topk,topk-1%,adaptive_topk,powersgd,auto}
+[ "$ONLY" = all ] && step ddp_digits_np2 150 $PY -m torch.distributed.run --standalone --nproc_per_node 2 \
+  examples/ddp_digits.py --epochs 2 --hook "$DDP_DIGITS_HOOKS"
 
 wait_build() {  # wait_build PID NAME: 0 once it built, else says why
   while kill -0 "$1" 2>/dev/null && [ "$(left)" -gt 90 ]; do sleep 3; done
@@ -105,10 +116,9 @@ wait_build() {  # wait_build PID NAME: 0 once it built, else says why
 }
 wait_build $HOROVOD_BUILD horovod_build || { pack; exit 1; }
 if [ "$ONLY" = all ]; then
-  step test_cuda_nested 60 $PY -m pytest -q -p no:cacheprovider --tb=short -rfE -k nested tests/test_cuda.py
-  (cd benchmarks && step gpu_kernels 90 $PY gpu_kernels.py)
+  step test_cuda_horovod 90 $PY -m pytest -q -p no:cacheprovider --tb=short -rfE -k "nested or synchronizes" \
+    tests/test_cuda.py
 fi
-cp benchmarks/out/gpu_kernels.md benchmarks/out/gpu_kernels.json "$LOG/" 2>/dev/null
 # horovodrun of whichever Horovod PYTHONPATH finds first
 HOROVODRUN="$LOG/horovodrun"
 printf '#!/bin/sh\nexec %s -c "from horovod.runner.launch import run_commandline; run_commandline()" "$@"\n' "$PY" \
@@ -121,6 +131,15 @@ for c in ${SYNTHETIC_METHODS:-none fp16 ternary topk powersgd}; do
   step "synthetic_$c" 90 env HVDEXT_SYNC_TIMING=1 "$HOROVODRUN" -np 1 $PY -m horovod_ext.run --compression "$c" \
     "${SYNTHETIC[@]}"
 done
+for c in ${UNBUCKETED_METHODS:-ternary topk powersgd}; do  # one tensor per bucket, beside the default 25 MB
+  step "synthetic_${c}_b0" 90 env HVDEXT_SYNC_TIMING=1 "$HOROVODRUN" -np 1 $PY -m horovod_ext.run --compression "$c" \
+    --bucket-cap-mb 0 "${SYNTHETIC[@]}"
+done
+# The same ResNet-50 step under DDP at one rank over NCCL, with each hook
+DDP_HOOKS=${DDP_HOOKS:-ddp,torch-fp16,torch-powersgd,fp16,ternary,topk-1%,powersgd}
+step ddp_synthetic 150 env HVDEXT_SYNC_TIMING=1 $PY -m torch.distributed.run --standalone --nproc_per_node 1 \
+  benchmarks/ddp_synthetic.py --hooks "$DDP_HOOKS" --json "$LOG/ddp_synthetic.json"
+grep '^|\|^resnet' "$LOG/ddp_synthetic.log" >"$LOG/ddp_synthetic.md"
 if [ "${DILOCO:-1}" = 1 ]; then  # the script's DistributedOptimizer as DiLoCo: a round every DILOCO_INNER_STEPS
   step "synthetic_diloco" 90 env HVDEXT_SYNC_TIMING=1 "$HOROVODRUN" -np 1 $PY -m horovod_ext.run --optimizer diloco \
     --optimizer-arg "inner_steps=${DILOCO_INNER_STEPS:-5}" --compression ternary --compression-arg error_feedback=True \
@@ -140,7 +159,8 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "synthetic_*.log")), key=
     step, compute, kernels = (float(line.group(i)) for i in (2, 3, 4))
     rows.append(f"| {name} | {float(img.group(1)):.1f} | {step:.1f} | {compute:.1f} | {kernels:.2f} | "
                 f"{100 * kernels / step:.1f}% | {line.group(1)}x |")
-    perf.append((name.replace("none", "dense"), compute, kernels))
+    if not name.endswith("_b0"):
+        perf.append((name.replace("none", "dense"), compute, kernels))
 print("\n".join(rows))
 if perf:
     compute = dict((n, c) for n, c, _ in perf).get("dense", perf[0][1])
@@ -175,5 +195,9 @@ if [ -n "$GLOO_BUILD" ] && wait_build $GLOO_BUILD horovod_gloo_build; then
   sed 's/^\[[0-9,]*\]<stdout>://' "$LOG"/digits_np*.log \
     | grep -E "^(run|digits|none|fp16|ternary|topk|adaptive|powersgd|lsgd|multi|easgd|async)" >"$LOG/digits_table.txt"
 fi
+grep -E "^(hook|digits|ddp|torch|none|fp16|ternary|topk|adaptive|powersgd|auto)" "$LOG/ddp_digits_np2.log" \
+  >>"$LOG/digits_table.txt" 2>/dev/null
+[ "$ONLY" = all ] && (cd benchmarks && step gpu_kernels 90 $PY gpu_kernels.py)  # last: a regression of round 7's
+cp benchmarks/out/gpu_kernels.md "$LOG/" 2>/dev/null
 note "done"
 pack
