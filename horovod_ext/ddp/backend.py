@@ -15,9 +15,9 @@ Where Horovod's collectives and torch.distributed's differ, this backend does wh
   sizes), then the parts;
 - op "average" sums, then multiplies by 1 / N, as Horovod's postscale does;
 - a sparse allreduce allgathers the indices and the values and builds the sparse sum, as Horovod's;
-- a tensor on the host goes through NCCL as Horovod sends a host tensor (by its CPU path): NCCL reduces CUDA tensors
-  only, so a host-made tensor (a bucket's size header, ternary's shared scales, auto's measurements) is copied to the
-  current CUDA device for the collective and its result back to the host.
+- a host tensor still travels over NCCL, as Horovod sends one by its CPU path: NCCL takes CUDA tensors only, so a
+  host-made step tensor (ternary's shared scales, auto's measurements) is copied to the current CUDA device for the
+  collective, and its result back to the host.
 """
 import time
 
