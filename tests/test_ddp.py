@@ -9,10 +9,11 @@ import json
 import os
 import tempfile
 
+import numpy as np
 import pytest
 
 from bucket_cases import horovod_path_runs
-from hvdrun import torchrun
+from hvdrun import assert_error_cases, horovodrun, torchrun
 
 # Compression.auto chooses each tensor's method from the step times it measures: its bits are the Horovod path's
 # only where both runs measured their way to the same choices
@@ -84,6 +85,7 @@ def test_bad_input_raises_the_same_clear_error_on_every_rank(ddp):
     assert said["no names"][0] == "ValueError" and "needs named_parameters" in said["no names"][1]
     assert said["complex gradient"][0] == "TypeError" and "allowed dtypes are" in said["complex gradient"][1]
     assert said["not a state"][0] == "TypeError" and "CompressionState" in said["not a state"][1]
+    assert said["not a bucket"][0] == "TypeError" and "FSDP's communication hooks" in said["not a bucket"][1]
 
 
 DIGITS_HOOKS = ["ddp", "none", "fp16", "torch-fp16", "ternary", "topk", "topk-1%", "adaptive_topk", "powersgd",
@@ -147,3 +149,41 @@ def test_a_killed_rank_ends_the_job_and_a_relaunch_resumes_to_the_same_bits(meth
     for uninterrupted, again in zip(whole, resumed):
         assert uninterrupted["resumed_from"] == 0 and again["resumed_from"] == 8, again
         assert again["digest"] == uninterrupted["digest"], (method, again["rank"])
+
+
+# ------------------------------------------------------------------------ LSGD and EASGD under torchrun
+CONSENSUS_WORKER = "tests/workers/consensus_adapters_worker.py"
+
+
+SUMMED = ("easgd", "async_easgd", "diloco")  # a float32 allreduce over every rank: its order is the library's
+COMPRESSED_DILOCO = ("diloco-ternary-streaming", "diloco-topk-groups", "diloco-leader")
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_parameter_space_optimizers_under_torchrun_give_the_horovod_paths_bits(ranks):
+    """hx.LeaderOptimizer, hx.ElasticAveragingOptimizer and hx.DiLoCoOptimizer on a plain model under torchrun
+    (Horovod hidden) train to the bits of horovod_ext.torch's under horovodrun: LSGD with one leader, groups (as
+    torch.distributed groups at 4 ranks) and asynchronous; EASGD synchronous and asynchronous; DiLoCo dense,
+    streaming with ternary and overlap, with top-k and workers of two ranks, and outer="leader". At 4 ranks an
+    allreduce of float32 over every rank (EASGD's mean, dense DiLoCo's) is compared to 1e-6: torch's Gloo and
+    Horovod's sum four terms in different orders. Payload bytes are the same, but for the Horovod path's join check
+    (4 bytes an exchange) in compressed DiLoCo. A checkpoint resumes to the uninterrupted bits; bad input raises
+    on every rank."""
+    ddp, _ = torchrun(ranks, CONSENSUS_WORKER, "ddp", timeout=400)
+    horovod, _ = horovodrun(ranks, CONSENSUS_WORKER, "horovod", timeout=400)
+    for a, b in zip(ddp, horovod):
+        for method in a["bits"]:
+            if ranks == 4 and method in SUMMED:
+                np.testing.assert_allclose(a["params"][method], b["params"][method], rtol=1e-5, atol=1e-6)
+            else:
+                assert a["bits"][method] == b["bits"][method], (a["rank"], method)
+            extra = b["bytes"][method] - a["bytes"][method]
+            assert extra == 0 or (method in COMPRESSED_DILOCO and 0 < extra <= 4 * 12), (method, extra)
+        assert a["resumed"] == a["bits"], a["rank"]
+        assert_error_cases(a["bad_inputs"], {
+            "pull_range": ("ValueError", ["pull must be a number in [0, 1)", "1.5", "every rank raises this"]),
+            "pull_differs": ("SettingsMismatchError", ["pull: rank 0: 0.1; rank 1: 0.2"]),
+            "beta": ("ValueError", ["beta must be a number in (0, 1)"]),
+            "diloco_groups": ("ValueError", ["DiLoCoOptimizer", "every rank raises this"])})
+        assert a["bad_inputs"]["alive"] == ranks
+    assert len({r["bits"]["lsgd"] for r in ddp}) == ranks  # the workers differ: the pulls do not make them equal

@@ -19,6 +19,8 @@ import horovod_ext.compression, horovod_ext.compressors, horovod_ext.consensus, 
 from horovod_ext.compressors import BUILTINS
 from horovod_ext.torch_common.kernels import TorchKernels
 from horovod_ext.torch_common.tensors import TorchTensors
+import horovod_ext.torch_common.parameter_sync, horovod_ext.torch_common.diloco
+import horovod_ext.ddp.leader, horovod_ext.ddp.diloco, horovod_ext.ddp.collectives
 r = torch.zeros(3)
 g_ef, norm2 = TorchKernels.ef_accumulate(torch.tensor([1.0, 2.0, 2.0]), r)
 assert g_ef is r and r.tolist() == [1.0, 2.0, 2.0] and float(norm2) == 9.0, (r, norm2)

@@ -61,6 +61,13 @@ class ParameterBackend(abc.ABC):
     def add_process_set(self, ranks):
         """Horovod's add_process_set of this framework."""
 
+    def level_groups(self, sync):
+        """{level name: the process set or group its broadcasts run in} for a configured LeaderSync's levels with
+        more than one member (collective: every rank makes every group, in the same order). Horovod's process sets
+        here (agreement.level_process_sets); a backend over another library overrides it."""
+        from .agreement import level_process_sets
+        return level_process_sets(sync, self.nranks, self.add_process_set, self.barrier)
+
     @abc.abstractmethod
     def barrier(self):
         """Return once every rank has called this (a collective over every rank, eager: in_flight.py's

@@ -173,8 +173,7 @@ class LeaderStep(ConsensusStep):
 
     def __init__(self, sync, be, state, stats, tag, numel, param_bytes):
         super().__init__(sync, be, state, stats, tag, numel, param_bytes)
-        from .agreement import level_process_sets
-        self.process_sets = level_process_sets(sync, be.nranks, be.add_process_set, be.barrier)
+        self.process_sets = be.level_groups(sync)
 
     def account_rounds(self, step):
         due = self.sync.due(step)

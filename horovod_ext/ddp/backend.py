@@ -112,17 +112,21 @@ def numpy_allgather(group=None):
 
 class DDPBackend(TorchTensors):
     """Collectives by torch.distributed work objects on `group` (None: the default group); ``average``: the
-    gradients' op is the mean (else the sum)."""
+    gradients' op is the mean (else the sum); ``outside_of``: the global ranks of a group this rank is not in (then
+    rank is None and nothing is communicated, as Horovod's backend outside its process set)."""
 
     carries_futures = True  # a work object may be waited for in a later step
 
-    def __init__(self, group, stats, average=True):
+    def __init__(self, group, stats, average=True, outside_of=None):
         super().__init__(stats)
         self.group = group
-        self.nranks, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        outside = outside_of is not None
+        self.nranks, self.rank = (len(outside_of), None) if outside else (dist.get_world_size(group),
+                                                                           dist.get_rank(group))
         self.divisor = float(self.nranks) if average else 1.0
         # NCCL's collectives take CUDA tensors only: host-made ones are staged on the current CUDA device
-        self.staging = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else None
+        nccl = not outside and dist.get_backend(group) == "nccl"
+        self.staging = torch.device("cuda", torch.cuda.current_device()) if nccl else None
 
     def _staged(self, x):
         """x where the group's backend takes it, and what brings a result back to x's device (None: nothing)."""

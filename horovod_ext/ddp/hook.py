@@ -251,5 +251,9 @@ def comm_hook(state, bucket):
     if not isinstance(state, CompressionState):
         raise TypeError(f"horovod_ext.ddp.comm_hook takes a horovod_ext.ddp.CompressionState as its state, got "
                         f"{type(state).__name__}")
+    if not callable(getattr(bucket, "buffer", None)):  # FSDP calls its hooks with shards' tensors
+        raise TypeError(f"horovod_ext.ddp.comm_hook is DistributedDataParallel's communication hook: it takes DDP's "
+                        f"GradBucket, got {type(bucket).__name__}. FSDP's communication hooks (a reduce-scatter of "
+                        f"shards) are not supported: use DistributedDataParallel, or FSDP without horovod_ext's hook")
     return state.launch(bucket)
 

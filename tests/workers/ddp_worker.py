@@ -130,7 +130,8 @@ def bad_input():
             expect_error("no names", lambda: hx.CompressionState(hx.Compression.ternary)),
             expect_error("complex gradient", lambda: hx.CompressionState(hx.Compression.topk,
                                                                               named_parameters=complex_weight)),
-            expect_error("not a state", lambda: hx.comm_hook(object(), None))]
+            expect_error("not a state", lambda: hx.comm_hook(object(), None)),
+            expect_error("not a bucket", lambda: hx.comm_hook(hx.CompressionState(), torch.zeros(3)))]
 
 
 def main():

@@ -1,19 +1,24 @@
 """How the parameter-space optimizers (LeaderOptimizer, ElasticAveragingOptimizer, DiLoCoOptimizer) wrap a torch
 optimizer: a class made of their mixin and the optimizer's own class, sharing its param_groups and state, and their
 state in its state_dict() under one key."""
+import itertools
 import weakref
 
 import torch
 
+from horovod_ext.compression.horovod_args import check_named_parameters
+
 STATE_KEY = "horovod_ext"
+_ids = itertools.count()  # each wrapped optimizer's number, in its collectives' names
 
 
-def wrap(mixin, optimizer):
+def wrap(mixin, optimizer, collectives):
     """An instance of (mixin, optimizer's class) holding the optimizer's attributes (the same param_groups and
     state objects). A learning-rate scheduler made before the wrap put its counting step() on the optimizer
     instance (it calls the optimizer class's step and marks the optimizer it watches as stepped): that one is
     replaced by one that calls the class's step (the mixin's) and marks the same optimizer, so that the scheduler
-    neither bypasses the mixin nor warns that step() was not called."""
+    neither bypasses the mixin nor warns that step() was not called. ``collectives``: the adapter's
+    (collectives.py), at ``_hx_comm``."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"{mixin._hx_what} wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
     cls = type(optimizer.__class__.__name__, (mixin, optimizer.__class__), {})
@@ -33,7 +38,18 @@ def wrap(mixin, optimizer):
 
         step._wrapped_by_lr_sched = True
         wrapped.step = step
+    wrapped._hx_comm = collectives
     return wrapped
+
+
+def trainable(optimizer, named_parameters):
+    """Sets the wrapped optimizer's number, parameters (those of its param_groups that require a gradient) and
+    their names (named_parameters', checked; "param.i" where it names none)."""
+    optimizer._hx_id = next(_ids)
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    names = check_named_parameters(named_parameters, params, optimizer._hx_what)
+    optimizer._hx_params = params
+    optimizer._hx_names = [names.get(id(p), f"param.{i}") for i, p in enumerate(params)]
 
 
 class StateInCheckpoint:
