@@ -66,9 +66,19 @@ def markdown_table(headers, rows):
 def horovodrun_json(prefix, ranks, script, args, timeout, hosts=None):
     """Run `script args --json FILE` under horovodrun -np ranks (inside `prefix`, e.g. a namespace) and return the
     JSON rank 0 wrote; a failure raises with the end of the output."""
+    return launched_json(prefix + ["horovodrun", "-np", str(ranks), "-H", hosts or f"localhost:{ranks}", "--gloo",
+                                   sys.executable], ranks, script, args, timeout)
+
+
+def torchrun_json(prefix, ranks, script, args, timeout):
+    """horovodrun_json's run under torchrun --standalone --nproc_per_node ranks (torch.distributed, no Horovod)."""
+    return launched_json(prefix + [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                                   str(ranks)], ranks, script, args, timeout)
+
+
+def launched_json(launcher, ranks, script, args, timeout):
     out = tempfile.mktemp(suffix=".json")
-    cmd = prefix + ["horovodrun", "-np", str(ranks), "-H", hosts or f"localhost:{ranks}", "--gloo", sys.executable,
-                    script, *map(str, args), "--json", out]
+    cmd = launcher + [script, *map(str, args), "--json", out]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0 or not os.path.exists(out):

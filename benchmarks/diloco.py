@@ -18,6 +18,7 @@ against seconds and against wire bytes.
     python benchmarks/diloco.py --model cnn      # the digits CNN (or the nplm) with SGD: dense against DiLoCo
     python benchmarks/diloco.py --streaming      # Streaming DiLoCo (P = 4, overlap) beside whole-model DiLoCo
     python benchmarks/diloco.py --leader         # outer="leader" against the average, 3 seeds
+    python benchmarks/diloco.py --mbit 10 --methods dense,diloco-ternary --torchrun diloco-ternary   # and torchrun's
     python benchmarks/diloco.py --mbit 10 --methods dense         # a long run in two launches: dense first,
     python benchmarks/diloco.py --mbit 10 --dense-from benchmarks/out/diloco_10mbit.json \
         --methods ternary,topk,powersgd-hook,lsgd,diloco,diloco-ternary,diloco-topk    # then the rest
@@ -41,7 +42,8 @@ import json
 import os
 import sys
 
-from common import OUT_DIR, fewer, horovodrun_json, machine, markdown_table, not_reached, shown, write_outputs
+from common import (OUT_DIR, fewer, horovodrun_json, machine, markdown_table, not_reached, shown, torchrun_json,
+                    write_outputs)
 from shaped_link import NamespaceUnavailable, shaped_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -297,6 +299,9 @@ def main():
     parser.add_argument("--methods", default=None, help="comma-separated (default: every method of the link and "
                                                          "ranks, see METHODS, H_SWEEP, GROUPED); any DiLoCo "
                                                          "variant diloco_methods.py names, e.g. diloco-lr1-m0")
+    parser.add_argument("--torchrun", default="", metavar="METHODS",
+                        help="comma-separated DiLoCo methods to run again under torchrun (horovod_ext.ddp, no "
+                             "Horovod), as rows named 'METHOD (torchrun)', beside the Horovod path's")
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--report", metavar="JSON", help="only write the table and plots again from a run's JSON")
     parser.add_argument("--dense-from", metavar="JSON", help="take the dense row (and so the target) from an earlier "
@@ -316,6 +321,9 @@ def main():
     if "dense" not in args.methods.split(",") and not (args.streaming or args.leader or args.dense_from):
         parser.error("--methods must include dense (the target is dense's final loss), or --dense-from name a run "
                      "that has it")
+    not_diloco = [m for m in args.torchrun.split(",") if m and not m.startswith("diloco")]
+    if not_diloco:
+        parser.error(f"--torchrun takes DiLoCo methods (diloco[-ternary|-topk]...), got {not_diloco}")
     if args.dense_from and "dense" in args.methods.split(","):
         parser.error("--dense-from takes dense's row from another run: leave dense out of --methods")
     earlier_dense = [dense_row_from(args.dense_from, args)] if args.dense_from else []
@@ -345,6 +353,12 @@ def main():
                                                    options + ["--method", ",".join(group), "--steps", steps,
                                                               "--seed", seed],
                                                    args.timeout, hosts=HOSTS.get(args.ranks))
+                if args.torchrun:
+                    print(f"[diloco] torchrun, {args.diloco_steps} steps: {args.torchrun}", flush=True)
+                    rows = torchrun_json(prefix, args.ranks, worker,
+                                         options + ["--method", args.torchrun, "--steps", args.diloco_steps,
+                                                    "--seed", seed, "--adapter", "ddp"], args.timeout)
+                    results += [dict(r, method=f"{r['method']} (torchrun)") for r in rows]
     except NamespaceUnavailable as exc:
         print(f"[diloco] skipped: {exc}")
         return 0

@@ -9,11 +9,9 @@ fp32. "-h50" sets inner_steps, "-lr0.35" outer_lr, "-m0.5" outer_momentum, "-p4"
 overlap, "-a0.5" merge_alpha, "-leader" outer="leader", "-node" groups="node". Left out, each is DiLoCoOptimizer's
 default (or the benchmark's --inner-steps).
 """
-import horovod_ext.torch as hvd
-
-COMPRESSIONS = {"none": lambda: hvd.Compression.none,
-                "ternary": lambda: hvd.Compression.ternary(error_feedback=True),
-                "topk": lambda: hvd.Compression.topk(ratio=0.01)}
+COMPRESSIONS = {"none": lambda hx: hx.Compression.none,  # of an adapter: horovod_ext.torch or horovod_ext.ddp
+                "ternary": lambda hx: hx.Compression.ternary(error_feedback=True),
+                "topk": lambda hx: hx.Compression.topk(ratio=0.01)}
 NUMBERS = {"h": ("inner_steps", int), "lr": ("outer_lr", float), "m": ("outer_momentum", float),
            "p": ("fragments", int), "t": ("overlap", int), "a": ("merge_alpha", float)}
 
@@ -53,8 +51,11 @@ def diloco_settings(method, inner_steps=None):
     return settings
 
 
-def diloco_optimizer(method, optimizer, named_parameters, inner_steps=None):
-    """The DiLoCoOptimizer `method` names, around `optimizer`."""
+def diloco_optimizer(method, optimizer, named_parameters, inner_steps=None, hx=None):
+    """The DiLoCoOptimizer `method` names, around `optimizer`, of the adapter `hx` (default horovod_ext.torch;
+    horovod_ext.ddp under torchrun)."""
+    if hx is None:
+        import horovod_ext.torch as hx
     settings = diloco_settings(method, inner_steps)
-    compression = COMPRESSIONS[settings.pop("compression")]()
-    return hvd.DiLoCoOptimizer(optimizer, named_parameters, compression=compression, **settings)
+    compression = COMPRESSIONS[settings.pop("compression")](hx)
+    return hx.DiLoCoOptimizer(optimizer, named_parameters, compression=compression, **settings)

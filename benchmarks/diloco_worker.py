@@ -9,9 +9,10 @@ hook at rank 4, baselines.py), "lsgd" (LeaderOptimizer around AdamW, one leader,
 (DiLoCoOptimizer around AdamW, dense pseudo-gradients), "diloco-ternary" and "diloco-topk" (ternary with error
 feedback, top-k 1%); a DiLoCo method may also name its inner steps, outer learning rate and momentum, Streaming DiLoCo's
 fragments, overlap and merge, and groups="node" (benchmarks/diloco_methods.py; inner steps default to --inner-steps).
-"local": AdamW alone on each rank, no collective: the compute-alone step time. The test loss is the model's (LSGD: the
-leader's; DiLoCo: the outer parameters', evaluation_parameters()) on the first --eval-sequences test sequences, every
---eval-every steps and at the end; evaluation is not counted in the training seconds.
+"local": AdamW alone on each rank, no collective: the compute-alone step time. The test loss is the model's (LSGD:
+the leader's; DiLoCo: the outer parameters', evaluation_parameters()) on the first --eval-sequences test sequences,
+every --eval-every steps and at the end; evaluation is not counted in the training seconds. With --adapter ddp
+(under torchrun: horovod_ext.ddp over torch.distributed, no Horovod) the DiLoCo methods and "local" run.
 """
 import argparse
 import contextlib
@@ -23,7 +24,6 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import horovod_ext.torch as hvd  # noqa: E402
 import lm  # noqa: E402
 from baselines import ddp_wrap  # noqa: E402
 from diloco_methods import COMPRESSIONS, diloco_optimizer, diloco_settings, is_diloco  # noqa: E402
@@ -46,22 +46,52 @@ def ddp_step_bytes(payload, wire, dense, nranks):
     return dict(zip(BYTES, (payload, wire, dense, allreduce_wire_bytes(dense, nranks))))
 
 
+class Horovod:
+    """The worker's job over Horovod (horovodrun): rank, size, the start's broadcast, the adapter."""
+
+    def __init__(self):
+        import horovod_ext.torch as hvd
+        hvd.init()
+        self.hx, self.rank, self.size = hvd, hvd.rank(), hvd.size()
+
+    def broadcast_parameters(self, model):
+        self.hx.broadcast_parameters(model.state_dict(), root_rank=0)
+
+
+class TorchDistributed:
+    """The worker's job over torch.distributed (torchrun): horovod_ext.ddp, no Horovod."""
+
+    def __init__(self):
+        import torch.distributed as dist
+        import horovod_ext.ddp as hx
+        dist.init_process_group("gloo")
+        self.hx, self.rank, self.size, self.dist = hx, dist.get_rank(), dist.get_world_size(), dist
+
+    def broadcast_parameters(self, model):
+        for tensor in model.state_dict().values():
+            self.dist.broadcast(tensor, src=0)
+
+
+JOB = None  # the launcher's job, made in main()
+
+
 def optimizer_for(method, model, inner_steps):
     """(optimizer, its schedule, the model to call, the bytes per step (BYTES) of a method without
     compression_stats(), or None)."""
     inner, schedule = lm.inner_optimizer(model)
     named = model.named_parameters()
+    hvd = JOB.hx
     if is_diloco(method):
-        return diloco_optimizer(method, inner, named, inner_steps), schedule, model, None
+        return diloco_optimizer(method, inner, named, inner_steps, hx=hvd), schedule, model, None
     if method == "powersgd-hook":
-        ddp, payload, wire = ddp_wrap(model, "powersgd", hvd.rank(), hvd.size())
+        ddp, payload, wire = ddp_wrap(model, "powersgd", JOB.rank, JOB.size)
         dense = 4 * sum(p.numel() for p in model.parameters())
-        return inner, schedule, ddp, ddp_step_bytes(payload, wire, dense, hvd.size())
+        return inner, schedule, ddp, ddp_step_bytes(payload, wire, dense, JOB.size)
     if method == "lsgd":
         return hvd.LeaderOptimizer(inner, named, groups=None), schedule, model, None
     if method == "local":
         return inner, schedule, model, dict.fromkeys(BYTES, 0)
-    compression = COMPRESSIONS["none" if method == "dense" else method]()
+    compression = COMPRESSIONS["none" if method == "dense" else method](hvd)
     return hvd.DistributedOptimizer(inner, named, compression=compression), schedule, model, None
 
 
@@ -69,7 +99,7 @@ def train(args, method):
     model, (x, y, x_test, y_test) = lm.build(seed=42 if args.seed == 1 else args.seed, context=args.context,
                                              layers=args.layers)
     opt, schedule, forward, ddp_bytes = optimizer_for(method, model, args.inner_steps)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    JOB.broadcast_parameters(model)
     step = 0
 
     def sent_bytes():
@@ -81,7 +111,7 @@ def train(args, method):
         return {k: total[k] for k in BYTES}
 
     x_test, y_test = x_test[:args.eval_sequences], y_test[:args.eval_sequences]
-    gen = torch.Generator().manual_seed(1000 * args.seed + hvd.rank())
+    gen = torch.Generator().manual_seed(1000 * args.seed + JOB.rank)
     curve, seconds = [], 0.0
 
     def evaluate(step):
@@ -109,7 +139,7 @@ def train(args, method):
             evaluate(step)
     stats = opt.compression_stats() if hasattr(opt, "compression_stats") else {}
     return {"method": method, "train_seconds": seconds,
-            "peak_exchange_bytes": stats.get("peak_exchange_payload_bytes"), "ranks": hvd.size(),
+            "peak_exchange_bytes": stats.get("peak_exchange_payload_bytes"), "ranks": JOB.size,
             "parameters": sum(p.numel() for p in model.parameters()),
             "inner_steps": diloco_settings(method, args.inner_steps)["inner_steps"] if is_diloco(method) else None,
             "curve": curve, **sent_bytes(), "steps": args.steps}
@@ -128,22 +158,28 @@ def parse_args():
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1, help="the model's initialization is lm.build's seed 42 for "
                                                              "seed 1, else this seed; the batches' draws follow it")
+    parser.add_argument("--adapter", choices=["horovod", "ddp"], default="horovod",
+                        help="horovod: horovod_ext.torch under horovodrun; ddp: horovod_ext.ddp under torchrun "
+                             "(DiLoCo methods and local only)")
     parser.add_argument("--json", required=True)
     args = parser.parse_args()
     args.methods = args.method.split(",")
-    unknown = [m for m in args.methods if not check_method(m)]
+    unknown = [m for m in args.methods if not check_method(m) or
+               (args.adapter == "ddp" and not (is_diloco(m) or m == "local"))]
     if unknown:
-        parser.error(f"--method: {unknown} not among {BASE_METHODS} nor DiLoCo methods "
+        parser.error(f"--method: {unknown} not among {BASE_METHODS} nor DiLoCo methods (--adapter ddp: DiLoCo "
+                     "methods and local) "
                      "(diloco[-ternary|-topk][-h<H>][-lr<x>][-m<x>][-p<P>][-t<tau>][-a<alpha>][-leader][-node])")
     return args
 
 
 def main():
+    global JOB
     args = parse_args()
-    hvd.init()
+    JOB = TorchDistributed() if args.adapter == "ddp" else Horovod()
     torch.set_num_threads(1)
     results = [train(args, method) for method in args.methods]
-    if hvd.rank() == 0:
+    if JOB.rank == 0:
         with open(args.json, "w") as f:
             json.dump(results, f)
 
