@@ -7,7 +7,7 @@ ElasticAveragingOptimizer's (docs/optimizers.md).
     dist.init_process_group("gloo")
     opt = hx.LeaderOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters())
     loss = opt.step(closure)                     # or: loss.backward(); opt.report_loss(loss); opt.step()"""
-from horovod_ext.torch_common.parameter_sync import elastic_optimizer, leader_optimizer
+from horovod_ext.torch_common.parameter_sync import ElasticSyncOptimizer, LeaderSyncOptimizer, sync_optimizer
 from .collectives import DistCollectives
 
 
@@ -17,9 +17,9 @@ def LeaderOptimizer(optimizer, named_parameters=None, pull=0.1, global_pull=0.1,
     arguments (x <- x - lr*g - pull*(x - x_group_leader) - global_pull*(x - x_global_leader)). groups: "node" (the
     ranks of one host), explicit rank lists, or None (one leader); groups are torch.distributed groups, made here
     on every rank. Call after dist.init_process_group; construction is collective."""
-    return leader_optimizer(DistCollectives(), optimizer, named_parameters, pull=pull, global_pull=global_pull,
-                            period=period, global_period=global_period, groups=groups, asynchronous=asynchronous,
-                            max_staleness=max_staleness)
+    return sync_optimizer(LeaderSyncOptimizer, DistCollectives(), optimizer, named_parameters, pull=pull,
+                          global_pull=global_pull, period=period, global_period=global_period, groups=groups,
+                          asynchronous=asynchronous, max_staleness=max_staleness)
 
 
 def ElasticAveragingOptimizer(optimizer, named_parameters=None, beta=0.9, period=4, asynchronous=False,
@@ -27,5 +27,5 @@ def ElasticAveragingOptimizer(optimizer, named_parameters=None, beta=0.9, period
     """Synchronous Elastic Averaging SGD (EASGD, Zhang et al. 2015) over torch.distributed:
     horovod_ext.torch.ElasticAveragingOptimizer's step and arguments (every ``period`` steps center <-
     (1-beta)*center + beta*mean, x_i <- x_i - (beta/p)*(x_i - center_old))."""
-    return elastic_optimizer(DistCollectives(), optimizer, named_parameters, beta=beta, period=period,
-                             asynchronous=asynchronous, max_staleness=max_staleness)
+    return sync_optimizer(ElasticSyncOptimizer, DistCollectives(), optimizer, named_parameters, beta=beta,
+                          period=period, asynchronous=asynchronous, max_staleness=max_staleness)

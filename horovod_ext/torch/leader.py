@@ -20,7 +20,7 @@ With ``asynchronous=True`` the rounds' collectives are started with Horovod's ``
 moves the parameters while this rank keeps stepping. ``state_dict()`` waits for what is in flight and saves it
 with its due step, so a rank that resumes from its own checkpoint continues bit for bit.
 """
-from horovod_ext.torch_common.parameter_sync import elastic_optimizer, leader_optimizer
+from horovod_ext.torch_common.parameter_sync import ElasticSyncOptimizer, LeaderSyncOptimizer, sync_optimizer
 from .collectives import HorovodCollectives
 
 
@@ -48,9 +48,9 @@ def LeaderOptimizer(optimizer, named_parameters=None, pull=0.1, global_pull=0.1,
     itself. max_staleness (default period - 1, at least 1) bounds the lag: a transfer not complete by then is
     waited for. Every rank applies the same schedule; max_staleness=0 is the synchronous optimizer.
     """
-    return leader_optimizer(HorovodCollectives(), optimizer, named_parameters, pull=pull, global_pull=global_pull,
-                            period=period, global_period=global_period, groups=groups, asynchronous=asynchronous,
-                            max_staleness=max_staleness)
+    return sync_optimizer(LeaderSyncOptimizer, HorovodCollectives(), optimizer, named_parameters, pull=pull,
+                          global_pull=global_pull, period=period, global_period=global_period, groups=groups,
+                          asynchronous=asynchronous, max_staleness=max_staleness)
 
 
 def ElasticAveragingOptimizer(optimizer, named_parameters=None, beta=0.9, period=4, asynchronous=False,
@@ -64,5 +64,5 @@ def ElasticAveragingOptimizer(optimizer, named_parameters=None, beta=0.9, period
     asynchronous=True: the allreduce of x_s starts at step s and is applied at a = s + max_staleness (default
     period - 1, at least 1): center <- (1-beta)*center + beta*mean(x[s]), x_a <- x_a - (beta/p)*(x_a - center_old).
     """
-    return elastic_optimizer(HorovodCollectives(), optimizer, named_parameters, beta=beta, period=period,
-                             asynchronous=asynchronous, max_staleness=max_staleness)
+    return sync_optimizer(ElasticSyncOptimizer, HorovodCollectives(), optimizer, named_parameters, beta=beta,
+                          period=period, asynchronous=asynchronous, max_staleness=max_staleness)

@@ -236,6 +236,7 @@ class LeaderSyncOptimizer(ParameterSync):
     _hx_what = "LeaderOptimizer"
     _hx_run_default = "leader"
     _hx_evaluations = LEADER_EVALUATION
+    _hx_sync_class, _hx_step_class = LeaderSync, LeaderStep
 
 
 class ElasticSyncOptimizer(ParameterSync):
@@ -244,21 +245,15 @@ class ElasticSyncOptimizer(ParameterSync):
     _hx_what = "ElasticAveragingOptimizer"
     _hx_run_default = "center"
     _hx_evaluations = ELASTIC_EVALUATION
+    _hx_sync_class, _hx_step_class = ElasticSync, ElasticStep
 
 
-def leader_optimizer(collectives, optimizer, named_parameters, **kwargs):
-    """`optimizer` wrapped by LSGD over an adapter's `collectives`, its arguments checked on every rank."""
-    arguments = LeaderSync.arguments(**kwargs)
-    wrapped = wrap(LeaderSyncOptimizer, optimizer, collectives)
-    wrapped._hx_setup(named_parameters, lambda: LeaderSync(size=collectives.size, **arguments), arguments,
-                      LeaderStep)
-    return wrapped
-
-
-def elastic_optimizer(collectives, optimizer, named_parameters, **kwargs):
-    """`optimizer` wrapped by EASGD over an adapter's `collectives`, its arguments checked on every rank."""
-    arguments = ElasticSync.arguments(**kwargs)
-    wrapped = wrap(ElasticSyncOptimizer, optimizer, collectives)
-    wrapped._hx_setup(named_parameters, lambda: ElasticSync(size=collectives.size, **arguments), arguments,
-                      ElasticStep)
+def sync_optimizer(mixin, collectives, optimizer, named_parameters, **kwargs):
+    """`optimizer` wrapped by `mixin` (LeaderSyncOptimizer or ElasticSyncOptimizer) over an adapter's
+    `collectives`, the method's arguments checked on every rank."""
+    sync_class = mixin._hx_sync_class
+    arguments = sync_class.arguments(**kwargs)
+    wrapped = wrap(mixin, optimizer, collectives)
+    wrapped._hx_setup(named_parameters, lambda: sync_class(size=collectives.size, **arguments), arguments,
+                      mixin._hx_step_class)
     return wrapped
